@@ -1,0 +1,81 @@
+"""RL numerics for language-model policies: advantages, losses, KL.
+
+Pure torch, device-agnostic, same function names and semantics as verl's
+``verl/trainer/ppo/core_algos.py``.  Everything is re-exported here::
+
+    from workbench import algo
+    adv, ret = algo.compute_gae_advantage_return(rewards, values, mask, gamma=1.0, lam=0.95)
+    loss, metrics = algo.compute_policy_loss(old_logp, logp, adv, mask)
+"""
+
+from workbench.algo.advantages import (
+    AdvantageEstimator,
+    AdvantageFn,
+    compute_gae_advantage_return,
+    compute_grpo_advantage,
+    compute_reinforce_plus_plus_advantage,
+    compute_reinforce_plus_plus_baseline_advantage,
+    compute_rloo_advantage,
+    get_advantage_estimator,
+    register_advantage_estimator,
+)
+from workbench.algo.kl import (
+    KL_ESTIMATORS,
+    AdaptiveKLController,
+    FixedKLController,
+    KLController,
+    apply_kl_penalty,
+    kl_penalty,
+)
+from workbench.algo.losses import (
+    PolicyLossFn,
+    compute_policy_loss,
+    compute_policy_loss_gspo,
+    compute_value_loss,
+    get_policy_loss_fn,
+    register_policy_loss,
+)
+from workbench.algo.utils import (
+    LOSS_AGG_MODES,
+    agg_loss,
+    entropy_from_logits,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+)
+
+__all__ = [
+    # advantages
+    "AdvantageEstimator",
+    "AdvantageFn",
+    "register_advantage_estimator",
+    "get_advantage_estimator",
+    "compute_gae_advantage_return",
+    "compute_grpo_advantage",
+    "compute_rloo_advantage",
+    "compute_reinforce_plus_plus_advantage",
+    "compute_reinforce_plus_plus_baseline_advantage",
+    # losses
+    "PolicyLossFn",
+    "register_policy_loss",
+    "get_policy_loss_fn",
+    "compute_policy_loss",
+    "compute_policy_loss_gspo",
+    "compute_value_loss",
+    # kl
+    "KL_ESTIMATORS",
+    "kl_penalty",
+    "apply_kl_penalty",
+    "KLController",
+    "FixedKLController",
+    "AdaptiveKLController",
+    # utils
+    "LOSS_AGG_MODES",
+    "masked_sum",
+    "masked_mean",
+    "masked_var",
+    "masked_whiten",
+    "entropy_from_logits",
+    "agg_loss",
+]
