@@ -1,0 +1,329 @@
+"""Multi-turn manager: turns model outputs into tool calls and environment steps.
+
+One :meth:`MultiTurnManager.step` call handles one assistant turn:
+
+1. without a parser, the whole output is the environment action;
+2. with a parser, tool calls run in order through the :class:`ToolRegistry`
+   (the environment itself is reached through an :class:`EnvironmentStepTool`,
+   registered automatically when an environment is given);
+3. without tool calls, plain text (or a final answer) becomes the action when
+   ``plain_text_is_action`` is set;
+4. parse errors and environment exceptions never propagate: they become chat
+   messages telling the model what went wrong.
+
+:attr:`TurnResult.messages` holds the new chat messages to append after the
+assistant message: ``{"role": "tool", "name", "content", "tool_call_id"}`` per
+executed (or skipped) tool call, and ``{"role": "user", "content"}`` for an
+environment observation or an error notice.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from .builtin import EnvironmentStepTool, normalize_step_output
+from .parsers import ActionParser, ParseResult, ToolCall, get_parser, resolve_raw_arguments
+from .registry import ToolRegistry
+
+__all__ = ["MultiTurnManager", "TurnResult"]
+
+
+@dataclass
+class TurnResult:
+    """Outcome of one assistant turn.
+
+    Args:
+        model_output: The assistant text that was processed.
+        tool_call: The first tool call of the turn, or None.
+        tool_calls: All tool calls (with ``result``/``success`` filled in).
+        messages: New non-assistant chat messages to append after the assistant message.
+        observation: The environment observation (or the joined tool results when
+            the environment was not stepped).
+        reward: Sum of the environment rewards of this turn (0.0 if not stepped).
+        done: Whether the episode ended (environment done, error, final answer or max_turns).
+        info: Environment info plus ``invalid_action``/``parse_error``/``truncated`` etc.
+        parse_error: The parser's error message, or None.
+        env_error: ``"ExceptionType: message"`` if the environment raised, else None.
+        action: The action sent to the environment (last one if several), or None.
+        state: The observation the model was responding to.
+        turn: 1-based index of the turn in the episode.
+    """
+
+    model_output: str
+    tool_call: ToolCall | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    observation: str = ""
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    parse_error: str | None = None
+    env_error: str | None = None
+    action: str | None = None
+    state: str | None = None
+    turn: int = 0
+
+
+def _error_text(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+class MultiTurnManager:
+    """Runs the model <-> tools <-> environment loop of one episode at a time.
+
+    Args:
+        tool_registry: Tools the model may call. Created empty when None and a
+            parser or environment is given.
+        parser: An :class:`ActionParser` or a parser name (``"json"``, ``"react"``,
+            ``"function_calling"``/``"hermes"``). None means the whole model
+            output is the environment action.
+        environment: Object with ``step(action) -> (obs, reward, done, info)`` and
+            optionally ``reset(seed=None) -> obs`` and ``get_tools() -> list[Tool]``.
+            When given and the registry has no :class:`EnvironmentStepTool`, one
+            named ``environment_step`` is registered, and so are the tools from
+            ``get_tools()`` whose names are not taken (the passed registry is modified).
+        max_turns: Turns after which the episode is truncated (``done=True``,
+            ``info["truncated"]=True``).
+        plain_text_is_action: With a parser, send text that contains no tool call
+            (its final answer if any, else its content) to ``environment.step``.
+    """
+
+    def __init__(
+        self,
+        tool_registry: ToolRegistry | None = None,
+        parser: ActionParser | str | None = None,
+        environment: Any = None,
+        max_turns: int = 10,
+        plain_text_is_action: bool = True,
+    ) -> None:
+        if max_turns < 1:
+            raise ValueError("max_turns must be at least 1")
+        self.parser = get_parser(parser) if parser is not None else None
+        self.registry = tool_registry if tool_registry is not None else ToolRegistry()
+        self.step_tool = self._find_step_tool()
+        if environment is None and self.step_tool is not None:
+            environment = self.step_tool.environment
+        if environment is not None and self.step_tool is None:
+            self.step_tool = EnvironmentStepTool(environment)
+            self.registry.register(self.step_tool)
+        get_tools = getattr(environment, "get_tools", None)
+        for tool in (get_tools() if callable(get_tools) else None) or ():
+            if tool.definition.name not in self.registry:
+                self.registry.register(tool)
+        if self.parser is None and environment is None:
+            raise ValueError("MultiTurnManager needs a parser, an environment, or both")
+        self.environment = environment
+        self.max_turns = max_turns
+        self.plain_text_is_action = plain_text_is_action
+        self.turns: list[TurnResult] = []
+        self.done = False
+        self.current_observation: str | None = None
+
+    def _find_step_tool(self) -> EnvironmentStepTool | None:
+        for tool in self.registry.tools():
+            if isinstance(tool, EnvironmentStepTool):
+                return tool
+        return None
+
+    # -- episode control --------------------------------------------------------
+
+    def start(self, initial_observation: str | None = None) -> None:
+        """Clear the episode state; the environment is not touched.
+
+        Args:
+            initial_observation: The observation the first model turn responds to.
+        """
+        self.turns = []
+        self.done = False
+        self.current_observation = initial_observation
+        if self.step_tool is not None:
+            self.step_tool.clear()
+
+    def reset(self, seed: int | None = None) -> str | None:
+        """Clear the episode state and reset the environment (if any).
+
+        Args:
+            seed: Passed to ``environment.reset(seed=...)`` when not None.
+
+        Returns:
+            The initial observation, or None without an environment.
+        """
+        observation = None
+        if self.environment is not None and callable(getattr(self.environment, "reset", None)):
+            result = self.environment.reset(seed=seed) if seed is not None else self.environment.reset()
+            observation = result[0] if isinstance(result, tuple) else result
+            observation = None if observation is None else str(observation)
+        self.start(observation)
+        return observation
+
+    def system_prompt(self) -> str:
+        """The environment's prompt prefix (if any) followed by the parser's format instructions."""
+        parts = []
+        prefix = getattr(self.environment, "get_prompt_prefix", None)
+        if callable(prefix):
+            text = prefix()
+            if text:
+                parts.append(str(text))
+        if self.parser is not None:
+            parts.append(self.parser.format_instructions(self.registry.definitions()))
+        return "\n\n".join(parts)
+
+    # -- one turn -------------------------------------------------------------------
+
+    def step(self, model_output: str, state: str | None = None) -> TurnResult:
+        """Process one assistant turn.
+
+        Args:
+            model_output: The assistant's text for this turn.
+            state: The observation the model responded to; defaults to the last
+                observation the manager saw. Recorded as ``TurnResult.state``.
+
+        Raises:
+            RuntimeError: If the episode is already done (call ``reset()`` or ``start()``).
+        """
+        if self.done:
+            raise RuntimeError("the episode is done; call reset() or start() before stepping again")
+        result = TurnResult(
+            model_output=model_output,
+            state=state if state is not None else self.current_observation,
+            turn=len(self.turns) + 1,
+        )
+        if self.parser is None:
+            self._env_action(result, model_output)
+        else:
+            parsed = self.parser.parse(model_output)
+            if parsed.error is not None:
+                self._parse_error(result, parsed.error)
+            elif parsed.tool_calls:
+                self._run_tool_calls(result, parsed)
+            else:
+                self._no_tool_call(result, parsed)
+
+        if not result.done and result.turn >= self.max_turns:
+            result.done = True
+            result.info["truncated"] = True
+        self.done = result.done
+        if result.observation:
+            self.current_observation = result.observation
+        self.turns.append(result)
+        return result
+
+    def _env_action(self, result: TurnResult, action: str) -> None:
+        """Send ``action`` straight to the environment and record the outcome."""
+        result.action = action
+        try:
+            obs, reward, done, info = normalize_step_output(self.environment.step(action))
+        except Exception as exc:
+            self._env_failure(result, exc)
+            return
+        result.observation, result.reward, result.done = obs, reward, done
+        result.info.update(info)
+        if obs:
+            result.messages.append({"role": "user", "content": obs})
+
+    def _env_failure(self, result: TurnResult, exc: BaseException, as_tool: ToolCall | None = None) -> None:
+        result.env_error = _error_text(exc)
+        result.done = True
+        result.info["env_error"] = result.env_error
+        notice = f"Environment error: {result.env_error}"
+        if as_tool is not None:
+            as_tool.result = notice
+            result.messages.append(
+                {"role": "tool", "name": as_tool.name, "content": notice, "tool_call_id": as_tool.id}
+            )
+        else:
+            result.messages.append({"role": "user", "content": notice})
+
+    def _parse_error(self, result: TurnResult, error: str) -> None:
+        result.parse_error = error
+        result.info.update({"invalid_action": True, "parse_error": error})
+        reminder = self.parser.format_reminder(self.registry.definitions()) if self.parser else ""
+        content = f"Your last message could not be parsed: {error}"
+        if reminder:
+            content += f"\n{reminder}"
+        result.messages.append({"role": "user", "content": content})
+
+    def _no_tool_call(self, result: TurnResult, parsed: ParseResult) -> None:
+        text = parsed.final_answer if parsed.final_answer is not None else parsed.content
+        if parsed.final_answer is not None:
+            result.info["final_answer"] = parsed.final_answer
+        if self.environment is not None and self.plain_text_is_action:
+            self._env_action(result, text)
+        elif self.environment is None or parsed.final_answer is not None:
+            # a plain answer without tools ends a tool-use episode
+            result.done = True
+            result.info.setdefault("final_answer", text)
+        else:
+            self._parse_error(result, "no tool call found")
+
+    def _run_tool_calls(self, result: TurnResult, parsed: ParseResult) -> None:
+        result.tool_calls = parsed.tool_calls
+        result.tool_call = parsed.tool_calls[0]
+        observations: list[str] = []
+        stepped = False
+        failures = 0
+        for call in parsed.tool_calls:
+            if result.done:
+                call.result = "Skipped: the episode ended before this call."
+                result.messages.append(
+                    {"role": "tool", "name": call.name, "content": call.result, "tool_call_id": call.id}
+                )
+                continue
+            tool = self.registry.get(call.name)
+            arguments = resolve_raw_arguments(call, tool.definition if tool is not None else None)
+            is_env = tool is not None and tool is self.step_tool
+            if is_env:
+                self.step_tool.clear()
+            outcome = self.registry.execute(call.name, arguments)
+            call.success, call.result = outcome.success, outcome.result
+            failures += int(not outcome.success)
+            if is_env and outcome.error_type in ("exception", "timeout"):
+                error = self.step_tool.last_error or TimeoutError(outcome.result)
+                result.action = arguments.get("action")
+                self._env_failure(result, error, as_tool=call)
+                continue
+            result.messages.append(
+                {"role": "tool", "name": call.name, "content": outcome.result, "tool_call_id": call.id}
+            )
+            if is_env and outcome.success and self.step_tool.last_step is not None:
+                obs, reward, done, info = self.step_tool.last_step
+                stepped = True
+                result.action = arguments.get("action")
+                result.observation = obs
+                result.reward += reward
+                result.done = done
+                result.info.update(info)
+            else:
+                observations.append(outcome.result)
+        if not stepped:
+            result.observation = "\n".join(observations)
+        result.info["tool_failures"] = failures
+
+    # -- summary -------------------------------------------------------------------
+
+    def episode_summary(self) -> dict[str, Any]:
+        """Statistics of the current episode.
+
+        Returns:
+            Dict with num_turns, total_reward, done, truncated, tool_calls,
+            tool_calls_by_name, tool_successes, tool_failures, tool_success_rate
+            (0.0 when no call was made), parse_errors, env_errors.
+            Skipped calls (after the episode ended) are not counted.
+        """
+        executed = [c for t in self.turns for c in t.tool_calls if c.success is not None]
+        successes = sum(1 for c in executed if c.success)
+        return {
+            "num_turns": len(self.turns),
+            "total_reward": float(sum(t.reward for t in self.turns)),
+            "done": self.done,
+            "truncated": bool(self.turns and self.turns[-1].info.get("truncated", False)),
+            "tool_calls": len(executed),
+            "tool_calls_by_name": dict(Counter(c.name for c in executed)),
+            "tool_successes": successes,
+            "tool_failures": len(executed) - successes,
+            "tool_success_rate": successes / len(executed) if executed else 0.0,
+            "parse_errors": sum(1 for t in self.turns if t.parse_error is not None),
+            "env_errors": sum(1 for t in self.turns if t.env_error is not None),
+        }
