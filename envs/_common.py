@@ -1,0 +1,111 @@
+"""Shared pieces of the example environments: default-aware config handling and
+lenient action parsing.
+
+A 135M model is sloppy: it writes "I guess 8!" instead of "8", "Go UP." instead of
+"up". The parsers here pull the first integer / direction / word out of free text so
+the environments reward the decision, not the formatting. Everything is pure
+functions on strings, easy to test.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from workbench.config import EnvironmentConfig
+from workbench.environment import BaseEnvironment
+
+_INT_RE = re.compile(r"-?\d+")
+_WORD_RE = re.compile(r"[A-Za-z]+")
+
+#: Direction words and their synonyms, mapped to the canonical action.
+DIRECTIONS: dict[str, str] = {
+    "up": "up", "north": "up", "n": "up",
+    "down": "down", "south": "down", "s": "down",
+    "left": "left", "west": "left", "w": "left",
+    "right": "right", "east": "right", "e": "right",
+}
+_LONG_DIRECTION_RE = re.compile(r"\b(up|down|left|right|north|south|east|west)\b", re.IGNORECASE)
+
+
+def first_int(text: str) -> int | None:
+    """The first integer written in `text` ("I guess 8." -> 8), or None."""
+    match = _INT_RE.search(text or "")
+    return int(match.group()) if match else None
+
+
+NUMBER_WORDS = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen twenty".split())}
+_NUMBER_WORD_RE = re.compile(r"\b(" + "|".join(NUMBER_WORDS) + r")\b", re.IGNORECASE)
+
+
+def first_number(text: str) -> int | None:
+    """Like `first_int`, but a reply without digits may spell the number ("eight" -> 8)."""
+    value = first_int(text)
+    if value is None:
+        match = _NUMBER_WORD_RE.search(text or "")
+        value = NUMBER_WORDS[match.group(1).lower()] if match else None
+    return value
+
+
+def find_direction(text: str) -> str | None:
+    """The first direction word anywhere in `text`, as up/down/left/right, or None.
+
+    Accepts up/down/left/right and north/south/west/east in any case; a reply that is
+    only a single letter (u/d/l/r/n/s/w/e) is accepted too.
+    """
+    text = text or ""
+    match = _LONG_DIRECTION_RE.search(text)
+    if match:
+        return DIRECTIONS[match.group(1).lower()]
+    bare = text.strip().strip(".!").lower()
+    single = {"u": "up", "d": "down", "l": "left", "r": "right"}
+    if bare in single:
+        return single[bare]
+    if bare in DIRECTIONS:
+        return DIRECTIONS[bare]
+    return None
+
+
+def words(text: str) -> list[str]:
+    """Alphabetic words of `text`, in order, as written (case kept)."""
+    return _WORD_RE.findall(text or "")
+
+
+class ParamsEnvironment(BaseEnvironment):
+    """A `BaseEnvironment` with per-class defaults for `max_steps` and `params`.
+
+    Subclasses set `DEFAULT_PARAMS` and `DEFAULT_MAX_STEPS`. When the config does not
+    say `max_steps` (config is None, or a dict without the key), the class default is
+    used; an `EnvironmentConfig` object is taken as given. Unknown params raise a
+    ValueError that lists the valid ones, so typos fail loudly.
+    """
+
+    #: Name the environment is registered under in `envs.ENVIRONMENTS`.
+    NAME: str = ""
+    #: Default `params`; user params override these keys.
+    DEFAULT_PARAMS: dict[str, Any] = {}
+    #: `max_steps` used when the config does not set it.
+    DEFAULT_MAX_STEPS: int = 10
+
+    def __init__(self, config: EnvironmentConfig | Mapping[str, Any] | None = None):
+        if config is None:
+            config = EnvironmentConfig(name=self.NAME, max_steps=self.DEFAULT_MAX_STEPS)
+        elif isinstance(config, Mapping) and "max_steps" not in config:
+            config = {"name": self.NAME, **config, "max_steps": self.DEFAULT_MAX_STEPS}
+        super().__init__(config)
+        unknown = set(self.config.params) - set(self.DEFAULT_PARAMS)
+        if unknown:
+            raise ValueError(
+                f"{type(self).__name__}: unknown params {sorted(unknown)}; "
+                f"valid params: {sorted(self.DEFAULT_PARAMS)}"
+            )
+        self.params = {**self.DEFAULT_PARAMS, **self.config.params}
+
+    def default_prompt(self) -> str:
+        """The environment's own system prompt; override in subclasses."""
+        return "You are a helpful assistant."
+
+    def get_prompt_prefix(self) -> str:
+        """`config.system_prompt` when set, else the environment's own prompt."""
+        return self.config.system_prompt or self.default_prompt()

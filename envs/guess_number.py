@@ -1,0 +1,116 @@
+"""Guess the number: the main learning environment.
+
+The environment picks a secret integer in [low, high] (default 1..16) and the model
+guesses; after each guess it answers "higher" or "lower". Binary search needs at most
+ceil(log2(16)) + 1 = 5 guesses, and the default budget is 6, so a policy that learns
+to halve the range always wins. Observations are one short line each and the reply
+format is "a single number", so a 135M model can start learning at once.
+
+Action: any text; the first integer in it is the guess ("I guess 8" -> 8); a reply
+without digits may spell it ("eight").
+
+Rewards (defaults in `GuessNumberEnv.DEFAULT_PARAMS`):
+  * correct guess: `success_reward` (1.0). With `scale_by_remaining=True` it is
+    scaled by the share of the budget left, `success_reward * (max_steps - steps_used
+    + 1) / max_steps`, so a first-guess win earns 1.0 and a last-guess win
+    1/max_steps.
+  * wrong guess: `-step_penalty` (-0.05).
+  * no number, or a number outside [low, high]: `invalid_reward` (-0.1),
+    `info["invalid_action"] = True`; the episode goes on (the step still counts).
+
+Example:
+    >>> env = GuessNumberEnv(); env.reset(seed=0)
+    'Guess the secret number between 1 and 16. You have 6 guesses.'
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from envs._common import ParamsEnvironment, first_number
+from workbench.environment import StepResult
+
+
+class GuessNumberEnv(ParamsEnvironment):
+    """Guess a secret integer in [low, high] from "higher"/"lower" feedback.
+
+    Public state (what the model can know): `lo`, `hi`, the range still possible
+    given the feedback so far, and `guesses`. Hidden state: `secret`.
+    """
+
+    NAME = "guess_number"
+    DEFAULT_MAX_STEPS = 6
+    DEFAULT_PARAMS: dict[str, Any] = {
+        "low": 1,                     # smallest possible secret
+        "high": 16,                   # largest possible secret
+        "success_reward": 1.0,        # reward for the correct guess
+        "step_penalty": 0.05,         # subtracted for each wrong guess
+        "invalid_reward": -0.1,       # reward for a reply with no usable number
+        "scale_by_remaining": False,  # scale success_reward by the budget left
+    }
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        low, high = int(self.params["low"]), int(self.params["high"])
+        if low > high:
+            raise ValueError(f"guess_number: params low ({low}) must be <= high ({high})")
+        self.low, self.high = low, high
+        self.secret = low
+        self.lo, self.hi = low, high
+        self.guesses: list[int] = []
+
+    def default_prompt(self) -> str:
+        return (
+            f"You are playing a number guessing game. I picked a secret whole number "
+            f"between {self.low} and {self.high}. After each guess I tell you if the "
+            f"secret is higher or lower. Reply with a single number."
+        )
+
+    def reset(self) -> str:
+        """Draw a new secret from `self.rng` and return the opening line."""
+        self.secret = self.rng.randint(self.low, self.high)
+        self.lo, self.hi = self.low, self.high
+        self.guesses = []
+        return (
+            f"Guess the secret number between {self.low} and {self.high}. "
+            f"You have {self.max_steps} guesses."
+        )
+
+    def step(self, action: str) -> StepResult:
+        """Score one guess; see the module docstring for the rewards."""
+        guess = first_number(action)
+        left = self.max_steps - self.step_count - 1  # guesses left after this one
+        reveal = f" Out of guesses. The number was {self.secret}." if left <= 0 else ""
+        if guess is None or not self.low <= guess <= self.high:
+            why = "No number found" if guess is None else f"{guess} is out of range"
+            obs = f"{why}. Reply with a single number between {self.low} and {self.high}.{reveal}"
+            return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True}
+
+        self.guesses.append(guess)
+        info: dict[str, Any] = {"guess": guess, "success": False}
+        if guess == self.secret:
+            reward = float(self.params["success_reward"])
+            if self.params["scale_by_remaining"]:
+                reward *= (left + 1) / self.max_steps
+            info["success"] = True
+            self._done = True
+            return f"Correct! The number was {self.secret}.", reward, True, info
+        if guess < self.secret:
+            self.lo = max(self.lo, guess + 1)
+            hint = f"{guess} is too low. Guess higher."
+        else:
+            self.hi = min(self.hi, guess - 1)
+            hint = f"{guess} is too high. Guess lower."
+        return hint + reveal, -float(self.params["step_penalty"]), False, info
+
+    def get_state_description(self) -> str:
+        """The public state: range, guesses so far, guesses left."""
+        tried = ", ".join(map(str, self.guesses)) or "none"
+        return (
+            f"Secret between {self.low} and {self.high}. Guesses so far: {tried}. "
+            f"Guesses left: {max(self.max_steps - self.step_count, 0)}."
+        )
+
+
+def expert_action(env: GuessNumberEnv) -> str:
+    """Binary search over the range the feedback still allows (never peeks at the secret)."""
+    return str((env.lo + env.hi) // 2)

@@ -1,0 +1,137 @@
+"""`GymTextEnvironment`: use a Gymnasium environment with text observations and
+actions (`gymnasium.spaces.Text`) as a workbench `BaseEnvironment`.
+
+    env = GymTextEnvironment(MyTextGymEnv())          # or GymTextEnvironment("MyEnv-v0")
+    obs = env.reset(seed=0)                            # gym reset(seed=0), returns the obs str
+    obs, reward, done, info = env.step("hello")        # done = terminated or truncated
+    info["terminated"], info["truncated"]
+
+What it maps:
+  * `reset(seed=s)` calls the gym env's `reset(seed=s)`; a reset without a seed
+    calls `reset()` (Gymnasium continues its own RNG), the first one after
+    construction uses `config.seed`.
+  * `step` returns the 4-tuple; `info` keeps the gym info and adds `terminated`
+    and `truncated`. The workbench `max_steps` limit applies on top of the gym
+    env's own time limit (default: the gym spec's `max_episode_steps`, else 100).
+  * observations that are not str go through `obs_to_text` (default `str`);
+    actions go through `text_to_action` (default: the text unchanged). Actions are
+    not validated against the Text space's charset or length (a model's reply often
+    is not), the gym env sees exactly what the model wrote.
+  * the system prompt is `config.system_prompt`, else the gym env's
+    `metadata["system_prompt"]`, else a generic one.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from workbench.config import EnvironmentConfig
+from workbench.environment import BaseEnvironment, StepResult
+
+DEFAULT_MAX_STEPS = 100
+
+
+def _make(gym_env: Any, kwargs: Mapping[str, Any]) -> Any:
+    if isinstance(gym_env, str):
+        import gymnasium
+
+        return gymnasium.make(gym_env, **kwargs)
+    if kwargs:
+        raise TypeError("gym_kwargs are only used when gym_env is an environment id (str)")
+    if not (callable(getattr(gym_env, "reset", None)) and callable(getattr(gym_env, "step", None))):
+        raise TypeError(f"gym_env must be a gymnasium.Env or an id, got {type(gym_env).__name__}")
+    return gym_env
+
+
+class GymTextEnvironment(BaseEnvironment):
+    """A Gymnasium env (text observations and actions) behind the workbench API.
+
+    Args:
+        gym_env: a `gymnasium.Env` instance, or an id for `gymnasium.make`.
+        config: `EnvironmentConfig` or dict; when it does not set `max_steps` the gym
+            spec's `max_episode_steps` is used (else 100).
+        obs_to_text: turns a non-str observation into text (default `str`).
+        text_to_action: turns the model's text into the gym action (default: as is).
+        gym_kwargs: keyword arguments for `gymnasium.make` when `gym_env` is an id.
+    """
+
+    def __init__(
+        self,
+        gym_env: Any,
+        config: EnvironmentConfig | Mapping[str, Any] | None = None,
+        obs_to_text: Callable[[Any], str] = str,
+        text_to_action: Callable[[str], Any] | None = None,
+        **gym_kwargs: Any,
+    ):
+        self.gym_env = _make(gym_env, gym_kwargs)
+        spec = getattr(self.gym_env, "spec", None)
+        spec_steps = getattr(spec, "max_episode_steps", None)
+        env_id = getattr(spec, "id", None) or type(getattr(self.gym_env, "unwrapped", self.gym_env)).__name__
+        if config is None or (isinstance(config, Mapping) and "max_steps" not in config):
+            config = {"name": env_id, **dict(config or {}), "max_steps": spec_steps or DEFAULT_MAX_STEPS}
+        super().__init__(config)
+        self.env_id = env_id
+        self.obs_to_text = obs_to_text
+        self.text_to_action = text_to_action
+        self._seed_pending = self.config.seed is not None
+        self.last_info: dict[str, Any] = {}
+
+    # -- spaces ------------------------------------------------------------------
+    @property
+    def observation_space(self) -> Any:
+        """The wrapped env's observation space."""
+        return self.gym_env.observation_space
+
+    @property
+    def action_space(self) -> Any:
+        """The wrapped env's action space."""
+        return self.gym_env.action_space
+
+    def seed(self, seed: int | None) -> None:
+        """Reseed; the next `reset()` passes `seed` to the gym env's reset."""
+        super().seed(seed)
+        self._seed_pending = seed is not None
+
+    # -- episode -----------------------------------------------------------------
+    def _text(self, obs: Any) -> str:
+        return obs if isinstance(obs, str) else self.obs_to_text(obs)
+
+    def reset(self, options: dict | None = None) -> str:
+        """Reset the gym env (with the pending seed, if any) and return the observation text."""
+        kwargs: dict[str, Any] = {}
+        if self._seed_pending:
+            kwargs["seed"] = self._seed
+            self._seed_pending = False
+        if options is not None:
+            kwargs["options"] = options
+        obs, info = self.gym_env.reset(**kwargs)
+        self.last_info = dict(info or {})
+        return self._text(obs)
+
+    def step(self, action: str) -> StepResult:
+        """Step the gym env; done = terminated or truncated, both copied into info."""
+        gym_action = self.text_to_action(action) if self.text_to_action else action
+        obs, reward, terminated, truncated, info = self.gym_env.step(gym_action)
+        info = dict(info or {})
+        info["terminated"], info["truncated"] = bool(terminated), bool(truncated)
+        if not (terminated or truncated) and self.step_count + 1 >= self.max_steps:
+            info["truncated"] = True  # the workbench max_steps limit ends this episode
+        self.last_info = info
+        return self._text(obs), float(reward), bool(terminated or truncated), info
+
+    # -- text ---------------------------------------------------------------------
+    def get_prompt_prefix(self) -> str:
+        """`config.system_prompt`, else the gym env's `metadata["system_prompt"]`, else generic."""
+        metadata = getattr(self.gym_env, "metadata", None) or {}
+        return (self.config.system_prompt or metadata.get("system_prompt")
+                or f"You are acting in the text environment {self.env_id}. Reply with your action as text.")
+
+    def render(self) -> Any:
+        """The gym env's `render()`."""
+        return self.gym_env.render()
+
+    def close(self) -> None:
+        """Close the gym env."""
+        self.gym_env.close()
+
+    def __repr__(self) -> str:
+        return f"GymTextEnvironment({self.env_id!r}, max_steps={self.max_steps})"
