@@ -1,0 +1,197 @@
+"""Token-exact chat rendering: the token-in/token-out rule.
+
+The model's sampled ids are appended to an episode as they are, never decoded and
+re-encoded. Only new non-model messages (observation, tool result) are rendered with
+the chat template, as a *delta*: the text the template adds after the assistant
+message's content (e.g. `<|im_end|>\\n`), plus the new messages, plus the generation
+prompt. Deltas are found by rendering with a sentinel in place of the assistant's
+content and taking string differences, so any prefix-stable template works.
+
+`check_token_alignment` verifies an episode afterwards: it renders the final
+conversation in one go and compares it with the accumulated ids, position by
+position, reporting the first difference. Two views:
+
+* template view: non-model text tokenised fresh, model turns as sampled. Any
+  difference is a real bug (template not prefix-stable, glue dropped or doubled).
+* full re-encode: the whole conversation text tokenised fresh. Differences inside
+  model turns only mean the model sampled a non-canonical tokenisation of its
+  text; harmless for training (we keep the sampled ids) but worth knowing, since a
+  pipeline that re-encodes would silently train on different tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+SENTINEL = "\u2063WB_MODEL_TURN_{}\u2063"
+
+
+class TemplateError(ValueError):
+    """The chat template cannot be rendered incrementally."""
+
+
+def _render(tokenizer: Any, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        [{"role": m["role"], "content": m["content"]} for m in messages],
+        tokenize=False, add_generation_prompt=add_generation_prompt,
+    )
+
+
+def encode(tokenizer: Any, text: str) -> list[int]:
+    """Tokenise template text (special tokens in the text are parsed, none added)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def stop_token_ids(tokenizer: Any) -> list[int]:
+    """Ids that end a model turn: eos plus the usual end-of-turn markers in the vocab."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    vocab = tokenizer.get_vocab()
+    for tok in ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>"):
+        if tok in vocab:
+            ids.add(vocab[tok])
+    return sorted(ids)
+
+
+class ChatRenderer:
+    """Renders the prompt and the per-turn deltas of one tokenizer's chat template."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer)
+
+    def prompt_ids(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Ids of the opening messages plus the generation prompt."""
+        return encode(self.tokenizer, _render(self.tokenizer, messages, add_generation_prompt=True))
+
+    def delta_ids(
+        self,
+        history: list[dict[str, Any]],
+        last_action_ids: list[int],
+        new_messages: list[dict[str, Any]],
+        add_generation_prompt: bool,
+    ) -> list[int]:
+        """Ids to append after an assistant turn: closing glue + new messages (+ gen prompt).
+
+        Args:
+            history: conversation so far, ending with the assistant message just produced.
+            last_action_ids: that assistant turn's ids as appended (sampled or typed).
+            new_messages: observation / tool messages to add now.
+            add_generation_prompt: open the next assistant turn (False when the episode ended).
+        """
+        if not history or history[-1]["role"] != "assistant":
+            raise TemplateError("delta_ids needs a history that ends with the assistant message")
+        sentinel = SENTINEL.format(0)
+        base = history[:-1] + [{"role": "assistant", "content": sentinel}]
+        before = _render(self.tokenizer, base, add_generation_prompt=False)
+        after = _render(self.tokenizer, base + list(new_messages), add_generation_prompt=add_generation_prompt)
+        if not after.startswith(before):
+            raise TemplateError(
+                "the chat template renders earlier turns differently once new messages follow, "
+                "so turns cannot be appended token-exactly; use a prefix-stable template"
+            )
+        if before.count(sentinel) != 1:
+            raise TemplateError("the chat template dropped or repeated the assistant content")
+        tail = before[before.index(sentinel) + len(sentinel):]  # e.g. "<|im_end|>\n"
+        glue = tail + after[len(before):]
+        return encode(self.tokenizer, self._strip_sampled_stop(glue, last_action_ids))
+
+    def _strip_sampled_stop(self, glue: str, action_ids: list[int]) -> str:
+        """Drop the end-of-turn text from the glue when the action already ends with it."""
+        if action_ids and action_ids[-1] in self.stop_ids:
+            stop_text = self.tokenizer.decode([action_ids[-1]], skip_special_tokens=False)
+            if glue.startswith(stop_text):
+                return glue[len(stop_text):]
+        return glue
+
+    def action_text(self, action_ids: list[int]) -> str:
+        """The assistant message content for sampled ids (trailing stop id removed)."""
+        ids = action_ids[:-1] if action_ids and action_ids[-1] in self.stop_ids else action_ids
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def human_action_ids(self, text: str) -> list[int]:
+        """Ids for a typed action: the text plus the end-of-turn id the template expects."""
+        ids = encode(self.tokenizer, text)
+        eos = self.tokenizer.eos_token_id
+        if eos is not None:
+            ids.append(eos)
+        return ids
+
+
+@dataclass
+class AlignmentReport:
+    """Result of comparing an episode's ids with a fresh render of its conversation."""
+
+    ok: bool
+    """Template view matches at every position."""
+    first_mismatch: int | None
+    """First differing position in the template view, if any."""
+    message: str
+    """What differs and where, for a warning."""
+    reencode_mismatch: int | None
+    """First differing position when the whole text is re-encoded (None = identical)."""
+    reencode_in_model_turn: bool
+    """The re-encode difference lies inside a model turn (non-canonical sampling)."""
+
+
+def check_token_alignment(episode: Any, tokenizer: Any) -> AlignmentReport:
+    """Compare `episode.token_ids` with a one-shot render of `episode.messages`."""
+    renderer = ChatRenderer(tokenizer)
+    msgs = episode.messages
+    turns = [t for t in episode.turns]
+    assistant_positions = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+    if len(assistant_positions) != len(turns):
+        return AlignmentReport(False, 0, f"{len(assistant_positions)} assistant messages but {len(turns)} turns", None, False)
+    ends_open = not episode.done  # a live episode ends with an open generation prompt
+    # Template view: sentinel per model turn, fresh tokens between, sampled ids inside.
+    sentinel_msgs = [dict(m) for m in msgs]
+    for k, i in enumerate(assistant_positions):
+        sentinel_msgs[i]["content"] = SENTINEL.format(k)
+    text = _render(tokenizer, sentinel_msgs, add_generation_prompt=ends_open)
+    expected: list[int] = []
+    rest = text
+    for k, turn in enumerate(turns):
+        marker = SENTINEL.format(k)
+        if marker not in rest:
+            return AlignmentReport(False, len(expected), f"turn {k} content missing from the rendered template", None, False)
+        seg, rest = rest.split(marker, 1)
+        action_ids = episode.token_ids[turn.token_start:turn.token_end]
+        if k > 0:
+            seg = renderer._strip_sampled_stop(seg, episode.token_ids[turns[k - 1].token_start:turns[k - 1].token_end])
+        expected += encode(tokenizer, seg) + action_ids
+    if turns:
+        rest = renderer._strip_sampled_stop(rest, episode.token_ids[turns[-1].token_start:turns[-1].token_end])
+    expected += encode(tokenizer, rest)
+    actual = list(episode.token_ids)
+    mismatch = _first_difference(expected, actual)
+    # Full re-encode view.
+    full = encode(tokenizer, _render(tokenizer, msgs, add_generation_prompt=ends_open))
+    re_mm = _first_difference(full, actual)
+    # A re-encode difference inside (or right at the end of) a model turn means the model
+    # sampled a non-canonical tokenisation of its own text.
+    in_model = re_mm is not None and any(t.token_start <= re_mm <= t.token_end for t in turns)
+    if mismatch is None:
+        msg = "token ids match the rendered conversation"
+        if re_mm is not None:
+            msg += f"; re-encoding the text would differ from position {re_mm} (model sampled a non-canonical tokenisation)"
+        return AlignmentReport(True, None, msg, re_mm, in_model)
+    exp_tok = expected[mismatch] if mismatch < len(expected) else None
+    act_tok = actual[mismatch] if mismatch < len(actual) else None
+    msg = (f"token mismatch at position {mismatch}: rendered conversation has "
+           f"{_show(tokenizer, exp_tok)}, episode has {_show(tokenizer, act_tok)} "
+           f"(lengths {len(expected)} vs {len(actual)})")
+    return AlignmentReport(False, mismatch, msg, re_mm, in_model)
+
+
+def _first_difference(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _show(tokenizer: Any, tok: int | None) -> str:
+    if tok is None:
+        return "<end>"
+    return f"{tok} ({tokenizer.decode([tok], skip_special_tokens=False)!r})"

@@ -1,0 +1,403 @@
+"""The trajectory batch: the one contract between rollout and learning.
+
+An `Episode` (alias `Trajectory`, the seeds' name) is one conversation with an
+environment, stored token by token exactly as the model saw and sampled it:
+
+    token_ids[i]         the token
+    loss_mask[i]         1 if the policy sampled it (trained on), 0 for prompt,
+                         observation, tool result, template glue and human turns
+    rollout_logprobs[i]  the sampling engine's raw logprob for sampled tokens, else 0
+    turn_index[i]        which turn the token belongs to (-1 = initial prompt)
+
+plus one `Turn` per agent step (action text, observation, reward, tool calls,
+errors) and the seeds' per-step lists `states`, `actions`, `rewards`, `dones`.
+
+A `TrajectoryBatch` holds episodes and, once collated, right-padded (B, T) tensors.
+Tensor fields are declared once in `TOKEN_FIELDS` with their meaning; collation,
+`.to(device)`, saving and per-token views loop over that table, never over a
+hand-copied list of keys. Later stages (scoring, advantages, update) fill in more
+of the fields; `batch.require("advantages")` says which stage produces a missing one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+#: Per-token (B, T) tensor fields: name -> (dtype, meaning, stage that fills it).
+TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
+    "input_ids": (torch.long, "token ids of the whole episode", "collate"),
+    "attention_mask": (torch.long, "1 for real tokens, 0 for right padding", "collate"),
+    "loss_mask": (torch.float32, "1 for policy-sampled tokens (the response mask)", "collate"),
+    "rollout_logprobs": (torch.float32, "sampling engine's logprob of each sampled token", "collate"),
+    "old_logprobs": (torch.float32, "policy logprob recomputed before the update", "trainer.compute_logprobs"),
+    "ref_logprobs": (torch.float32, "reference-policy logprob", "trainer.compute_logprobs"),
+    "values": (torch.float32, "critic value estimate per token", "trainer.compute_values"),
+    "token_level_scores": (torch.float32, "rewards placed on tokens before any KL penalty", "trainer.score"),
+    "token_level_rewards": (torch.float32, "rewards after the KL penalty (if used)", "trainer.score"),
+    "kl": (torch.float32, "per-token KL estimate policy vs reference", "trainer.compute_advantages"),
+    "advantages": (torch.float32, "per-token advantage", "trainer.compute_advantages"),
+    "returns": (torch.float32, "per-token return target", "trainer.compute_advantages"),
+    "new_logprobs": (torch.float32, "policy logprob during the last update pass", "trainer.update"),
+    "ratio": (torch.float32, "exp(new - old) importance ratio in the last update", "trainer.update"),
+    "entropy": (torch.float32, "policy entropy per token in the last update", "trainer.update"),
+}
+COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
+
+
+@dataclass
+class Turn:
+    """One agent step: an action (model or human) and what came back."""
+
+    index: int = 0
+    """0-based turn number within the episode."""
+    action: str = ""
+    """The acting text (decoded sampled ids for model turns)."""
+    source: str = "model"
+    """"model" (sampled, trained on) or "human" (typed, never trained on)."""
+    observation: str = ""
+    """Text returned to the model (environment observation or tool results)."""
+    reward: float = 0.0
+    """Environment reward earned by this turn."""
+    done: bool = False
+    """Whether the episode ended after this turn."""
+    info: dict[str, Any] = field(default_factory=dict)
+    """Environment info (success, invalid_action, truncated, ...)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """Tool calls made in this turn: {"name", "arguments", "success", "result"}."""
+    parse_error: str | None = None
+    """Why the action could not be parsed, if it could not."""
+    env_error: str | None = None
+    """Exception raised by the environment's step, if any (ends the episode)."""
+    token_start: int = 0
+    """Index of this turn's first action token in `Episode.token_ids`."""
+    token_end: int = 0
+    """One past this turn's last action token."""
+    finish_reason: str = "stop"
+    """"stop", "length" (hit max_tokens), "human" or "error"."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """Non-model chat messages appended after this turn."""
+
+
+@dataclass
+class Episode:
+    """One conversation with an environment, token-exact (see module docstring)."""
+
+    episode_id: int = 0
+    """Position of the episode in its rollout."""
+    group_id: str = ""
+    """Episodes with the same group id started from the same environment seed (GRPO group)."""
+    env_name: str = ""
+    """Environment class name."""
+    env_seed: int | None = None
+    """Seed passed to the environment's reset."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The conversation: system, user (first observation), assistant, tool/user, ..."""
+    token_ids: list[int] = field(default_factory=list)
+    """All tokens of the episode in order."""
+    loss_mask: list[int] = field(default_factory=list)
+    """1 for policy-sampled tokens, else 0."""
+    rollout_logprobs: list[float] = field(default_factory=list)
+    """Sampling logprob of sampled tokens, 0.0 elsewhere."""
+    turn_index: list[int] = field(default_factory=list)
+    """Turn each token belongs to; -1 for the initial prompt."""
+    prompt_length: int = 0
+    """Tokens before the first action."""
+    turns: list[Turn] = field(default_factory=list)
+    """One entry per agent step."""
+    states: list[str] = field(default_factory=list)
+    """Observation before each step (seed API)."""
+    actions: list[str] = field(default_factory=list)
+    """Action text of each step (seed API)."""
+    rewards: list[float] = field(default_factory=list)
+    """Environment reward of each step (seed API)."""
+    dones: list[bool] = field(default_factory=list)
+    """Done flag after each step (seed API)."""
+    infos: list[dict[str, Any]] = field(default_factory=list)
+    """Info dict of each step."""
+    done: bool = False
+    """The episode has ended (environment done, truncation or error)."""
+    success: bool = False
+    """The environment reported info["success"] on some step."""
+    truncated: bool = False
+    """Ended by a limit rather than by the environment."""
+    truncation_reason: str | None = None
+    """"max_turns", "max_steps" or "context" when truncated."""
+    error: str | None = None
+    """Error that ended the episode (environment crash, engine failure), if any."""
+    warnings: list[str] = field(default_factory=list)
+    """Problems found (e.g. token misalignment), kept with the episode."""
+    score: float | None = None
+    """Outcome reward from the reward function (set by scoring)."""
+
+    # -- derived --------------------------------------------------------------
+    @property
+    def total_reward(self) -> float:
+        """Sum of environment rewards."""
+        return float(sum(self.rewards))
+
+    @property
+    def num_turns(self) -> int:
+        return len(self.turns)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def response_length(self) -> int:
+        """Number of policy-sampled tokens."""
+        return int(sum(self.loss_mask))
+
+    @property
+    def num_tool_calls(self) -> int:
+        return sum(len(t.tool_calls) for t in self.turns)
+
+    def append_tokens(self, ids: list[int], trained: bool, logprobs: list[float] | None, turn: int) -> None:
+        """Append ids with their mask, logprobs and turn index (keeps the lists aligned)."""
+        if logprobs is not None and len(logprobs) != len(ids):
+            raise ValueError(f"{len(ids)} ids but {len(logprobs)} logprobs")
+        self.token_ids.extend(ids)
+        self.loss_mask.extend([1 if trained else 0] * len(ids))
+        self.rollout_logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
+        self.turn_index.extend([turn] * len(ids))
+
+    def render(self, tokenizer: Any, trained_marker: tuple[str, str] = ("[[", "]]")) -> str:
+        """Decoded text with policy-trained spans wrapped in markers (default [[...]])."""
+        out, i = [], 0
+        n = len(self.token_ids)
+        while i < n:
+            j = i
+            while j < n and self.loss_mask[j] == self.loss_mask[i]:
+                j += 1
+            text = tokenizer.decode(self.token_ids[i:j], skip_special_tokens=False)
+            out.append(f"{trained_marker[0]}{text}{trained_marker[1]}" if self.loss_mask[i] else text)
+            i = j
+        return "".join(out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Episode":
+        data = dict(data)
+        data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        return cls(**data)
+
+    def __repr__(self) -> str:
+        return (f"Episode(id={self.episode_id}, env={self.env_name}, seed={self.env_seed}, "
+                f"turns={self.num_turns}, tokens={self.num_tokens}, trained={self.response_length}, "
+                f"reward={self.total_reward:.3g}, success={self.success}, done={self.done}"
+                + (f", truncated={self.truncation_reason}" if self.truncated else "")
+                + (f", error={self.error!r}" if self.error else "") + ")")
+
+
+#: The seeds' name for an episode.
+Trajectory = Episode
+
+
+class TrajectoryBatch:
+    """Episodes plus their per-token tensors (see `TOKEN_FIELDS`)."""
+
+    def __init__(self, episodes: list[Episode], tensors: dict[str, torch.Tensor] | None = None):
+        self.episodes = list(episodes)
+        self.tensors: dict[str, torch.Tensor] = dict(tensors or {})
+        self.meta: dict[str, Any] = {}
+        if not self.tensors and self.episodes:
+            self.collate()
+
+    # -- tensors --------------------------------------------------------------
+    def collate(self) -> "TrajectoryBatch":
+        """Build the (B, T) right-padded tensors from the episodes' token lists."""
+        B = len(self.episodes)
+        T = max((e.num_tokens for e in self.episodes), default=0)
+        for name in COLLATED:
+            dtype = TOKEN_FIELDS[name][0]
+            self.tensors[name] = torch.zeros((B, T), dtype=dtype)  # (B, T)
+        for b, ep in enumerate(self.episodes):
+            n = ep.num_tokens
+            self.tensors["input_ids"][b, :n] = torch.tensor(ep.token_ids, dtype=torch.long)
+            self.tensors["attention_mask"][b, :n] = 1
+            self.tensors["loss_mask"][b, :n] = torch.tensor(ep.loss_mask, dtype=torch.float32)
+            self.tensors["rollout_logprobs"][b, :n] = torch.tensor(ep.rollout_logprobs, dtype=torch.float32)
+        return self
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name in TOKEN_FIELDS:
+            tensors = self.__dict__.get("tensors", {})
+            if name in tensors:
+                return tensors[name]
+            raise AttributeError(
+                f"batch.{name} is not computed yet; it is filled by {TOKEN_FIELDS[name][2]}()"
+            )
+        raise AttributeError(name)
+
+    def require(self, *names: str) -> None:
+        """Raise a clear error naming the stage that fills any missing field."""
+        for name in names:
+            if name not in self.tensors:
+                raise ValueError(f"batch.{name} is missing: run {TOKEN_FIELDS[name][2]}() first")
+
+    def set(self, name: str, value: torch.Tensor) -> None:
+        """Store a (B, T) field after checking its name and shape."""
+        if name not in TOKEN_FIELDS:
+            raise KeyError(f"unknown token field {name!r}; known: {list(TOKEN_FIELDS)}")
+        expected = tuple(self.tensors["input_ids"].shape)
+        if tuple(value.shape) != expected:
+            raise ValueError(f"batch.{name} must have shape {expected}, got {tuple(value.shape)}")
+        self.tensors[name] = value
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def to(self, device: str | torch.device) -> "TrajectoryBatch":
+        """Move every tensor field to `device` (in place; returns self)."""
+        self.tensors = {k: v.to(device) for k, v in self.tensors.items()}
+        return self
+
+    def token_values(self, index: int, name: str) -> list[float]:
+        """Per-token values of one episode (unpadded), e.g. token_values(0, "advantages")."""
+        self.require(name)
+        n = self.episodes[index].num_tokens
+        return self.tensors[name][index, :n].detach().float().cpu().tolist()
+
+    # -- container protocol --------------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.episodes)
+
+    def __iter__(self) -> Iterator[Episode]:
+        return iter(self.episodes)
+
+    def __getitem__(self, index: int) -> Episode:
+        return self.episodes[index]
+
+    def select(self, indices: list[int]) -> "TrajectoryBatch":
+        """A sub-batch with the given episodes and the matching tensor rows."""
+        idx = torch.tensor(indices, dtype=torch.long)
+        sub = TrajectoryBatch([self.episodes[i] for i in indices], {})
+        T = max((self.episodes[i].num_tokens for i in indices), default=0)
+        sub.tensors = {k: v.index_select(0, idx.to(v.device))[:, :T] for k, v in self.tensors.items()}
+        sub.meta = dict(self.meta)
+        return sub
+
+    @property
+    def group_ids(self) -> list[str]:
+        return [e.group_id for e in self.episodes]
+
+    # -- summaries ------------------------------------------------------------------
+    def summary(self) -> dict[str, float]:
+        """Batch-level numbers with fixed names (the dashboard reads these)."""
+        eps = self.episodes
+        n = max(len(eps), 1)
+        rewards = [e.score if e.score is not None else e.total_reward for e in eps]
+        mean = sum(rewards) / n
+        std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+        return {
+            "episodes": float(len(eps)),
+            "reward/mean": mean,
+            "reward/std": std,
+            "reward/max": max(rewards, default=0.0),
+            "reward/min": min(rewards, default=0.0),
+            "env/success_rate": sum(e.success for e in eps) / n,
+            "env/turns_mean": sum(e.num_turns for e in eps) / n,
+            "env/truncated_rate": sum(e.truncated for e in eps) / n,
+            "env/error_rate": sum(e.error is not None for e in eps) / n,
+            "env/tool_calls_mean": sum(e.num_tool_calls for e in eps) / n,
+            "env/parse_error_rate": sum(1 for e in eps for t in e.turns if t.parse_error) / max(1, sum(e.num_turns for e in eps)),
+            "rollout/response_length_mean": sum(e.response_length for e in eps) / n,
+            "rollout/tokens_mean": sum(e.num_tokens for e in eps) / n,
+        }
+
+    def to_pandas(self, level: str = "episode"):
+        """A DataFrame with one row per "episode", "turn" or "token"."""
+        import pandas as pd
+
+        if level == "episode":
+            rows = [{
+                "episode_id": e.episode_id, "group_id": e.group_id, "env": e.env_name, "seed": e.env_seed,
+                "turns": e.num_turns, "tokens": e.num_tokens, "trained_tokens": e.response_length,
+                "env_reward": e.total_reward, "score": e.score, "success": e.success, "done": e.done,
+                "truncated": e.truncation_reason, "error": e.error, "tool_calls": e.num_tool_calls,
+                "warnings": len(e.warnings),
+                "first_action": e.actions[0] if e.actions else "",
+            } for e in self.episodes]
+            return pd.DataFrame(rows)
+        if level == "turn":
+            rows = []
+            for e in self.episodes:
+                for t in e.turns:
+                    rows.append({
+                        "episode_id": e.episode_id, "turn": t.index, "source": t.source, "action": t.action,
+                        "observation": t.observation, "reward": t.reward, "done": t.done,
+                        "tool_calls": len(t.tool_calls), "parse_error": t.parse_error, "env_error": t.env_error,
+                        "finish_reason": t.finish_reason, "action_tokens": t.token_end - t.token_start,
+                    })
+            return pd.DataFrame(rows)
+        if level == "token":
+            rows = []
+            present = [k for k in TOKEN_FIELDS if k in self.tensors and k not in ("input_ids", "attention_mask")]
+            for b, e in enumerate(self.episodes):
+                cols = {k: self.token_values(b, k) for k in present}
+                for i, tok in enumerate(e.token_ids):
+                    row = {"episode_id": e.episode_id, "position": i, "token_id": tok, "turn": e.turn_index[i]}
+                    row.update({k: v[i] for k, v in cols.items()})
+                    rows.append(row)
+            return pd.DataFrame(rows)
+        raise ValueError(f"level must be 'episode', 'turn' or 'token', got {level!r}")
+
+    # -- persistence ----------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write as JSONL: a header line, then one line per episode with its token fields.
+
+        Floats go through Python's shortest round-trip repr, so `load` restores
+        every tensor bit for bit.
+        """
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        extra = [k for k in self.tensors if k not in COLLATED]
+        with path.open("w") as f:
+            f.write(json.dumps({"format": "workbench.trajectory_batch", "version": 1,
+                                "fields": extra, "meta": self.meta}) + "\n")
+            for b, ep in enumerate(self.episodes):
+                rec = ep.to_dict()
+                rec["_fields"] = {k: self.token_values(b, k) for k in extra}
+                f.write(json.dumps(rec) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "TrajectoryBatch":
+        """Read a file written by `save`."""
+        lines = Path(path).read_text().splitlines()
+        header = json.loads(lines[0])
+        if header.get("format") != "workbench.trajectory_batch":
+            raise ValueError(f"{path} is not a workbench trajectory batch file")
+        records = [json.loads(line) for line in lines[1:]]
+        per_token = [r.pop("_fields", {}) for r in records]
+        batch = cls([Episode.from_dict(r) for r in records])
+        B, T = batch.tensors["input_ids"].shape
+        for name in header["fields"]:
+            t = torch.zeros((B, T), dtype=TOKEN_FIELDS[name][0])
+            for b, vals in enumerate(per_token):
+                t[b, : len(vals[name])] = torch.tensor(vals[name], dtype=TOKEN_FIELDS[name][0])
+            batch.tensors[name] = t
+        batch.meta = header.get("meta", {})
+        return batch
+
+    def __repr__(self) -> str:
+        s = self.summary()
+        fields_ = ", ".join(k for k in TOKEN_FIELDS if k in self.tensors)
+        return (f"TrajectoryBatch({len(self)} episodes, reward {s['reward/mean']:.3g}±{s['reward/std']:.3g}, "
+                f"success {s['env/success_rate']:.0%}, fields: {fields_})")
+
+    def _repr_html_(self) -> str:
+        df = self.to_pandas("episode")
+        return f"<p><b>{self!r}</b></p>" + df.head(20).to_html(index=False)
+
+
+#: The seeds' name for a batch of trajectories.
+RolloutData = TrajectoryBatch
+
+__all__ = ["Episode", "Trajectory", "Turn", "TrajectoryBatch", "RolloutData", "TOKEN_FIELDS"]
