@@ -58,6 +58,8 @@ class Rollout:
             environment's `action_parser` (plain text when that is None too).
         tools: extra tools available in every episode.
         check_alignment: verify token alignment when each episode finishes.
+        initial_prompt: text put before each environment's first observation in
+            the opening user message (the seeds' `initial_prompt`).
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class Rollout:
         parser: Any = None,
         tools: Sequence[Any] = (),
         check_alignment: bool = True,
+        initial_prompt: str | None = None,
     ):
         if not environments:
             raise ValueError("Rollout needs at least one environment")
@@ -97,6 +100,7 @@ class Rollout:
         self.parser = parser
         self.tools = list(tools)
         self.check_alignment = check_alignment
+        self.initial_prompt = initial_prompt
         self.slots: list[_Slot] = []
         self.turn_counter = 0
 
@@ -128,8 +132,11 @@ class Rollout:
             except Exception as exc:  # a crashing reset ends this episode only
                 self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
                 continue
+            opening = obs or ""
+            if self.initial_prompt:
+                opening = f"{self.initial_prompt}\n\n{opening}" if opening else self.initial_prompt
             ep.messages = [{"role": "system", "content": manager.system_prompt()},
-                           {"role": "user", "content": obs or ""}]
+                           {"role": "user", "content": opening}]
             ids = self.renderer.prompt_ids(ep.messages)
             ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
             ep.prompt_length = len(ids)

@@ -1,0 +1,49 @@
+"""Generation backends behind one interface: token ids in, ids + logprobs out.
+
+`make_engine(config, model, tokenizer)` picks the backend named in
+`config.inference.backend`; vLLM and the HTTP server backend are imported only
+when asked for, so the HF path needs neither installed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+from workbench.engines.hf import HFEngine
+
+
+def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None = None) -> GenerationEngine:
+    """The engine for `config.inference.backend` ("hf", "vllm", "sglang", "server").
+
+    Args:
+        config: a ConfigStore.
+        model: the policy module (the hf engine samples from it directly; vllm
+            receives its weights through `sync_weights`).
+        tokenizer: the policy's tokenizer.
+        model_path: folder the vllm engine loads its initial weights from.
+    """
+    inf = config.inference
+    if inf.backend == "hf":
+        return HFEngine(model, tokenizer)
+    if inf.backend == "vllm":
+        from workbench.engines.vllm_engine import VLLMEngine
+        from workbench.models.loading import resolve_model_path
+
+        engine = VLLMEngine(
+            resolve_model_path(model_path or config.model.path), tokenizer, dtype=inf.vllm_dtype,
+            enable_prefix_caching=inf.enable_prefix_caching, gpu_memory_utilization=inf.gpu_memory_utilization,
+            max_model_len=inf.max_context_tokens, tensor_parallel_size=config.model.tensor_parallel_size,
+            enable_sleep_mode=inf.enable_sleep_mode, seed=inf.seed or 0,
+        )
+        engine.sync_weights(model)  # LoRA adapters or fine-tuned weights may already differ
+        return engine
+    if inf.backend in ("server", "sglang"):
+        from workbench.engines.server import ServerEngine
+
+        kind = "sglang" if inf.backend == "sglang" else inf.server_kind
+        return ServerEngine(inf.server_url, tokenizer, kind=kind, timeout=inf.request_timeout,
+                            max_retries=inf.max_retries)
+    raise EngineError(f"unknown inference.backend {inf.backend!r}; use hf, vllm, sglang or server")
+
+
+__all__ = ["EngineError", "GenerationEngine", "GenerationResult", "HFEngine", "SamplingParams", "make_engine"]

@@ -1,0 +1,462 @@
+"""`Trainer` (alias `RayPPOTrainer`): rollout -> score -> advantages -> update, as cells.
+
+    trainer = Trainer(config, environment=env, reward_fn=None)
+    batch = trainer.rollout()              # TrajectoryBatch, token-exact
+    batch = trainer.score(batch)           # token_level_scores / rewards, episode.score
+    batch = trainer.compute_advantages(batch)   # old/ref logprobs, KL, values, advantages
+    metrics = trainer.update(batch)        # PPO/GRPO epochs; new logprobs, ratio, entropy
+    trainer.fit(num_epochs=2, num_iters_per_epoch=10)   # the same, looped, with checkpoints
+
+The trainer is glue: numerics live in `workbench.algo`, token bookkeeping in
+`workbench.rollout`, models in `workbench.training.policy`. Every stage returns the
+batch (or metrics) so a notebook can look at what it did.
+
+Reward placement: with a `reward_fn`, its score sits on the episode's last policy
+token; without one, each turn's environment reward sits on the last token of that
+turn (so GAE can credit turns separately; GRPO sums them either way).
+
+Simplified: single process (no Ray workers); `config.ray.use_ray` is rejected with
+an explanation. Multi-GPU generation goes through the vLLM backend's tensor parallelism.
+"""
+from __future__ import annotations
+
+import copy
+import gc
+
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import yaml
+
+from workbench import algo
+from workbench.config import ConfigError, ConfigStore
+from workbench.engines import make_engine
+from workbench.reward import RewardFn, call_reward_fn
+from workbench.rollout.rollout import Rollout
+from workbench.training import checkpoint as ckpt
+from workbench.training.policy import (
+    Critic, Policy, batch_logprobs, batch_values, forward_logprobs, micro_batches,
+)
+from workbench.trajectory import TrajectoryBatch
+
+Callback = Callable[["Trainer", dict], None]
+
+
+class Trainer:
+    """PPO / GRPO trainer for multi-turn environments (see module docstring).
+
+    Args:
+        config: the run's ConfigStore (validated here).
+        environment: a prototype environment (deep-copied per episode) or a
+            zero-argument factory; defaults to `envs.make_env(config.environment.name)`.
+        reward_fn: `fn(trajectory)` or `fn(trajectory, environment)` -> float; None
+            uses the environment's rewards.
+        dataset: optional iterable of environment seeds to draw episode groups from
+            (cycled); default: fresh seeds derived from `training.seed` and the step.
+        tools: extra tools offered in every episode.
+        parser: action parser for all episodes (default: each env's `action_parser`).
+    """
+
+    def __init__(self, config: ConfigStore, environment: Any = None, reward_fn: RewardFn | None = None,
+                 dataset: Iterable[int] | None = None, tools: Sequence[Any] = (), parser: Any = None):
+        self.config = config.validate()
+        if config.ray.use_ray:
+            raise ConfigError("ray.use_ray=True: this build trains in one process; set ray.use_ray=False "
+                              "(scale generation with inference.backend='vllm' and model.tensor_parallel_size)")
+        t = config.training
+        torch.manual_seed(t.seed)
+        self.environment = environment if environment is not None else _default_env(config)
+        self.reward_fn = reward_fn
+        self.dataset = list(dataset) if dataset is not None else None
+        self.tools, self.parser = list(tools), parser
+        self.policy = Policy(config.model)
+        self.tokenizer = self.policy.tokenizer
+        self.engine = make_engine(config, self.policy.model, self.tokenizer)
+        self.critic = Critic(config.model) if t.adv_estimator == "gae" else None
+        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.learning_rate,
+                                           weight_decay=t.weight_decay)
+        self.critic_optimizer = (torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad],
+                                                   lr=t.critic_learning_rate) if self.critic else None)
+        self.kl_ctrl = algo.KLController(t.kl_coef, t.target_kl, adaptive=t.adaptive_kl, horizon=t.kl_horizon)
+        self.global_step = 0
+        self.metrics_history: list[dict[str, float]] = []
+        self.last_batch: TrajectoryBatch | None = None
+
+    # -- seed-compatible attributes ---------------------------------------------------
+    @property
+    def model(self) -> torch.nn.Module:
+        """The policy module being trained."""
+        return self.policy.model
+
+    @property
+    def needs_reference(self) -> bool:
+        t = self.config.training
+        return t.use_kl_in_reward or t.use_kl_loss
+
+    # -- stage 1: rollout ---------------------------------------------------------------
+    def _step_seeds(self, step: int) -> list[int]:
+        t = self.config.training
+        n_groups = t.batch_size // t.group_size
+        if self.dataset:
+            return [self.dataset[(step * n_groups + g) % len(self.dataset)] for g in range(n_groups)]
+        return [t.seed * 1_000_003 + step * n_groups + g for g in range(n_groups)]
+
+    def _make_env(self) -> Any:
+        env = self.environment
+        return env() if callable(env) and not hasattr(env, "step") else copy.deepcopy(env)
+
+    def make_rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None = None,
+                     sampling_seed: int | None = None) -> Rollout:
+        """A `Rollout` over `group_size` episodes per seed with this run's settings."""
+        inf = self.config.inference
+        all_seeds = [s for s in seeds for _ in range(group_size)]
+        return Rollout(
+            self.engine, [self._make_env() for _ in all_seeds], seeds=all_seeds,
+            max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
+            temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
+            top_k=inf.top_k, max_context_tokens=inf.max_context_tokens, seed=sampling_seed,
+            parser=self.parser, tools=self.tools,
+        )
+
+    @torch.no_grad()
+    def rollout(self) -> TrajectoryBatch:
+        """Sample `training.batch_size` episodes (groups of `group_size` per seed)."""
+        t, inf = self.config.training, self.config.inference
+        base_seed = None if inf.seed is None else inf.seed * 7_919 + t.seed * 104_729 + self.global_step
+        self.policy.model.eval()
+        start = time.perf_counter()
+        batch = self.make_rollout(self._step_seeds(self.global_step), t.group_size, sampling_seed=base_seed).run()
+        seconds = time.perf_counter() - start
+        generated = sum(ep.response_length for ep in batch)
+        batch.meta.update({"step": self.global_step, "rollout_seconds": seconds, "generated_tokens": generated})
+        self.last_batch = batch
+        return batch
+
+    # -- stage 2: score -------------------------------------------------------------------
+    def score(self, batch: TrajectoryBatch, reward_fn: RewardFn | None = None) -> TrajectoryBatch:
+        """Place rewards on tokens: `token_level_scores` (and `token_level_rewards`)."""
+        fn = reward_fn if reward_fn is not None else self.reward_fn
+        scores = torch.zeros_like(batch.loss_mask)  # (B, T)
+        for b, ep in enumerate(batch):
+            policy_pos = [i for i, m in enumerate(ep.loss_mask) if m]
+            if fn is not None:
+                ep.score = call_reward_fn(fn, ep, self.environment)
+                if policy_pos:
+                    scores[b, policy_pos[-1]] = ep.score
+            else:
+                ep.score = ep.total_reward
+                for turn in ep.turns:
+                    ends = [i for i in range(turn.token_start, turn.token_end) if ep.loss_mask[i]]
+                    pos = ends[-1] if ends else (policy_pos[-1] if policy_pos else None)
+                    if pos is not None:
+                        scores[b, pos] += turn.reward
+        batch.set("token_level_scores", scores)
+        batch.set("token_level_rewards", scores.clone())
+        return batch
+
+    # -- stage 3: advantages -------------------------------------------------------------
+    def _lengths(self, batch: TrajectoryBatch) -> list[int]:
+        return [ep.num_tokens for ep in batch]
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """old_logprobs (policy before the update) and ref_logprobs (if KL is used)."""
+        t = self.config.training
+        model = self.policy.model
+        model.eval()
+        lengths = self._lengths(batch)
+        batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
+                                                 t.micro_batch_size, t.autocast_bf16))
+        if self.needs_reference:
+            with self.policy.reference() as ref:
+                batch.set("ref_logprobs", batch_logprobs(ref, batch.input_ids, batch.attention_mask, lengths,
+                                                         t.micro_batch_size, t.autocast_bf16))
+        return batch
+
+    @torch.no_grad()
+    def compute_values(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """Critic values per token (PPO with GAE)."""
+        if self.critic is None:
+            raise ConfigError("compute_values needs training.adv_estimator='gae' (the critic is built only then)")
+        self.critic.eval()
+        batch.set("values", batch_values(self.critic, batch.input_ids, batch.attention_mask,
+                                         self._lengths(batch), self.config.training.micro_batch_size))
+        return batch
+
+    def compute_advantages(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """Logprobs, KL (penalty), values and advantages/returns for the batch."""
+        t = self.config.training
+        if not batch.has("token_level_scores"):
+            self.score(batch)
+        self.compute_logprobs(batch)
+        mask = batch.loss_mask
+        if batch.has("ref_logprobs"):
+            kl = algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, t.kl_penalty) * mask  # (B, T)
+            batch.set("kl", kl)
+            if t.use_kl_in_reward:
+                rewards, kl_value = algo.apply_kl_penalty(
+                    batch.token_level_scores, batch.old_logprobs, batch.ref_logprobs, mask,
+                    kl_coef=self.kl_ctrl.value, kl_penalty=t.kl_penalty)
+                batch.set("token_level_rewards", rewards)
+                batch.meta["kl_value"] = kl_value
+                self.kl_ctrl.update(kl_value, n_steps=len(batch))
+        if self.critic is not None:
+            self.compute_values(batch)
+        estimator = algo.get_advantage_estimator(t.adv_estimator)
+        adv, ret = estimator(
+            token_level_rewards=batch.token_level_rewards, response_mask=mask, index=batch.group_ids,
+            values=batch.tensors.get("values"), gamma=t.gamma, lam=t.lam,
+            norm_adv_by_std_in_grpo=t.norm_adv_by_std_in_grpo,
+        )
+        batch.set("advantages", adv.float() * mask)
+        batch.set("returns", ret.float())
+        return batch
+
+    # -- stage 4: update ------------------------------------------------------------------
+    def update(self, batch: TrajectoryBatch) -> dict[str, float]:
+        """PPO epochs over mini-batches (gradient accumulation over micro-batches)."""
+        t = self.config.training
+        batch.require("advantages", "old_logprobs")
+        if t.use_kl_loss:
+            batch.require("ref_logprobs")
+        model = self.policy.model
+        model.train()
+        lengths = self._lengths(batch)
+        B, T_full = batch.input_ids.shape
+        gen = torch.Generator().manual_seed(t.seed * 1_000_033 + self.global_step)
+        loss_fn = algo.get_policy_loss_fn(t.policy_loss)
+        acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        new_lp = torch.zeros(B, T_full)
+        ent_store = torch.zeros(B, T_full)
+        skipped = 0
+        params = self.policy.trainable_parameters()
+        device = self.policy.device
+        start = time.perf_counter()
+        for _ in range(t.ppo_epochs):
+            perm = torch.randperm(B, generator=gen).tolist()
+            mb = t.mini_batch_size or B
+            for s in range(0, B, mb):
+                mini = perm[s:s + mb]
+                tok_total = float(batch.loss_mask[mini].sum().clamp(min=1))
+                self.optimizer.zero_grad(set_to_none=True)
+                finite = True
+                for group in micro_batches([lengths[i] for i in mini], t.micro_batch_size):
+                    idx = [mini[g] for g in group]
+                    # seq-mean-token-sum-norm divides by T, so keep the full T there.
+                    T = T_full if t.loss_agg_mode == "seq-mean-token-sum-norm" else max(lengths[i] for i in idx)
+                    ids = batch.input_ids[idx, :T].to(device)  # (b, T)
+                    attn = batch.attention_mask[idx, :T].to(device)
+                    mask = batch.loss_mask[idx, :T].to(device)
+                    logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16)
+                    loss, m = loss_fn(
+                        old_log_probs=batch.old_logprobs[idx, :T].to(device), log_probs=logp,
+                        advantages=batch.advantages[idx, :T].to(device), response_mask=mask,
+                        clip_ratio=t.clip_ratio, clip_ratio_low=t.clip_ratio_low, clip_ratio_high=t.clip_ratio_high,
+                        clip_ratio_c=t.clip_ratio_c, loss_agg_mode=t.loss_agg_mode)
+                    entropy = algo.agg_loss(ent, mask, t.loss_agg_mode)
+                    if t.entropy_coeff:
+                        loss = loss - t.entropy_coeff * entropy
+                    if t.use_kl_loss:
+                        kl = algo.kl_penalty(logp, batch.ref_logprobs[idx, :T].to(device), t.kl_loss_type)
+                        kl_loss = algo.agg_loss(kl, mask, t.loss_agg_mode)
+                        loss = loss + t.kl_loss_coef * kl_loss
+                        m["actor/kl_loss"] = float(kl_loss.detach())
+                    # Weight so the accumulated gradient equals the mini-batch loss's gradient.
+                    weight = (float(mask.sum()) / tok_total if t.loss_agg_mode == "token-mean"
+                              else len(idx) / len(mini))
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    (loss * weight).backward()
+                    m["actor/entropy"] = float(entropy.detach())
+                    for k, v in m.items():
+                        acc[k].append((v, weight))
+                    new_lp[idx, :T] = logp.detach().float().cpu()
+                    ent_store[idx, :T] = ent.detach().float().cpu()
+                grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm) if finite else torch.tensor(float("nan"))
+                if not finite or not torch.isfinite(grad_norm):
+                    self.optimizer.zero_grad(set_to_none=True)  # weights untouched
+                    skipped += 1
+                    continue
+                self.optimizer.step()
+                acc["actor/grad_norm"].append((float(grad_norm), 1.0))
+        mask = batch.loss_mask
+        batch.set("new_logprobs", new_lp * mask)
+        batch.set("ratio", torch.exp(new_lp - batch.old_logprobs) * mask)
+        batch.set("entropy", ent_store * mask)
+        metrics = {k: _weighted_mean(v) for k, v in acc.items()}
+        metrics["actor/skipped_updates"] = float(skipped)
+        if skipped:
+            metrics["actor/skipped_reason"] = "non-finite loss or gradient"  # type: ignore[assignment]
+        if self.critic is not None:
+            metrics.update(self._update_critic(batch))
+        metrics["perf/update_seconds"] = time.perf_counter() - start
+        model.eval()
+        self.engine.sync_weights(model)
+        return metrics
+
+    def _update_critic(self, batch: TrajectoryBatch) -> dict[str, float]:
+        t = self.config.training
+        assert self.critic is not None and self.critic_optimizer is not None
+        batch.require("values", "returns")
+        self.critic.train()
+        device = next(self.critic.parameters()).device
+        lengths = self._lengths(batch)
+        acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        params = [p for p in self.critic.parameters() if p.requires_grad]
+        tok_total = float(batch.loss_mask.sum().clamp(min=1))
+        for _ in range(t.ppo_epochs):
+            self.critic_optimizer.zero_grad(set_to_none=True)
+            for idx in micro_batches(lengths, t.micro_batch_size):
+                T = max(lengths[i] for i in idx)
+                mask = batch.loss_mask[idx, :T].to(device)
+                v = self.critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device))
+                loss, m = algo.compute_value_loss(
+                    vpreds=v, returns=batch.returns[idx, :T].to(device), old_values=batch.values[idx, :T].to(device),
+                    response_mask=mask, cliprange_value=t.cliprange_value, loss_agg_mode="token-mean")
+                weight = float(mask.sum()) / tok_total
+                if torch.isfinite(loss):
+                    (loss * weight).backward()
+                for k, val in m.items():
+                    acc[k].append((val, weight))
+            norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
+            if torch.isfinite(norm):
+                self.critic_optimizer.step()
+            self.critic_optimizer.zero_grad(set_to_none=True)
+        self.critic.eval()
+        return {k: _weighted_mean(v) for k, v in acc.items()}
+
+    # -- loop -------------------------------------------------------------------------------
+    def train_step(self) -> dict[str, float]:
+        """One full step: rollout, score, advantages, update; metrics appended to history."""
+        start = time.perf_counter()
+        batch = self.rollout()
+        self.score(batch)
+        self.compute_advantages(batch)
+        update_metrics = self.update(batch)
+        metrics: dict[str, Any] = {"step": self.global_step}
+        metrics.update(batch.summary())
+        metrics.update(update_metrics)
+        if batch.has("kl"):
+            metrics["kl/mean"] = float(algo.masked_mean(batch.kl, batch.loss_mask))
+        metrics["kl/coef"] = float(self.kl_ctrl.value)
+        metrics["perf/rollout_seconds"] = batch.meta["rollout_seconds"]
+        metrics["perf/tokens_per_s"] = batch.meta["generated_tokens"] / max(batch.meta["rollout_seconds"], 1e-9)
+        metrics["perf/step_seconds"] = time.perf_counter() - start
+        metrics["policy_loss"] = metrics.get("actor/pg_loss", float("nan"))  # the seeds' name
+        self.global_step += 1
+        self.metrics_history.append(metrics)
+        return metrics
+
+    def fit(self, num_epochs: int | None = None, num_iters_per_epoch: int | None = None,
+            callbacks: Sequence[Callback] = ()) -> list[dict[str, float]]:
+        """Train for `num_epochs` x `num_iters_per_epoch` steps, checkpointing as configured.
+
+        Resumes from the newest valid checkpoint in `checkpoint.output_dir` when
+        `checkpoint.resume` is set; the step counter continues from there.
+        """
+        t, c = self.config.training, self.config.checkpoint
+        num_epochs = num_epochs or t.num_epochs
+        num_iters = num_iters_per_epoch or t.num_iters_per_epoch
+        total = num_epochs * num_iters
+        if c.resume and self.global_step == 0:
+            latest = ckpt.latest_checkpoint(c.output_dir)
+            if latest is not None:
+                self.load_checkpoint(latest)
+        while self.global_step < total:
+            metrics = self.train_step()
+            metrics["epoch"] = (self.global_step - 1) // num_iters
+            for cb in callbacks:
+                cb(self, metrics)
+            if c.save_interval and self.global_step % c.save_interval == 0:
+                self.save_checkpoint(Path(c.output_dir) / ckpt.checkpoint_name(self.global_step))
+                ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
+        return self.metrics_history
+
+    @torch.no_grad()
+    def evaluate(self, seeds: Sequence[int], temperature: float = 0.0, group_size: int = 1) -> dict[str, float]:
+        """Success rate and reward on given (e.g. held-out) seeds; greedy by default."""
+        self.policy.model.eval()
+        batch = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0).run()
+        self.last_eval_batch = batch
+        s = batch.summary()
+        return {"eval/success_rate": s["env/success_rate"], "eval/reward_mean": s["reward/mean"],
+                "eval/episodes": float(len(batch))}
+
+    def metrics_df(self):
+        """metrics_history as a pandas DataFrame (one row per step)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metrics_history)
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def save_checkpoint(self, path: str | Path) -> Path:
+        """Weights, optimizer, RNG, config, step and metrics; written atomically."""
+        tensors = {"policy": self.policy.trainable_state_dict()}
+        objects: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": ckpt.rng_state()}
+        if self.critic is not None and self.critic_optimizer is not None:
+            tensors["critic"] = self.critic.trainable_state_dict()
+            objects["critic_optimizer"] = self.critic_optimizer.state_dict()
+        state = {"global_step": self.global_step, "metrics_history": self.metrics_history,
+                 "kl_coef": float(self.kl_ctrl.value)}
+        return ckpt.write_checkpoint(path, tensors, objects, {"trainer_state": state},
+                                     {"config.yaml": yaml.safe_dump(self.config.to_dict(), sort_keys=False)})
+
+    def load_checkpoint(self, path: str | Path) -> None:
+        """Restore a checkpoint written by `save_checkpoint` (verified first)."""
+        data = ckpt.read_checkpoint(path)
+        self.policy.load_trainable_state_dict(data["tensors"]["policy"])
+        self.optimizer.load_state_dict(data["objects"]["optimizer"])
+        if self.critic is not None:
+            self.critic.load_state_dict(data["tensors"]["critic"], strict=False)
+            self.critic_optimizer.load_state_dict(data["objects"]["critic_optimizer"])
+        ckpt.set_rng_state(data["objects"]["rng"])
+        state = data["json"]["trainer_state"]
+        self.global_step = int(state["global_step"])
+        self.metrics_history = list(state["metrics_history"])
+        self.kl_ctrl.value = float(state["kl_coef"])
+        self.engine.sync_weights(self.policy.model)
+
+    def cleanup(self) -> None:
+        """Release the engine and models (frees accelerator memory)."""
+        self.engine.close()
+        for name in ("engine", "critic", "policy", "optimizer", "critic_optimizer"):
+            setattr(self, name, None)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- display ----------------------------------------------------------------------------
+    def __repr__(self) -> str:
+        t = self.config.training
+        last = self.metrics_history[-1] if self.metrics_history else {}
+        return (f"Trainer({t.adv_estimator}, model={self.config.model.path}, backend={self.config.inference.backend}, "
+                f"step={self.global_step}, reward={last.get('reward/mean', float('nan')):.3g}, "
+                f"success={last.get('env/success_rate', float('nan')):.2f})")
+
+    def _repr_html_(self) -> str:
+        rows = "".join(f"<tr><td>{k}</td><td>{v:.4g}</td></tr>" for k, v in
+                       (self.metrics_history[-1] if self.metrics_history else {}).items()
+                       if isinstance(v, (int, float)))
+        return f"<p><b>{self!r}</b></p><table>{rows}</table>"
+
+
+def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
+    total = sum(w for _, w in pairs)
+    if not pairs or total == 0:
+        return float("nan") if not pairs else sum(v for v, _ in pairs) / len(pairs)
+    return sum(v * w for v, w in pairs) / total
+
+
+def _default_env(config: ConfigStore) -> Any:
+    from envs import make_env
+
+    return make_env(config.environment.name, config.environment)
+
+
+#: The seeds' name.
+RayPPOTrainer = Trainer
+
