@@ -107,8 +107,9 @@ class InferenceConfig:
     """Reuse the KV cache of shared prefixes (turn k reuses turn k-1) in vLLM."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
-    vllm_dtype: str = "bfloat16"
-    """dtype of the vLLM engine's weights."""
+    vllm_dtype: str = "auto"
+    """dtype of the vLLM engine's weights: "auto" (float32 on CPU, where bfloat16 is no
+    faster and its logprobs drift by ~0.3; bfloat16 on GPU), or an explicit dtype."""
 
 
 @dataclass
@@ -320,6 +321,7 @@ class ConfigStore:
         _positive_int("inference.max_turns", i.max_turns)
         _positive_int("inference.max_context_tokens", i.max_context_tokens)
         _choice("inference.server_kind", i.server_kind, ("vllm", "sglang"))
+        _choice("inference.vllm_dtype", i.vllm_dtype, ("auto",) + DTYPES)
         if not 0 < i.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"inference.gpu_memory_utilization must be in (0, 1], got {i.gpu_memory_utilization}"

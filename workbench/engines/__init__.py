@@ -29,8 +29,13 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
         from workbench.engines.vllm_engine import VLLMEngine
         from workbench.models.loading import resolve_model_path
 
+        import torch
+
+        dtype = inf.vllm_dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if torch.cuda.is_available() else "float32"
         engine = VLLMEngine(
-            resolve_model_path(model_path or config.model.path), tokenizer, dtype=inf.vllm_dtype,
+            resolve_model_path(model_path or config.model.path), tokenizer, dtype=dtype,
             enable_prefix_caching=inf.enable_prefix_caching, gpu_memory_utilization=inf.gpu_memory_utilization,
             max_model_len=inf.max_context_tokens, tensor_parallel_size=config.model.tensor_parallel_size,
             enable_sleep_mode=inf.enable_sleep_mode, seed=inf.seed or 0,

@@ -85,7 +85,9 @@ class HFEngine(GenerationEngine):
         finish: list[str] = ["length"] * B
         alive = torch.arange(B, device=device)  # rows of the original chunk still decoding
 
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True)
+        # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
+        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+                         logits_to_keep=1)
         cache = out.past_key_values
         logits = out.logits[:, -1, :].float()  # (B, V)
         next_pos = positions[:, -1:] + 1  # (B, 1)

