@@ -182,6 +182,11 @@ class KLController:
         """Current KL coefficient."""
         return self._ctrl.value
 
+    @value.setter
+    def value(self, new_value: float) -> None:
+        """Set the coefficient (used when restoring a checkpoint)."""
+        self._ctrl.value = float(new_value)
+
     def update(self, current_kl: float, n_steps: int) -> None:
         """Adapt the coefficient (no-op when not adaptive); see :meth:`AdaptiveKLController.update`."""
         self._ctrl.update(current_kl, n_steps)

