@@ -8,10 +8,22 @@ Logprob convention: `logprobs[i]` is log p(token_i | prefix) under the model's r
 distribution (log_softmax of the unscaled logits, i.e. temperature 1), whatever
 temperature/top_p was used to sample. That is what the trainer recomputes, so
 rollout and training logprobs are directly comparable (vLLM's "raw_logprobs").
+
+Request-level API (continuous batching, used by `AsyncRollout`): `submit(prompt,
+params)` queues one prompt and returns a `concurrent.futures.Future`, so episodes can
+ask for their next turn whenever their environment step is done; `agenerate_ids` is
+the same for asyncio code. How requests are merged is the backend's business: vLLM
+feeds them to its scheduler as they arrive, the hf engine batches whatever is queued,
+and the default here (server backends) sends each request on its own thread and lets
+the server batch them.
 """
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import threading
 from abc import ABC, abstractmethod
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -77,6 +89,46 @@ class GenerationEngine(ABC):
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         """Sample one continuation per prompt (a list of token ids), batched."""
 
+    #: Requests the default `submit` runs at once (threads calling `generate_ids`);
+    #: an engine's own `max_concurrency` (server backend) takes precedence.
+    max_concurrent_requests: int = 64
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> "Future[GenerationResult]":
+        """Queue one prompt; the Future resolves to its `GenerationResult`.
+
+        `params.seed` is that request's own seed (no index is added). Thread-safe; the
+        engine merges requests from many callers (see the module docstring). Default:
+        `generate_ids([prompt], params)` on a pool of threads, which suits engines that
+        batch concurrent requests themselves (HTTP servers).
+        """
+        prompt = [int(t) for t in prompt]
+        pool = self.__dict__.get("_submit_pool")
+        if pool is None:
+            with _POOL_LOCK:
+                pool = self.__dict__.get("_submit_pool")
+                if pool is None:
+                    workers = getattr(self, "max_concurrency", None) or self.max_concurrent_requests
+                    pool = ThreadPoolExecutor(max_workers=workers,
+                                              thread_name_prefix=f"wb-{self.name}-submit")
+                    self.__dict__["_submit_pool"] = pool
+        return pool.submit(lambda: self.generate_ids([prompt], params)[0])
+
+    async def agenerate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        """`generate_ids` for asyncio code: awaits without blocking the event loop.
+
+        Each prompt is submitted as its own request (prompt i with seed `params.seed + i`),
+        so prompts awaited by concurrent coroutines are batched together by the engine.
+        """
+        futures = [self.submit(p, with_seed(params, None if params.seed is None else params.seed + i))
+                   for i, p in enumerate(prompts)]
+        return list(await asyncio.gather(*(asyncio.wrap_future(f) for f in futures)))
+
+    def _shutdown_submit(self) -> None:
+        """Stop the default `submit` threads (called by `close`)."""
+        pool = self.__dict__.pop("_submit_pool", None)
+        if pool is not None:
+            pool.shutdown(wait=False, cancel_futures=True)
+
     def sync_weights(self, model: Any) -> None:
         """Load the trainer's current policy weights (no-op for engines that share them)."""
 
@@ -86,6 +138,15 @@ class GenerationEngine(ABC):
 
     def close(self) -> None:
         """Release the engine's resources."""
+        self._shutdown_submit()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(backend={self.name!r})"
+
+
+_POOL_LOCK = threading.Lock()
+
+
+def with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
+    """A copy of `params` with another seed."""
+    return dataclasses.replace(params, seed=seed, stop_token_ids=list(params.stop_token_ids))

@@ -1,3 +1,4 @@
-"""Rollouts: token-exact chat rendering and the batched, stepwise multi-turn `Rollout`."""
+"""Rollouts: token-exact chat rendering, the batched stepwise `Rollout` and `AsyncRollout`."""
+from workbench.rollout.async_rollout import AsyncRollout, RolloutEvent
 from workbench.rollout.chat import AlignmentReport, ChatRenderer, TemplateError, check_token_alignment, stop_token_ids
 from workbench.rollout.rollout import Rollout

@@ -96,6 +96,10 @@ class Rollout:
         self.max_turns = max_turns
         self.sampling = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k)
         self.max_context_tokens = max_context_tokens
+        # Room kept free for the end-of-turn glue (e.g. "<|im_end|>\n") that closes a turn
+        # cut short by the budget, so a truncated episode still fits max_context_tokens.
+        self.close_reserve = len(self.renderer.delta_ids([{"role": "assistant", "content": ""}], [], [],
+                                                         add_generation_prompt=False))
         self.seed = seed
         self.parser = parser
         self.tools = list(tools)
@@ -206,7 +210,7 @@ class Rollout:
         """One engine call per distinct token budget (usually exactly one call)."""
         by_budget: dict[int, list[int]] = {}
         for i in indices:
-            remaining = self.max_context_tokens - self.slots[i].episode.num_tokens
+            remaining = self.max_context_tokens - self.close_reserve - self.slots[i].episode.num_tokens
             if remaining < 1:
                 self._truncate(self.slots[i], "context")
                 continue
@@ -298,8 +302,13 @@ class Rollout:
             delta = self.renderer.delta_ids(ep.messages, closing_ids, [], add_generation_prompt=False)
             ep.append_tokens(delta, trained=False, logprobs=None, turn=len(ep.turns) - 1)
         elif ep.messages and ep.messages[-1]["role"] != "assistant" and ep.num_tokens:
-            # An open generation prompt is left as is; the alignment check renders it open.
-            pass
+            # Ended before its next turn: drop the open generation prompt, so the ids are the
+            # finished conversation (what the alignment check renders for a done episode).
+            gen = self.renderer.generation_prompt_ids(ep.messages)
+            if gen and ep.token_ids[-len(gen):] == gen:
+                for name in ("token_ids", "loss_mask", "rollout_logprobs", "turn_index"):
+                    del getattr(ep, name)[-len(gen):]
+                ep.prompt_length = min(ep.prompt_length, ep.num_tokens)
 
     def _finish(self, slot: _Slot) -> None:
         ep = slot.episode

@@ -1,0 +1,248 @@
+"""HFEngine: greedy == transformers generate, raw logprobs, stop ids, top-p/top-k, seeds."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workbench.engines.base import SamplingParams
+from workbench.rollout import stop_token_ids
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_model_and_tokenizer):
+    _, tok = tiny_model_and_tokenizer
+    texts = [
+        [{"role": "user", "content": "Guess the number between 1 and 16."}],
+        [{"role": "system", "content": "You are playing a game on a grid."},
+         {"role": "user", "content": "The grid is 4 by 4. Move up, down, left or right. You bumped into a wall."}],
+        [{"role": "user", "content": "What is 2+3?"}],
+    ]
+    ids = [list(tok(tok.apply_chat_template(m, tokenize=False, add_generation_prompt=True),
+                    add_special_tokens=False)["input_ids"]) for m in texts]
+    assert len({len(p) for p in ids}) == 3, "prompts must have different lengths"
+    return ids
+
+
+def _forward_logprobs(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0].float()  # (T, V)
+    return torch.log_softmax(logits, dim=-1)  # (T, V): row t predicts token t+1
+
+
+def test_greedy_equals_transformers_generate(tiny_model_and_tokenizer, tiny_engine, prompts):
+    model, tok = tiny_model_and_tokenizer
+    stops = stop_token_ids(tok)
+    results = tiny_engine.generate_ids(prompts, SamplingParams(max_tokens=20, temperature=0.0, stop_token_ids=stops))
+    assert len(results) == len(prompts)
+    for p, r in zip(prompts, results):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=20, do_sample=False, eos_token_id=stops, pad_token_id=tok.pad_token_id)
+        ref_new = ref[0, len(p):].tolist()
+        for i, t in enumerate(ref_new):  # generate pads after a stop; keep up to the stop
+            if t in stops:
+                ref_new = ref_new[: i + 1]
+                break
+        assert r.token_ids == ref_new
+        assert r.finish_reason == ("stop" if ref_new[-1] in stops else "length")
+        assert len(r.logprobs) == len(r.token_ids)
+
+
+def test_logprobs_equal_a_plain_forward(tiny_model_and_tokenizer, tiny_engine, prompts):
+    model, _ = tiny_model_and_tokenizer
+    # temperature and top-k change sampling, never the reported (raw) logprobs
+    params = SamplingParams(max_tokens=12, temperature=0.7, top_k=50, seed=3)
+    for r, p in zip(tiny_engine.generate_ids(prompts, params), prompts):
+        full = p + r.token_ids
+        lp = _forward_logprobs(model, full)
+        ref = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(r.token_ids)]
+        assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(ref), atol=1e-4)
+
+
+def test_stop_ids_end_generation(tiny_engine, prompts):
+    free = tiny_engine.generate_ids(prompts, SamplingParams(max_tokens=16, temperature=0.0))
+    for r in free:
+        assert len(r.token_ids) == 16 and r.finish_reason == "length"
+    # stop on the 6th greedy token of the first prompt: that row ends there, others unaffected
+    # unless they also produce it
+    stop = free[0].token_ids[5]
+    stopped = tiny_engine.generate_ids(prompts, SamplingParams(max_tokens=16, temperature=0.0, stop_token_ids=[stop]))
+    for f, s in zip(free, stopped):
+        if stop in f.token_ids:
+            cut = f.token_ids.index(stop) + 1
+            assert s.token_ids == f.token_ids[:cut] and s.finish_reason == "stop"
+            assert s.token_ids[-1] == stop  # the stop id is kept
+        else:
+            assert s.token_ids == f.token_ids and s.finish_reason == "length"
+    assert stopped[0].finish_reason == "stop" and len(stopped[0].token_ids) <= 6
+
+
+def _check_allowed(model, prompt, token_ids, allowed_fn):
+    lp = _forward_logprobs(model, prompt + token_ids)
+    for i, t in enumerate(token_ids):
+        logits_row = lp[len(prompt) - 1 + i]
+        assert allowed_fn(logits_row, t), f"token {t} at step {i} is outside the allowed set"
+
+
+def test_top_k_only_picks_the_k_most_likely(tiny_model_and_tokenizer, tiny_engine, prompts):
+    model, _ = tiny_model_and_tokenizer
+    k = 3
+    batch = [prompts[0]] * 16
+    results = tiny_engine.generate_ids(batch, SamplingParams(max_tokens=4, temperature=1.0, top_k=k, seed=0))
+
+    def in_top_k(row, t):
+        return t in torch.topk(row, k).indices.tolist()
+
+    for r in results:
+        _check_allowed(model, prompts[0], r.token_ids, in_top_k)
+    firsts = {r.token_ids[0] for r in results}
+    assert 1 < len(firsts) <= k  # it samples, within the top k
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_top_p_only_picks_the_nucleus(tiny_model_and_tokenizer, tiny_engine, prompts, temperature):
+    model, _ = tiny_model_and_tokenizer
+    top_p = 0.3
+    batch = [prompts[1]] * 16
+    results = tiny_engine.generate_ids(batch, SamplingParams(max_tokens=4, temperature=temperature, top_p=top_p, seed=1))
+
+    def in_nucleus(row, t):
+        probs = torch.softmax(row / temperature, dim=-1)
+        mass_before = probs[probs > probs[t]].sum().item()  # mass of strictly more likely tokens
+        return mass_before < top_p + 1e-6
+
+    for r in results:
+        _check_allowed(model, prompts[1], r.token_ids, in_nucleus)
+    # the nucleus is a real restriction here: without it most draws would fall outside
+    lp = _forward_logprobs(model, prompts[1])[-1]
+    probs = torch.softmax(lp / temperature, dim=-1)
+    sorted_p = probs.sort(descending=True).values
+    nucleus = int(((sorted_p.cumsum(0) - sorted_p) < top_p).sum())
+    assert sorted_p[:nucleus].sum() < 0.9 and nucleus < 100
+
+
+def test_same_seed_same_output(tiny_engine, prompts):
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=123)
+    a = tiny_engine.generate_ids(prompts, params)
+    b = tiny_engine.generate_ids(prompts, params)
+    c = tiny_engine.generate_ids(prompts, SamplingParams(max_tokens=10, temperature=1.0, seed=124))
+    assert [r.token_ids for r in a] == [r.token_ids for r in b]
+    assert [r.logprobs for r in a] == [r.logprobs for r in b]
+    assert [r.token_ids for r in a] != [r.token_ids for r in c]
+
+
+def test_batch_order_and_chunking(tiny_model_and_tokenizer, prompts):
+    """Results come back in prompt order, whatever the internal sort and chunk size."""
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    one_chunk = HFEngine(model, tok).generate_ids(prompts, greedy)
+    small_chunks = HFEngine(model, tok, max_batch_size=1).generate_ids(prompts, greedy)
+    singles = [HFEngine(model, tok).generate_ids([p], greedy)[0] for p in prompts]
+    assert [r.token_ids for r in one_chunk] == [r.token_ids for r in small_chunks] == [r.token_ids for r in singles]
+
+
+def test_bad_input(tiny_engine):
+    assert tiny_engine.generate_ids([], SamplingParams()) == []
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        tiny_engine.generate_ids([[1, 2], []], SamplingParams())
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+    with pytest.raises(ValueError, match="max_tokens"):
+        SamplingParams(max_tokens=0)
+
+
+# -- prefix cache (multi-turn KV reuse) ------------------------------------------------------
+
+def _multi_turn(engine, temperature=0.0):
+    from envs import make_env
+    from workbench.rollout import Rollout
+
+    names = ["guess_number", "grid", "wordle", "text_game"]  # different prompts in every turn
+    rollout = Rollout(engine, [make_env(n) for n in names], seeds=[0, 1, 2, 3], max_turns=3,
+                      max_tokens=10, temperature=temperature, seed=0)
+    return rollout.run()
+
+
+def test_prefix_cache_reuses_turns_and_changes_nothing(tiny_model_and_tokenizer):
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    cached, plain = HFEngine(model, tok), HFEngine(model, tok, prefix_cache=False)
+    a, b = _multi_turn(cached), _multi_turn(plain)
+    st = cached.stats()
+    assert all(e.num_turns == 3 for e in a)
+    assert st["prefix_cache_hits"] == 8 and st["prefix_cache_misses"] == 4  # turns 2 and 3 reuse turn 1, 2
+    # every reused prefix is the whole previous context plus the previous turn's sampled ids but its last
+    assert st["prefix_cache_reused_tokens"] == sum(
+        t.token_end - 1 for e in a for t in e.turns[:-1])
+    assert "prefix_cache_hits" not in plain.stats()
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids  # greedy: same tokens with and without reuse
+        assert torch.allclose(torch.tensor(x.rollout_logprobs), torch.tensor(y.rollout_logprobs), atol=1e-4)
+        assert x.warnings == []
+    # sampled, with reuse: logprobs still equal a plain forward of the whole episode
+    for ep in _multi_turn(cached, temperature=1.0):
+        lp = _forward_logprobs(model, ep.token_ids)
+        for t in ep.turns:
+            ref = [lp[i - 1, ep.token_ids[i]].item() for i in range(t.token_start, t.token_end)]
+            assert torch.allclose(torch.tensor(ep.rollout_logprobs[t.token_start:t.token_end]), torch.tensor(ref), atol=1e-4)
+
+
+def test_prefix_cache_dropped_when_weights_change(tiny_model_path, prompts):
+    """After an in-place weight update, no KV from the old weights may be reused."""
+    from workbench.engines.hf import HFEngine
+    from workbench.models import load_model_and_tokenizer
+
+    model, tok = load_model_and_tokenizer(str(tiny_model_path))  # own copy: we modify it
+    engine = HFEngine(model, tok)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    first = engine.generate_ids([prompts[0]], greedy)[0]
+    follow = prompts[0] + first.token_ids + prompts[2]
+    engine.generate_ids([follow], greedy)
+    assert engine.stats()["prefix_cache_hits"] == 1
+    with torch.no_grad():  # an "optimizer step"
+        for p in model.parameters():
+            p.mul_(1.05)
+    again = engine.generate_ids([follow], greedy)[0]
+    assert engine.stats()["prefix_cache_hits"] == 1 and engine.stats()["prefix_cache_entries"] == 1
+    lp = _forward_logprobs(model, follow + again.token_ids)
+    ref = [lp[len(follow) - 1 + i, t].item() for i, t in enumerate(again.token_ids)]
+    assert torch.allclose(torch.tensor(again.logprobs), torch.tensor(ref), atol=1e-4)
+    engine.sync_weights(model)
+    assert engine.stats()["prefix_cache_entries"] == 0
+
+
+def test_prefix_cache_is_bounded(tiny_model_and_tokenizer, prompts):
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    engine = HFEngine(model, tok, prefix_cache_mb=0.05)  # ~50 KB: a couple of short rows
+    for seed in range(6):
+        engine.generate_ids(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=seed))
+        assert engine.stats()["prefix_cache_mb"] <= 0.05
+
+
+@pytest.mark.slow
+def test_embedded_gqa_batch_matches_generate_and_forward(embedded_model_and_tokenizer, embedded_engine):
+    """SmolLM2 has grouped KV heads (9 query, 3 KV): the engine's padded batch with
+    `enable_gqa` attention must equal transformers' own generate and forward."""
+    model, tok = embedded_model_and_tokenizer
+    assert model.config.num_attention_heads != model.config.num_key_value_heads
+    chats = [[{"role": "user", "content": "What is 2+3?"}],
+             [{"role": "system", "content": "You are playing a number guessing game."},
+              {"role": "user", "content": "Guess the secret number between 1 and 16. You have 6 guesses."}]]
+    prompts = [list(tok(tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)["input_ids"]) for c in chats]
+    stops = stop_token_ids(tok)
+    results = embedded_engine.generate_ids(prompts, SamplingParams(max_tokens=8, temperature=0.0, stop_token_ids=stops))
+    assert model.config._attn_implementation == "sdpa"  # restored after the engine's forwards
+    for p, r in zip(prompts, results):
+        with torch.no_grad():
+            ref = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                                 max_new_tokens=8, do_sample=False, eos_token_id=stops, pad_token_id=tok.pad_token_id)
+        assert r.token_ids == ref[0, len(p):len(p) + len(r.token_ids)].tolist()
+        lp = _forward_logprobs(model, p + r.token_ids)
+        want = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(r.token_ids)]
+        assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(want), atol=1e-4)
