@@ -1,0 +1,28 @@
+"""Notebook widgets (ipywidgets 8 + plotly FigureWidget) for looking at and steering RL runs.
+
+| widget              | shows                                                               |
+|---------------------|---------------------------------------------------------------------|
+| `ConversationView`  | an episode as chat bubbles (tool calls, errors, reward per turn)    |
+| `TokenView`         | an episode's tokens coloured by advantage / KL / logprob / ...      |
+| `TrainingDashboard` | live training curves (`trainer.fit(callbacks=[dash.callback])`)     |
+| `PlayWidget`        | play an environment by hand; the game is kept as a trajectory      |
+| `RewardTuner`       | reward-shaping sliders re-scoring a stored batch                    |
+| `TrajectoryTable`   | sortable, filterable episode list linked to the two viewers         |
+
+Every widget keeps its state in traitlets and its logic in plain functions
+(`render_episode_html`, `render_tokens_html`, `history_series`, `rescore_table`,
+`filter_sort`, ...) that work without a kernel. All JavaScript comes from the
+installed packages (ipywidgets, plotly's anywidget bundle): nothing from a CDN.
+"""
+from workbench.widgets.conversation import ConversationView, render_episode_html
+from workbench.widgets.dashboard import PANELS, TrainingDashboard, history_series
+from workbench.widgets.play import PlayWidget, TokenizerOnlyEngine
+from workbench.widgets.reward_tuner import RewardTuner, grpo_advantages, rescore_table
+from workbench.widgets.table import TrajectoryTable, episode_frame, filter_sort
+from workbench.widgets.tokens import TokenView, available_fields, render_tokens_html
+
+__all__ = [
+    "ConversationView", "TokenView", "TrainingDashboard", "PlayWidget", "RewardTuner", "TrajectoryTable",
+    "TokenizerOnlyEngine", "render_episode_html", "render_tokens_html", "history_series", "rescore_table",
+    "grpo_advantages", "filter_sort", "episode_frame", "available_fields", "PANELS",
+]

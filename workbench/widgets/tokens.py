@@ -1,0 +1,262 @@
+"""`TokenView`: an episode's tokens coloured by a per-token quantity.
+
+    view = TokenView(batch, tokenizer)          # offers only the fields the batch has
+    view.field = "kl"                           # or pick it in the dropdown
+    view.index = 2                              # another episode
+
+Signed quantities (advantages, kl, ratio around 1, values, returns, rewards) use a
+blue-white-red scale centred on their neutral value; logprobs use white (likely)
+to purple (unlikely); entropy white (sure) to purple (unsure); `loss_mask` marks
+trained tokens green. The scale is shared by all episodes of the batch (robust
+max over trained tokens), so colours compare across episodes. Tokens the policy
+did not sample (prompt, observations, tool results, template glue, human turns)
+are grey and italic. Hover a token to read its position, id, text and value.
+
+`render_tokens_html(batch, index, field, tokenizer)` is the plain function behind it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ipywidgets as widgets
+import torch
+import traitlets
+
+from workbench.trajectory import TOKEN_FIELDS, Episode, TrajectoryBatch
+from workbench.widgets._html import (
+    MASK_RGB, STYLE, _mix, diverging_color, esc, gradient_css, rgb_css, sequential_color,
+)
+from workbench.widgets.conversation import episode_label
+
+__all__ = ["TokenView", "render_tokens_html", "available_fields", "field_scale", "decode_tokens",
+           "FIELD_KINDS"]
+
+#: How each per-token field is coloured: (kind, neutral value). Order = dropdown order.
+FIELD_KINDS: dict[str, tuple[str, float]] = {
+    "advantages": ("diverging", 0.0),
+    "kl": ("diverging", 0.0),
+    "rollout_logprobs": ("logprob", 0.0),
+    "old_logprobs": ("logprob", 0.0),
+    "ref_logprobs": ("logprob", 0.0),
+    "new_logprobs": ("logprob", 0.0),
+    "ratio": ("diverging", 1.0),
+    "entropy": ("sequential", 0.0),
+    "loss_mask": ("mask", 0.0),
+    "values": ("diverging", 0.0),
+    "returns": ("diverging", 0.0),
+    "token_level_scores": ("diverging", 0.0),
+    "token_level_rewards": ("diverging", 0.0),
+}
+_NOT_SHOWN = ("input_ids", "attention_mask")
+
+
+def available_fields(batch: TrajectoryBatch) -> list[str]:
+    """Per-token fields present in the batch, in display order."""
+    known = [f for f in FIELD_KINDS if batch.has(f)]
+    extra = [f for f in TOKEN_FIELDS if batch.has(f) and f not in FIELD_KINDS and f not in _NOT_SHOWN]
+    return known + extra
+
+
+def field_scale(batch: TrajectoryBatch, field: str) -> tuple[str, float, float]:
+    """(kind, low, high) of the colour scale of `field` over the batch's trained tokens.
+
+    diverging: (centre - s, centre + s) with s the 98th percentile of |v - centre|;
+    logprob: (2nd percentile, 0); sequential: (0, 98th percentile); mask: (0, 1).
+    """
+    kind, center = FIELD_KINDS.get(field, ("diverging", 0.0))
+    if kind == "mask":
+        return kind, 0.0, 1.0
+    values = batch.tensors[field].float()
+    mask = batch.tensors["loss_mask"] > 0
+    if not mask.any():
+        mask = batch.tensors["attention_mask"] > 0
+    v = values[mask]
+    v = v[torch.isfinite(v)]
+    if v.numel() == 0:
+        return kind, center - 1.0, center + 1.0
+    if kind == "diverging":
+        s = float(torch.quantile((v - center).abs(), 0.98)) if v.numel() > 1 else float((v - center).abs().max())
+        s = s if s > 1e-8 else max(float((v - center).abs().max()), 1e-8)
+        return kind, center - s, center + s
+    if kind == "logprob":
+        low = float(torch.quantile(v, 0.02)) if v.numel() > 1 else float(v.min())
+        return kind, min(low, -1e-6), 0.0
+    high = float(torch.quantile(v, 0.98)) if v.numel() > 1 else float(v.max())
+    return kind, 0.0, max(high, 1e-8)
+
+
+def token_style(value: float, trained: bool, kind: str, low: float, high: float) -> tuple[str, str]:
+    """(background, text colour) of one token."""
+    if not trained:
+        return "transparent", "#8a8a8a"
+    if kind == "mask":
+        return rgb_css(_mix(MASK_RGB, 0.45)), "#111"
+    if kind == "diverging":
+        center = (low + high) / 2
+        return diverging_color(value, center, (high - low) / 2)
+    if kind == "logprob":
+        return sequential_color(value, low, high, reverse=True)
+    return sequential_color(value, low, high)
+
+
+def decode_tokens(tokenizer: Any, ids: list[int]) -> list[str]:
+    """Each id decoded on its own (special tokens kept)."""
+    if tokenizer is None:
+        return [f"⟨{i}⟩" for i in ids]
+    return list(tokenizer.batch_decode([[i] for i in ids], skip_special_tokens=False))
+
+
+def _shown_text(text: str) -> str:
+    out = esc(text)
+    if "\n" in text:
+        out = out.replace("\n", '<span style="opacity:.45">↵</span>\n')
+    return out if text else '<span style="opacity:.45">∅</span>'
+
+
+def _value_text(field: str, value: float) -> str:
+    s = f"{field}={value:+.4g}" if field != "loss_mask" else f"loss_mask={int(value)}"
+    if FIELD_KINDS.get(field, ("",))[0] == "logprob" and math.isfinite(value):
+        s += f" (p={math.exp(value):.3g})"
+    return s
+
+
+def legend_html(field: str, kind: str, low: float, high: float) -> str:
+    if kind == "mask":
+        desc = "green = trained on (loss_mask 1)"
+        return (f'<div class="wb-legend"><b>{esc(field)}</b>: {desc} · '
+                '<i style="color:#8a8a8a">grey italic</i> = not trained (prompt, observations, tool results, '
+                'template, human turns)</div>')
+    lo_txt, hi_txt = f"{low:+.3g}", f"{high:+.3g}"
+    note = {"diverging": "blue below, red above " + f"{(low + high) / 2:g}",
+            "logprob": "purple = unlikely token", "sequential": "purple = high"}[kind]
+    return (f'<div class="wb-legend"><b>{esc(field)}</b> {lo_txt}<span class="wb-bar" '
+            f'style="background:{gradient_css("diverging" if kind == "diverging" else "sequential")}'
+            f'{";transform:scaleX(-1)" if kind == "logprob" else ""}"></span>{hi_txt} ({note}; '
+            'hover a token for its value) · <i style="color:#8a8a8a">grey italic</i> = not trained</div>')
+
+
+def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer: Any = None,
+                       scale: tuple[str, float, float] | None = None, texts: list[str] | None = None,
+                       style: bool = True) -> str:
+    """HTML of episode `index`'s tokens coloured by `field` (one span per token, value in its title)."""
+    batch.require(field)
+    ep = batch.episodes[index]
+    kind, low, high = scale if scale is not None else field_scale(batch, field)
+    values = batch.token_values(index, field)
+    texts = texts if texts is not None else decode_tokens(tokenizer, ep.token_ids)
+    spans = []
+    for pos, (tok, text, value, m, turn) in enumerate(zip(ep.token_ids, texts, values, ep.loss_mask, ep.turn_index)):
+        trained = bool(m)
+        bg, fg = token_style(value, trained, kind, low, high)
+        where = "prompt" if turn < 0 else f"turn {turn}"
+        title = f"#{pos} id={tok} {text!r} · {_value_text(field, value)} · {where}, " + (
+            "trained" if trained else "not trained")
+        cls = "wb-tok" if trained else "wb-tok wb-untrained"
+        bg_css = f"background:{bg};" if bg != "transparent" else ""
+        spans.append(f'<span class="{cls}" style="{bg_css}color:{fg}" title="{esc(title)}">{_shown_text(text)}</span>')
+    css = STYLE if style else ""
+    head = (f'<div class="wb-head">episode {ep.episode_id} · {ep.num_tokens} tokens · '
+            f'{ep.response_length} trained</div>')
+    return (f'{css}<div class="wb-root wb-tokens-body">{head}{legend_html(field, kind, low, high)}'
+            f'<div class="wb-tokbox">{"".join(spans)}</div></div>')
+
+
+class TokenView(widgets.VBox):
+    """Tokens of one episode coloured by a per-token quantity, with a field dropdown.
+
+    Args:
+        batch: a `TrajectoryBatch` (or a single `Episode`).
+        tokenizer: decodes the ids (without it tokens show as ⟨id⟩).
+        field: quantity shown first; defaults to "advantages" if present, else the first available.
+        index: episode shown first.
+    """
+
+    index = traitlets.Int(0, help="position of the shown episode in the batch")
+    field = traitlets.Unicode("", help="per-token field used for the colours")
+
+    def __init__(self, batch: TrajectoryBatch | Episode, tokenizer: Any = None, field: str | None = None,
+                 index: int = 0, **kwargs: Any):
+        self.tokenizer = tokenizer
+        self._pick = widgets.Dropdown(options=[], description="episode", layout=widgets.Layout(width="430px"))
+        self._field = widgets.Dropdown(options=[], description="colour by", layout=widgets.Layout(width="260px"))
+        self._body = widgets.HTML()
+        self._body.add_class("wb-tokens-html")
+        super().__init__([widgets.HBox([self._pick, self._field]), self._body], **kwargs)
+        self.add_class("wb-tokens")
+        self._pick.observe(lambda c: self._set_index(c["new"]), names="value")
+        self._field.observe(lambda c: c["new"] and setattr(self, "field", c["new"]), names="value")
+        self._ready = False
+        self.set_batch(batch, field=field, index=index)
+
+    # -- public ----------------------------------------------------------------------
+    @property
+    def fields(self) -> list[str]:
+        """Fields offered in the dropdown (those the batch has)."""
+        return list(self._fields)
+
+    @property
+    def html(self) -> str:
+        return self._body.value
+
+    def set_batch(self, batch: TrajectoryBatch | Episode, field: str | None = None, index: int = 0) -> None:
+        """Show another batch; keeps the current field when the new batch has it."""
+        if isinstance(batch, Episode):
+            batch = TrajectoryBatch([batch])
+        self.batch = batch
+        self._texts: dict[int, list[str]] = {}
+        self._scales: dict[str, tuple[str, float, float]] = {}
+        self._fields = available_fields(batch)
+        want = field or (self.field if self.field in self._fields else None) or (
+            "advantages" if "advantages" in self._fields else self._fields[0])
+        if want not in self._fields:
+            raise ValueError(f"field {want!r} is not in this batch; available: {self._fields}")
+        self._ready = False
+        with self.hold_trait_notifications():
+            self._field.options = self._fields
+            self._field.value = want
+            self._pick.options = [(episode_label(i, ep), i) for i, ep in enumerate(batch.episodes)]
+            self.field = want
+            self.index = max(0, min(index, len(batch) - 1))
+            self._pick.value = self.index
+        self._ready = True
+        self._render()
+
+    def values(self) -> list[float]:
+        """Values of the current field for the shown episode."""
+        return self.batch.token_values(self.index, self.field)
+
+    # -- internals ---------------------------------------------------------------------
+    def _set_index(self, value: int | None) -> None:
+        if value is not None and value != self.index:
+            self.index = value
+
+    @traitlets.validate("field")
+    def _check_field(self, proposal: dict) -> str:
+        value = proposal["value"]
+        if getattr(self, "_fields", None) and value not in self._fields:
+            raise traitlets.TraitError(f"field {value!r} is not in this batch; available: {self._fields}")
+        return value
+
+    @traitlets.observe("index", "field")
+    def _on_change(self, change: dict) -> None:
+        if self._ready:
+            self._render()
+
+    def _render(self) -> None:
+        if not len(self.batch):
+            self._body.value = "<i>empty batch</i>"
+            return
+        i, f = self.index, self.field
+        if f not in self._scales:
+            self._scales[f] = field_scale(self.batch, f)
+        if i not in self._texts:
+            self._texts[i] = decode_tokens(self.tokenizer, self.batch.episodes[i].token_ids)
+        self._body.value = render_tokens_html(self.batch, i, f, self.tokenizer, self._scales[f], self._texts[i])
+        if self._field.value != f:
+            self._field.value = f
+        if self._pick.value != i:
+            self._pick.value = i
+
+    def __repr__(self) -> str:
+        return f"TokenView(episode {self.index}/{len(self.batch)}, field={self.field!r}, fields={self._fields})"
