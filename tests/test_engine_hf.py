@@ -200,8 +200,9 @@ def test_prefix_cache_dropped_when_weights_change(tiny_model_path, prompts):
     greedy = SamplingParams(max_tokens=6, temperature=0.0)
     first = engine.generate_ids([prompts[0]], greedy)[0]
     follow = prompts[0] + first.token_ids + prompts[2]
-    engine.generate_ids([follow], greedy)
+    second = engine.generate_ids([follow], greedy)[0]
     assert engine.stats()["prefix_cache_hits"] == 1
+    assert second.num_cached_tokens == len(prompts[0]) + len(first.token_ids) - 1 and first.num_cached_tokens == 0
     with torch.no_grad():  # an "optimizer step"
         for p in model.parameters():
             p.mul_(1.05)
@@ -246,3 +247,28 @@ def test_embedded_gqa_batch_matches_generate_and_forward(embedded_model_and_toke
         lp = _forward_logprobs(model, p + r.token_ids)
         want = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(r.token_ids)]
         assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(want), atol=1e-4)
+
+
+def test_growing_cache_layer_equals_concatenation():
+    """The preallocated KV layer behaves like DynamicLayer's torch.cat, also past its room."""
+    from transformers.cache_utils import DynamicLayer
+
+    from workbench.engines.hf import _GrowingLayer
+
+    g = torch.Generator().manual_seed(0)
+    ref = DynamicLayer()
+    ref.update(torch.randn(3, 2, 5, 4, generator=g), torch.randn(3, 2, 5, 4, generator=g))
+    grow = _GrowingLayer(ref, room=2)
+    ref = DynamicLayer()
+    ref.update(grow.keys.clone(), grow.values.clone())
+    for n in (1, 1, 3, 1):  # the 3 goes past the room: reallocation
+        k, v = torch.randn(3, 2, n, 4, generator=g), torch.randn(3, 2, n, 4, generator=g)
+        a, b = grow.update(k, v), ref.update(k, v)
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+        assert grow.get_seq_length() == ref.get_seq_length()
+    idx = torch.tensor([2, 0])
+    grow.batch_select_indices(idx)
+    ref.batch_select_indices(idx)
+    assert torch.equal(grow.keys, ref.keys) and torch.equal(grow.values, ref.values)
+    k, v = torch.randn(2, 2, 1, 4, generator=g), torch.randn(2, 2, 1, 4, generator=g)
+    assert torch.equal(grow.update(k, v)[0], ref.update(k, v)[0])

@@ -20,6 +20,9 @@ extended, and the cache is dropped whenever the weights change (optimizer step,
 a sample never sees KV from other weights. Only models whose cache layers are plain
 full-attention `DynamicLayer`s use it (sliding-window models fall back to full prefill).
 
+Decoding appends each step's keys/values into preallocated room (`_GrowingLayerMixin`)
+instead of `DynamicLayer`'s `torch.cat`, which copied every layer's whole cache per step.
+
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `_sdpa_gqa_forward` instead -- the same math, but torch's
 `enable_gqa` rather than `repeat_kv` when a padding mask is present (transformers only
@@ -190,8 +193,11 @@ class HFEngine(GenerationEngine):
         out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                          past_key_values=past, logits_to_keep=1)
         cache = out.past_key_values
-        if self.prefix_cache is not None and not _plain_layers(cache):
+        plain = _plain_layers(cache)
+        if self.prefix_cache is not None and not plain:
             self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
+        if plain and params.max_tokens > 1:  # room for the new tokens: no torch.cat per step
+            cache.layers = [_GrowingLayer(layer, params.max_tokens - 1) for layer in cache.layers]
         keys = [tuple(p) for p in prompts]  # ids whose KV each row holds (grows as it decodes)
         logits = out.logits[:, -1, :].float()  # (U, V)
         next_pos = positions[:, -1:] + 1  # (U, 1)
@@ -232,7 +238,8 @@ class HFEngine(GenerationEngine):
             cache = out.past_key_values
             logits = out.logits[:, -1, :].float()
             next_pos = next_pos + 1
-        return [GenerationResult(token_ids=out_ids[b], logprobs=out_lp[b], finish_reason=finish[b])  # type: ignore[arg-type]
+        return [GenerationResult(token_ids=out_ids[b], logprobs=out_lp[b], finish_reason=finish[b],  # type: ignore[arg-type]
+                                 num_cached_tokens=kept[inverse[b]])
                 for b in range(B)]
 
 
@@ -336,6 +343,64 @@ class _PrefixCache:
         return {"prefix_cache_hits": self.hits, "prefix_cache_misses": self.misses,
                 "prefix_cache_reused_tokens": self.reused_tokens, "prefix_cache_entries": len(self.entries),
                 "prefix_cache_mb": self.bytes / 2**20}
+
+
+def _dynamic_layer_class() -> type:
+    from transformers.cache_utils import DynamicLayer
+
+    return DynamicLayer
+
+
+class _GrowingLayerMixin:
+    """A full-attention cache layer that appends into preallocated room instead of `torch.cat`.
+
+    `DynamicLayer.update` concatenates, copying the layer's whole cache every decode
+    step; here the keys/values live in a buffer with spare room and `keys`/`values` are
+    views of its filled part. Falls back to reallocating (doubling) when the room is used up.
+    """
+
+    def _init_from(self, layer: Any, room: int) -> None:
+        keys, values = layer.keys, layer.values  # (B, H, T, D)
+        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
+        self._length = keys.shape[-2]
+        self._kbuf = keys.new_empty((*keys.shape[:2], self._length + room, keys.shape[-1]))
+        self._vbuf = values.new_empty((*values.shape[:2], self._length + room, values.shape[-1]))
+        self._kbuf[:, :, : self._length] = keys
+        self._vbuf[:, :, : self._length] = values
+        self._views()
+
+    def _views(self) -> None:
+        self.keys = self._kbuf[:, :, : self._length]
+        self.values = self._vbuf[:, :, : self._length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        n = key_states.shape[-2]
+        if self._length + n > self._kbuf.shape[-2]:
+            extra = max(n, self._kbuf.shape[-2])
+            self._kbuf = torch.cat([self._kbuf, self._kbuf.new_empty((*self._kbuf.shape[:2], extra, self._kbuf.shape[-1]))], -2)
+            self._vbuf = torch.cat([self._vbuf, self._vbuf.new_empty((*self._vbuf.shape[:2], extra, self._vbuf.shape[-1]))], -2)
+        self._kbuf[:, :, self._length : self._length + n] = key_states
+        self._vbuf[:, :, self._length : self._length + n] = value_states
+        self._length += n
+        self._views()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+        self._views()
+
+
+_growing_class: type | None = None
+
+
+def _GrowingLayer(layer: Any, room: int) -> Any:
+    """`layer`'s contents in a `_GrowingLayerMixin` + DynamicLayer with `room` spare positions."""
+    global _growing_class
+    if _growing_class is None:
+        _growing_class = type("GrowingLayer", (_GrowingLayerMixin, _dynamic_layer_class()), {})
+    new = _growing_class()
+    new._init_from(layer, room)
+    return new
 
 
 def _plain_layers(cache: Any) -> bool:
