@@ -110,6 +110,12 @@ class InferenceConfig:
     vllm_dtype: str = "auto"
     """dtype of the vLLM engine's weights: "auto" (float32 on CPU, where bfloat16 is no
     faster and its logprobs drift by ~0.3; bfloat16 on GPU), or an explicit dtype."""
+    async_rollout: bool = False
+    """Run episodes asynchronously (`AsyncRollout`): each episode generates its next turn
+    as soon as its own environment/tool step is done, and the engine merges the
+    requests (vLLM continuous batching, a dynamic batcher for hf), so a slow environment
+    or tool never stalls the other episodes. False: lock-step turns (`Rollout`). Episodes
+    are built the same way either way (greedy runs are identical token for token)."""
 
 
 @dataclass

@@ -18,7 +18,8 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
     Args:
         config: a ConfigStore.
         model: the policy module (the hf engine samples from it directly; vllm
-            receives its weights through `sync_weights`).
+            receives its weights through `sync_weights`, or keeps the checkpoint's
+            weights when it is None).
         tokenizer: the policy's tokenizer.
         model_path: folder the vllm engine loads its initial weights from.
     """
@@ -40,7 +41,8 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
             max_model_len=inf.max_context_tokens, tensor_parallel_size=config.model.tensor_parallel_size,
             enable_sleep_mode=inf.enable_sleep_mode, seed=inf.seed or 0,
         )
-        engine.sync_weights(model)  # LoRA adapters or fine-tuned weights may already differ
+        if model is not None:  # None (e.g. create_inference_engine): serve the checkpoint as loaded
+            engine.sync_weights(model)  # LoRA adapters or fine-tuned weights may already differ
         return engine
     if inf.backend in ("server", "sglang"):
         from workbench.engines.server import ServerEngine

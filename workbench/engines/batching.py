@@ -8,9 +8,12 @@ episode whose environment step is slow simply joins a later batch, and nobody wa
 for it.
 
 Gathering: when the worker finds the queue non-empty it waits until no new request
-has arrived for `gather_seconds` (or `max_gather_seconds` have passed, or
-`max_batch_size` are queued), so requests submitted in a burst (a rollout's first
-turn, environments that finish together) share one batch.
+has arrived for a quiet gap (or a deadline has passed, or `max_batch_size` are queued),
+so requests submitted in a burst (a rollout's first turn, environments that finish
+together, each resubmitted after a few ms of token bookkeeping) share one batch. Gap
+and deadline scale with the last batch's duration -- `gather_seconds` / `max_gather_seconds`
+or 0.5% / 2% of it, whichever is larger -- so waiting never costs more than ~2% of
+the generation time, and a request held up by a slow environment joins a later batch.
 """
 from __future__ import annotations
 
@@ -51,6 +54,7 @@ class DynamicBatcher:
         self.batches = 0
         self.requests = 0
         self.batch_sizes: list[int] = []
+        self._last_batch_seconds = 0.0
         self._thread = threading.Thread(target=self._work, name=name, daemon=True)
         self._thread.start()
 
@@ -63,10 +67,17 @@ class DynamicBatcher:
             self._cond.notify_all()
         return fut
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Serve what is queued, then stop the worker and wait for it (`timeout` seconds).
+
+        Joining matters: a worker thread still unwinding (torch's per-thread OpenMP
+        state) while the interpreter exits can abort the process.
+        """
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def stats(self) -> dict[str, float]:
         sizes = self.batch_sizes
@@ -81,7 +92,8 @@ class DynamicBatcher:
                 self._cond.wait()
             if not self._queue:
                 return None
-            deadline = time.monotonic() + self.max_gather_seconds
+            gap = max(self.gather_seconds, 0.005 * self._last_batch_seconds)
+            deadline = time.monotonic() + max(self.max_gather_seconds, 0.02 * self._last_batch_seconds)
             seen = -1
             while not self._closed:
                 n = len(self._queue)
@@ -89,7 +101,7 @@ class DynamicBatcher:
                 if n >= self.max_batch_size or n == seen or now >= deadline:
                     break
                 seen = n
-                self._cond.wait(min(self.gather_seconds, deadline - now))
+                self._cond.wait(min(gap, deadline - now))
             taken, self._queue = self._queue[: self.max_batch_size], self._queue[self.max_batch_size:]
         return [item for item in taken if item[0].set_running_or_notify_cancel()]
 
@@ -101,6 +113,7 @@ class DynamicBatcher:
             groups: dict[tuple, list[tuple[Future, list[int], SamplingParams]]] = {}
             for item in taken:
                 groups.setdefault(_group_key(item[2]), []).append(item)
+            start = time.monotonic()
             for items in groups.values():
                 self.batches += 1
                 self.requests += len(items)
@@ -113,4 +126,5 @@ class DynamicBatcher:
                     continue
                 for (fut, _, _), res in zip(items, results):
                     fut.set_result(res)
+            self._last_batch_seconds = time.monotonic() - start
 

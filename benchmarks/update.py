@@ -1,0 +1,311 @@
+"""GRPO step time: workbench `Trainer.train_step()` vs TRL's `GRPOTrainer`, in one process.
+
+    python benchmarks/update.py                 # 1 warm-up + 4 timed steps per side
+    python benchmarks/update.py --steps 6
+
+One single-turn config on both sides: the embedded model (SmolLM2-135M-Instruct,
+float32), LoRA r=16 / alpha=32 on all linear layers, one prompt x 8 completions per
+step, at most 64 new tokens, temperature 1.0, learning rate 1e-5, no KL term, one
+optimizer step per batch. The prompt is guess_number's opening (system prompt + first
+observation, range 1..8) rendered with the chat template; the reward is the same
+plain python function of the completion text on both sides (`reward_text`).
+
+Timed per side: the median of `--steps` steps after one warm-up step, each step =
+generation + reward + advantages + loss forward/backward + optimizer step; and the
+"update" part alone (ours: old-logprob forward + `update()`, from the trainer's
+stage timers; TRL: step minus its `_generate_and_score_completions`).
+
+FLOP/s: a large fp32 matmul is timed in the same process (`2 n^3 / t`) as the peak,
+and our update's FLOPs are counted as 2 x N x tokens for a forward, 3 forwards'
+worth (6 x N x tokens) for forward + backward, plus one forward for the old
+logprobs: 8 x N x tokens, where N excludes the input embedding (a lookup) and the LM
+head (run only at completion positions, counted there: 8 x N_head x completion
+tokens) and tokens = padded tokens actually fed. LoRA skips the frozen weights'
+gradient matmuls, so the 6N convention over-counts: the "lora-aware" figure counts 4N
+(forward + input-gradient backward) + 2N for the old logprobs.
+
+Last line: `speedup vs TRL: N.Nx` (TRL median step / ours).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/learning.py
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+RESULTS = ROOT / "benchmarks" / "results"
+GROUP = 8
+MAX_NEW = 64
+LR = 1e-5
+ENV_PARAMS = {"low": 1, "high": 8, "max_steps": 4}
+
+
+def load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def reward_text(text: str) -> float:
+    """1 if the reply's first number is a valid guess (1..8), else 0; minus a length cost."""
+    from envs._common import first_number
+
+    n = first_number(text)
+    return (1.0 if n is not None and 1 <= n <= 8 else 0.0) - 0.002 * len(text)
+
+
+def prompt_messages() -> list[dict[str, str]]:
+    from envs import make_env
+
+    env = make_env("guess_number", **ENV_PARAMS)
+    obs = env.reset()  # the opening line does not depend on the seed
+    return [{"role": "system", "content": env.get_prompt_prefix()}, {"role": "user", "content": obs}]
+
+
+def matmul_peak(n: int = 2048, reps: int = 5, dtype: str = "float32") -> float:
+    import torch
+
+    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
+    torch.mm(a, b)
+    times = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - t)
+    return 2 * n ** 3 / min(times)
+
+
+# -- ours ---------------------------------------------------------------------------
+def run_ours(steps: int, bf16_steps: int = 2) -> dict[str, Any]:
+    from envs import make_env
+    from workbench.config import ConfigStore
+    from workbench.training.trainer import Trainer
+
+    cfg = ConfigStore()
+    cfg.model.dtype = "float32"
+    cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules = 16, 32, "all-linear"
+    cfg.inference.multi_turn = False
+    cfg.inference.max_turns = 1
+    cfg.inference.max_tokens = MAX_NEW
+    cfg.inference.temperature = 1.0
+    t = cfg.training
+    t.adv_estimator, t.batch_size, t.group_size, t.micro_batch_size = "grpo", GROUP, GROUP, GROUP
+    t.learning_rate, t.loss_agg_mode, t.use_kl_loss, t.use_kl_in_reward = LR, "token-mean", False, False
+    env = make_env("guess_number", **ENV_PARAMS)
+    trainer = Trainer(cfg, environment=env, reward_fn=lambda ep: reward_text(ep.turns[0].action if ep.turns else ""))
+    # Stage timers: old-logprob forward (inside compute_advantages) and update.
+    timings: dict[str, float] = {}
+    orig_logprobs = trainer.compute_logprobs
+
+    def timed_logprobs(batch):
+        t0 = time.perf_counter()
+        out = orig_logprobs(batch)
+        timings["logprob_seconds"] = time.perf_counter() - t0
+        lengths = [ep.num_tokens for ep in batch]
+        timings["padded_tokens"] = max(lengths) * len(lengths)  # one micro-batch of GROUP rows
+        timings["completion_tokens"] = float(batch.loss_mask.sum())
+        timings["tokens"] = float(sum(lengths))
+        return out
+
+    trainer.compute_logprobs = timed_logprobs  # type: ignore[method-assign]
+    rows = []
+    for i in range(steps + 1):
+        l0 = load()
+        t0 = time.perf_counter()
+        m = trainer.train_step()
+        dt = time.perf_counter() - t0
+        row = {"step_seconds": dt, "rollout_seconds": m["perf/rollout_seconds"],
+               "update_seconds": m["perf/update_seconds"] + timings["logprob_seconds"],
+               "logprob_seconds": timings["logprob_seconds"], "backward_update_seconds": m["perf/update_seconds"],
+               "tokens": timings["tokens"], "padded_tokens": timings["padded_tokens"],
+               "completion_tokens": timings["completion_tokens"], "reward": m["reward/mean"],
+               "load": (l0 + load()) / 2, "warmup": i == 0}
+        rows.append(row)
+        print(f"[ours] step {i}{' (warm-up)' if i == 0 else ''}: {dt:.2f}s (rollout {row['rollout_seconds']:.2f}s, "
+              f"update {row['update_seconds']:.2f}s), {row['completion_tokens']:.0f} completion tokens, "
+              f"load {row['load']:.1f}", flush=True)
+    # training.autocast_bf16: the same steps with bf16 autocast in the logprob/update forwards.
+    bf16_rows = []
+    if bf16_steps:
+        trainer.config.training.autocast_bf16 = True
+        for i in range(bf16_steps):
+            l0 = load()
+            m = trainer.train_step()
+            bf16_rows.append({"update_seconds": m["perf/update_seconds"] + timings["logprob_seconds"],
+                              "padded_tokens": timings["padded_tokens"], "load": (l0 + load()) / 2})
+            print(f"[ours] bf16 autocast step {i}: update {bf16_rows[-1]['update_seconds']:.2f}s "
+                  f"({timings['padded_tokens']} padded tokens, load {bf16_rows[-1]['load']:.1f})", flush=True)
+    n_params = sum(p.numel() for p in trainer.policy.model.parameters() if not p.requires_grad)
+    trainer.cleanup()
+    return {"rows": rows, "frozen_params": n_params, "bf16_rows": bf16_rows}
+
+
+# -- TRL ----------------------------------------------------------------------------
+def run_trl(steps: int, tmpdir: str) -> dict[str, Any]:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from workbench.models.loading import resolve_model_path
+
+    path = resolve_model_path("smollm2-135m-instruct")
+    tok = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ds = Dataset.from_list([{"prompt": prompt_messages()} for _ in range(64)])
+
+    def reward_fn(prompts, completions, **kwargs):
+        return [reward_text(c[0]["content"] if isinstance(c, list) else c) for c in completions]
+
+    args = GRPOConfig(
+        output_dir=tmpdir, per_device_train_batch_size=GROUP, num_generations=GROUP, gradient_accumulation_steps=1,
+        max_completion_length=MAX_NEW, temperature=1.0, learning_rate=LR, beta=0.0, num_iterations=1,
+        loss_type="dapo", max_steps=steps + 1, logging_steps=1, save_strategy="no", report_to="none",
+        use_cpu=True, bf16=False, fp16=False, seed=0, dataloader_num_workers=0, disable_dropout=True,
+        shuffle_dataset=False,
+    )
+    peft_cfg = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", bias="none",
+                          task_type="CAUSAL_LM")
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=ds,
+                          processing_class=tok, peft_config=peft_cfg)
+    gen_times: list[float] = []
+    completion_tokens: list[float] = []
+    orig = trainer._generate_and_score_completions
+
+    def timed(batch):
+        t0 = time.perf_counter()
+        out = orig(batch)
+        gen_times.append(time.perf_counter() - t0)
+        completion_tokens.append(float(out["completion_mask"].sum()))
+        return out
+
+    trainer._generate_and_score_completions = timed  # type: ignore[method-assign]
+    rows: list[dict[str, Any]] = []
+
+    class Timer(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0, self.l0 = time.perf_counter(), load()
+
+        def on_step_end(self, args, state, control, **kw):
+            dt = time.perf_counter() - self.t0
+            i = len(rows)
+            row = {"step_seconds": dt, "rollout_seconds": gen_times[-1], "update_seconds": dt - gen_times[-1],
+                   "completion_tokens": completion_tokens[-1], "load": (self.l0 + load()) / 2, "warmup": i == 0}
+            rows.append(row)
+            print(f"[trl ] step {i}{' (warm-up)' if i == 0 else ''}: {dt:.2f}s (generate+score "
+                  f"{row['rollout_seconds']:.2f}s, update {row['update_seconds']:.2f}s), "
+                  f"{row['completion_tokens']:.0f} completion tokens, load {row['load']:.1f}", flush=True)
+
+    trainer.add_callback(Timer())
+    trainer.train()
+    return {"rows": rows}
+
+
+def med(rows: list[dict[str, Any]], key: str) -> float:
+    return statistics.median(r[key] for r in rows if not r["warmup"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    import tempfile
+
+    import torch
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=4, help="timed steps per side (after one warm-up)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--skip-trl", action="store_true")
+    p.add_argument("--bf16-steps", type=int, default=2, help="extra steps of ours with training.autocast_bf16")
+    p.add_argument("--out", default=str(RESULTS / "update.json"))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+
+    peak0 = matmul_peak()
+    print(f"matmul peak (fp32 2048^3, best of 5): {peak0 / 1e9:.1f} GFLOP/s, load {load()}", flush=True)
+    ours = run_ours(args.steps, args.bf16_steps)
+    peak1 = matmul_peak()
+    trl = None if args.skip_trl else run_trl(args.steps, tempfile.mkdtemp(prefix="wb_trl_"))
+    peak2 = matmul_peak()
+    peak = max(peak0, peak1, peak2)
+
+    # Our update FLOPs (see the module docstring).
+    from transformers import AutoConfig
+
+    from workbench.models.loading import resolve_model_path
+
+    mc = AutoConfig.from_pretrained(resolve_model_path("smollm2-135m-instruct"))
+    n_head = mc.vocab_size * mc.hidden_size
+    n_body = ours["frozen_params"] - n_head  # embedding (tied with the head) excluded: a lookup
+    timed = [r for r in ours["rows"] if not r["warmup"]]
+    flops_6n = [8 * n_body * r["padded_tokens"] + 8 * n_head * r["completion_tokens"] for r in timed]
+    flops_lora = [6 * n_body * r["padded_tokens"] + 6 * n_head * r["completion_tokens"] for r in timed]
+    fps_6n = statistics.median(f / r["update_seconds"] for f, r in zip(flops_6n, timed))
+    fps_lora = statistics.median(f / r["update_seconds"] for f, r in zip(flops_lora, timed))
+
+    result: dict[str, Any] = {
+        "config": {"model": "smollm2-135m-instruct", "dtype": "float32", "lora": "r=16, alpha=32, all-linear",
+                   "completions_per_step": GROUP, "prompts_per_step": 1, "max_new_tokens": MAX_NEW,
+                   "temperature": 1.0, "learning_rate": LR, "kl": "off", "threads": args.threads,
+                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                   "prompt": "guess_number (1..8, 4 guesses) system prompt + first observation, chat template",
+                   "reward": "reward_text: 1 if the first number is in 1..8, minus 0.002 per character"},
+        "ours": {"step_seconds_median": med(ours["rows"], "step_seconds"),
+                 "rollout_seconds_median": med(ours["rows"], "rollout_seconds"),
+                 "update_seconds_median": med(ours["rows"], "update_seconds"),
+                 "completion_tokens_median": med(ours["rows"], "completion_tokens"),
+                 "steps": ours["rows"]},
+        "matmul_peak_flops": peak, "matmul_peak_samples": [peak0, peak1, peak2],
+        "update_flops": {"counting": "8 x N_body x padded tokens + 8 x N_head x completion tokens "
+                                     "(6N fwd+bwd convention + 2N old-logprob forward); lora_aware: 6 instead of 8",
+                         "n_body": n_body, "n_head": n_head,
+                         "flops_per_s_6n": fps_6n, "fraction_of_peak_6n": fps_6n / peak,
+                         "flops_per_s_lora_aware": fps_lora, "fraction_of_peak_lora_aware": fps_lora / peak},
+        "bf16_autocast": {"steps": ours["bf16_rows"],
+                          "note": "update seconds (old-logprob forward + update) per padded token, fp32 vs "
+                                  "bf16 autocast; the matmul rows are fp32 vs bf16 2048^3 torch.mm",
+                          "fp32_seconds_per_1k_padded_tokens": statistics.median(
+                              1000 * r["update_seconds"] / r["padded_tokens"] for r in timed),
+                          "bf16_seconds_per_1k_padded_tokens": (statistics.median(
+                              1000 * r["update_seconds"] / r["padded_tokens"] for r in ours["bf16_rows"])
+                              if ours["bf16_rows"] else None),
+                          "matmul_fp32_flops": peak, "matmul_bf16_flops": matmul_peak(dtype="bfloat16")},
+        "loads": [load()],
+    }
+    print(f"our update: {result['ours']['update_seconds_median']:.2f}s median, "
+          f"{fps_6n / 1e9:.1f} GFLOP/s (6N counting) = {fps_6n / peak:.0%} of the {peak / 1e9:.1f} GFLOP/s "
+          f"matmul peak ({fps_lora / peak:.0%} LoRA-aware)", flush=True)
+    if trl is not None:
+        result["trl"] = {"version": __import__("trl").__version__,
+                         "step_seconds_median": med(trl["rows"], "step_seconds"),
+                         "rollout_seconds_median": med(trl["rows"], "rollout_seconds"),
+                         "update_seconds_median": med(trl["rows"], "update_seconds"),
+                         "completion_tokens_median": med(trl["rows"], "completion_tokens"),
+                         "steps": trl["rows"]}
+        result["speedup_step"] = result["trl"]["step_seconds_median"] / result["ours"]["step_seconds_median"]
+        result["speedup_update"] = result["trl"]["update_seconds_median"] / result["ours"]["update_seconds_median"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    o = result["ours"]
+    print(f"ours: step {o['step_seconds_median']:.2f}s (generate {o['rollout_seconds_median']:.2f}s, "
+          f"update {o['update_seconds_median']:.2f}s)")
+    if trl is not None:
+        r = result["trl"]
+        print(f"TRL:  step {r['step_seconds_median']:.2f}s (generate {r['rollout_seconds_median']:.2f}s, "
+              f"update {r['update_seconds_median']:.2f}s); update-only speedup {result['speedup_update']:.1f}x")
+        print(f"speedup vs TRL: {result['speedup_step']:.1f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
