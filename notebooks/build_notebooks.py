@@ -47,13 +47,16 @@ SETUP = """
 import os
 import warnings
 
+# Idle torch threads sleep instead of spinning: on a busy, shared CPU spinning threads
+# fight each other and a forward pass can get 10x slower. Must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from transformers.utils import logging as hf_logging
 
-torch.set_num_threads(2)            # the CPU is shared; 2 threads are plenty for a 135M model
+SMOKE = os.environ.get("WORKBENCH_SMOKE") == "1"   # CI: smaller budgets, every cell still runs for real
+torch.set_num_threads(int(os.environ.get("WORKBENCH_THREADS", 2)))   # 2 threads suit a 135M model
 hf_logging.disable_progress_bar()   # no "Loading weights" bars
 warnings.filterwarnings("ignore", category=FutureWarning)
-SMOKE = os.environ.get("WORKBENCH_SMOKE") == "1"   # CI: smaller budgets, every cell still runs for real
 print("smoke mode" if SMOKE else "full mode")
 """
 
@@ -772,6 +775,14 @@ def nb_ppo_vs_grpo():
             c.checkpoint.resume = False
             return c.validate()
         """),
+        md("What differs between the two configs:"),
+        check("""
+        a, b = make_config("grpo").to_dict(), make_config("gae").to_dict()
+        for section in a:
+            for key in a[section]:
+                if a[section][key] != b[section][key]:
+                    print(f"{section}.{key}: grpo={a[section][key]!r}  ppo={b[section][key]!r}")
+        """),
         md("""
         At the start the policy *is* the reference (LoRA adapters start at zero), so the KL is exactly 0.
         One GRPO step moves it away; the PPO trainer then gets the same adapter weights, so both compare
@@ -1060,6 +1071,7 @@ def nb_browser_demo():
         import tempfile
         from pathlib import Path
 
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")   # before torch loads: no spinning threads
         import torch
         from transformers.utils import logging as hf_logging
 
@@ -1068,7 +1080,7 @@ def nb_browser_demo():
         from workbench.training import Trainer
         from workbench.widgets import ConversationView, TokenView, TrainingDashboard
 
-        torch.set_num_threads(2)
+        torch.set_num_threads(int(os.environ.get("WORKBENCH_THREADS", 2)))
         hf_logging.disable_progress_bar()
         config = ConfigStore()
         config.model.model_name = str(build_tiny_model())

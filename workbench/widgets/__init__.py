@@ -13,7 +13,12 @@ Every widget keeps its state in traitlets and its logic in plain functions
 (`render_episode_html`, `render_tokens_html`, `history_series`, `rescore_table`,
 `filter_sort`, ...) that work without a kernel. All JavaScript comes from the
 installed packages (ipywidgets, plotly's anywidget bundle): nothing from a CDN.
+For Voilà, whose stock "lab" template links Font Awesome from a CDN, use the
+bundled template: `JUPYTER_PATH=$(python -c "import workbench.widgets as w;
+print(w.VOILA_JUPYTER_PATH)") voila --template=workbench-offline notebook.ipynb`.
 """
+from pathlib import Path
+
 from workbench.widgets.conversation import ConversationView, render_episode_html
 from workbench.widgets.dashboard import PANELS, TrainingDashboard, history_series
 from workbench.widgets.play import PlayWidget, TokenizerOnlyEngine
@@ -21,7 +26,11 @@ from workbench.widgets.reward_tuner import RewardTuner, grpo_advantages, rescore
 from workbench.widgets.table import TrajectoryTable, episode_frame, filter_sort
 from workbench.widgets.tokens import TokenView, available_fields, render_tokens_html
 
+#: Add to JUPYTER_PATH to get the "workbench-offline" Voilà template (no CDN links).
+VOILA_JUPYTER_PATH = Path(__file__).resolve().parent / "share"
+
 __all__ = [
+    "VOILA_JUPYTER_PATH",
     "ConversationView", "TokenView", "TrainingDashboard", "PlayWidget", "RewardTuner", "TrajectoryTable",
     "TokenizerOnlyEngine", "render_episode_html", "render_tokens_html", "history_series", "rescore_table",
     "grpo_advantages", "filter_sort", "episode_frame", "available_fields", "PANELS",
