@@ -272,3 +272,22 @@ def test_growing_cache_layer_equals_concatenation():
     assert torch.equal(grow.keys, ref.keys) and torch.equal(grow.values, ref.values)
     k, v = torch.randn(2, 2, 1, 4, generator=g), torch.randn(2, 2, 1, 4, generator=g)
     assert torch.equal(grow.update(k, v)[0], ref.update(k, v)[0])
+
+
+def test_inverse_cdf_draws_follow_the_weights():
+    from workbench.engines.hf import _multinomial
+
+    weights = torch.tensor([[0.1, 0.0, 0.6, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 2.0]])  # (2, 5), unnormalised ok
+    n = 20000
+    gen = torch.Generator().manual_seed(0)
+    draws = torch.stack([_multinomial(weights, gen) for _ in range(n)])  # (n, 2)
+    freq = torch.bincount(draws[:, 0], minlength=5).float() / n
+    expected = weights[0] / weights[0].sum()
+    sigma = (expected * (1 - expected) / n).sqrt()
+    assert ((freq - expected).abs() <= 5 * sigma + 1e-9).all(), freq
+    assert freq[1] == 0 and freq[4] == 0  # zero weight: never drawn
+    assert (draws[:, 1] == 4).all()
+    # one generator per row: row b's draws depend on its own generator only
+    a = _multinomial(weights, [torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)])
+    b = _multinomial(weights[:1], [torch.Generator().manual_seed(7)])
+    assert a[0] == b[0]

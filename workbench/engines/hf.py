@@ -9,6 +9,8 @@ storing (B, V) logits per step.
 
 The engine holds a reference to the policy module, so after an optimizer step it
 already samples from the new weights; `sync_weights(model)` just swaps the module.
+A LoRA policy is sampled through a merged copy (`merged.py`) that re-merges itself
+whenever the policy's weights changed.
 
 Prefix cache (multi-turn): when a row finishes, its KV (prompt + sampled ids) is kept,
 keyed by those ids. A later prompt that extends a kept sequence -- the same episode's
@@ -48,6 +50,7 @@ import torch
 
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
+from workbench.engines.merged import merged_copy
 
 
 class HFEngine(GenerationEngine):
@@ -56,9 +59,11 @@ class HFEngine(GenerationEngine):
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 64, prefix_cache: bool = True,
-                 prefix_cache_mb: float = 1024.0):
+                 prefix_cache_mb: float = 1024.0, merge_lora: bool = True):
         super().__init__(tokenizer)
         self.model = model
+        self.merge_lora = merge_lora
+        self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
         self.prefix_cache = _PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache else None
         self._weights_version: tuple[int, int] | None = None
@@ -73,7 +78,9 @@ class HFEngine(GenerationEngine):
         return next(self.model.parameters()).device
 
     def sync_weights(self, model: Any) -> None:
-        self.model = model
+        if model is not self.model:
+            self.model = model
+            self._merged = merged_copy(model) if self.merge_lora else None
         self.clear_cache()
 
     def clear_cache(self) -> None:
@@ -82,7 +89,8 @@ class HFEngine(GenerationEngine):
             self.prefix_cache.clear()
 
     def stats(self) -> dict[str, float]:
-        out = {"prompt_tokens": self._prompt_tokens, "generated_tokens": self._generated}
+        out = {"prompt_tokens": self._prompt_tokens, "generated_tokens": self._generated,
+               "lora_merges": self._merged.merges if self._merged is not None else 0}
         if self.prefix_cache is not None:
             out.update(self.prefix_cache.stats())
         if self._batcher is not None:
@@ -136,24 +144,25 @@ class HFEngine(GenerationEngine):
             if version != self._weights_version:  # new weights: kept KV is stale
                 self.prefix_cache.clear()
                 self._weights_version = version
+        model = self._merged.refresh() if self._merged is not None else self.model  # (merged copy: merged.py)
         # Sort by length so each chunk pads little; restore the order afterwards.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         by_index: dict[int, GenerationResult] = {}
         for start in range(0, len(order), self.max_batch_size):
             chunk = order[start : start + self.max_batch_size]
             chunk_gen = [gen[i] for i in chunk] if isinstance(gen, list) else gen
-            for i, res in zip(chunk, self._generate_chunk([prompts[i] for i in chunk], params, chunk_gen)):
+            for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen)):
                 by_index[i] = res
         return [by_index[i] for i in range(len(prompts))]
 
     @torch.no_grad()
-    def _generate_chunk(self, prompts: list[list[int]], params: SamplingParams,
+    def _generate_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                         gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
         """`gen`: one generator for the chunk, or one per row (rows keep theirs as others finish)."""
-        with _gqa_attention(self.model):
-            return self._decode_chunk(prompts, params, gen)
+        with gqa_attention(model):
+            return self._decode_chunk(model, prompts, params, gen)
 
-    def _decode_chunk(self, prompts: list[list[int]], params: SamplingParams,
+    def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                       gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
         device = self.device
         B = len(prompts)
@@ -190,7 +199,7 @@ class HFEngine(GenerationEngine):
         alive = torch.arange(B, device=device)  # rows of the original chunk still decoding
 
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
-        out = self.model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
+        out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                          past_key_values=past, logits_to_keep=1)
         cache = out.past_key_values
         plain = _plain_layers(cache)
@@ -231,7 +240,7 @@ class HFEngine(GenerationEngine):
                 alive, tokens, next_pos, attention = alive[idx], tokens[idx], next_pos[idx], attention[idx]
                 cache = _select_rows(cache, idx)
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
-            out = self.model(
+            out = model(
                 input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                 past_key_values=cache, use_cache=True,
             )
@@ -285,7 +294,7 @@ def _register_gqa_attention() -> bool:
 
 
 @contextmanager
-def _gqa_attention(model: Any):
+def gqa_attention(model: Any):
     """Run `model` with `_sdpa_gqa_forward` while inside (only models on "sdpa" attention)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _register_gqa_attention():
@@ -484,7 +493,16 @@ def _sample(logits: torch.Tensor, params: SamplingParams,
 
 
 def _multinomial(weights: torch.Tensor, gen: torch.Generator | list[torch.Generator]) -> torch.Tensor:
-    """One draw per row of (B, N) non-negative weights: (B,) column indices."""
+    """One draw per row of (B, N) non-negative weights: (B,) column indices.
+
+    Inverse CDF: one uniform per row against the float64 cumulative weights. A
+    zero-weight id can never be drawn (its cumulative value equals its neighbour's).
+    `torch.multinomial` draws N exponentials per row instead (13 ms vs 0.2 ms at 8 x 49k).
+    """
+    cdf = weights.to(torch.float64).cumsum(-1)  # (B, N)
     if isinstance(gen, list):
-        return torch.cat([torch.multinomial(weights[b], 1, generator=g) for b, g in enumerate(gen)])
-    return torch.multinomial(weights, 1, generator=gen).squeeze(-1)
+        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gen])  # (B,)
+    else:
+        u = torch.rand(weights.shape[0], generator=gen, dtype=torch.float64)  # (B,)
+    draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)  # (B,)
+    return draw.clamp_(max=weights.shape[-1] - 1)

@@ -1,0 +1,84 @@
+"""The HF engine samples a LoRA policy through a merged copy (`engines/merged.py`):
+it must give the peft model's logprobs, follow every weight change, and respect
+disabled adapters."""
+from __future__ import annotations
+
+import torch
+
+from workbench.config import ModelConfig
+from workbench.engines.base import SamplingParams
+from workbench.engines.hf import HFEngine
+from workbench.engines.merged import merged_copy
+from workbench.training.policy import apply_lora
+
+PROMPTS = [[5, 17, 30, 41, 2], [9, 9, 12], [100, 3, 7, 250, 61, 18, 4]]
+
+
+def _lora_model(tiny_model_path, **lora):
+    from workbench.models import load_model_and_tokenizer
+
+    base, tok = load_model_and_tokenizer(str(tiny_model_path), "float32", "cpu", False)
+    model = apply_lora(base, ModelConfig(lora_rank=4, lora_alpha=8, lora_target_modules="all-linear", **lora))
+    with torch.no_grad():  # lora_B starts at 0: give the adapters an effect
+        g = torch.Generator().manual_seed(0)
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.2)
+    return model.eval(), tok
+
+
+def _policy_logprobs(model, prompt, ids):
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + ids])).logits[0].float()  # (T, V)
+    lp = torch.log_softmax(logits, -1)
+    return torch.tensor([lp[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)])
+
+
+def _max_diff(engine, model, params):
+    worst = 0.0
+    for p, r in zip(PROMPTS, engine.generate_ids(PROMPTS, params)):
+        worst = max(worst, (torch.tensor(r.logprobs) - _policy_logprobs(model, p, r.token_ids)).abs().max().item())
+    return worst
+
+
+def test_merged_copy_follows_the_policy(tiny_model_path):
+    model, tok = _lora_model(tiny_model_path)
+    engine = HFEngine(model, tok)
+    assert engine._merged is not None and engine.stats()["lora_merges"] == 1
+    greedy = SamplingParams(max_tokens=10, temperature=0.0)
+    sampled = SamplingParams(max_tokens=10, temperature=1.0, seed=4)
+    assert _max_diff(engine, model, greedy) < 1e-4
+    assert _max_diff(engine, model, sampled) < 1e-4
+    assert engine.stats()["lora_merges"] == 1  # unchanged weights: no re-merge
+
+    # An optimizer step on the adapters: the next generate re-merges.
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    loss = model(input_ids=torch.tensor([PROMPTS[0]])).logits.float().logsumexp(-1).mean()
+    loss.backward()
+    opt.step()
+    before = engine.generate_ids(PROMPTS, greedy)
+    assert engine.stats()["lora_merges"] == 2
+    assert _max_diff(engine, model, greedy) < 1e-4
+
+    # Adapters disabled (the reference policy): the engine samples the base model.
+    with model.disable_adapter():
+        assert _max_diff(engine, model, greedy) < 1e-4
+        base_out = engine.generate_ids(PROMPTS, greedy)
+    assert [r.token_ids for r in base_out] != [r.token_ids for r in before]
+    assert _max_diff(engine, model, greedy) < 1e-4  # adapters back on
+    assert engine.stats()["lora_merges"] == 4
+
+
+def test_unmergeable_models_decode_through_the_policy(tiny_model_path, tiny_model_and_tokenizer):
+    plain, tok = tiny_model_and_tokenizer
+    assert merged_copy(plain) is None  # no adapters
+    from peft import LoraConfig, get_peft_model
+
+    from workbench.models import load_model_and_tokenizer
+
+    base, _ = load_model_and_tokenizer(str(tiny_model_path), "float32", "cpu", False)
+    saved = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    assert merged_copy(saved) is None  # a trained lm_head is not an adapter
+    engine = HFEngine(saved.eval(), tok)
+    assert engine._merged is None
+    assert _max_diff(engine, saved, SamplingParams(max_tokens=6, temperature=0.0)) < 1e-4
