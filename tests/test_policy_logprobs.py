@@ -2,6 +2,7 @@
 on those positions it must equal the full computation (values and gradients)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from workbench.training.policy import batch_logprobs, forward_logprobs
@@ -44,3 +45,130 @@ def test_masked_loss_gradient_equals_the_full_one(tiny_model_path):
         (lp * mask).sum().backward()
         grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+# -- shared prefix: a GRPO group's prompt runs once ---------------------------------------
+def _group_batch(vocab: int):
+    """4 rows: the same 12-token prompt, then different completions of different lengths."""
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, vocab, (12,), generator=g)
+    ids = torch.randint(0, vocab, (4, 22), generator=g)  # (B, T)
+    ids[:, :12] = prompt
+    attn = torch.ones_like(ids)
+    attn[1, 18:] = 0
+    attn[3, 15:] = 0
+    mask = attn.clone()
+    mask[:, :12] = 0  # completions only
+    return ids, attn, mask
+
+
+def test_shared_prefix_length_hand_cases():
+    from workbench.training.policy import shared_prefix_length
+
+    ids = torch.tensor([[5, 6, 7, 8, 9, 1], [5, 6, 7, 3, 2, 4]])  # (2, 6): 3 shared ids
+    attn = torch.ones_like(ids)
+    mask = torch.tensor([[0, 0, 0, 0, 1, 1], [0, 0, 0, 1, 1, 1]])
+    # The first trained token sits at 3, predicted from position 2: the prefix stops before 2.
+    assert shared_prefix_length(ids, attn, mask) == 2
+    mask2 = torch.tensor([[0, 0, 0, 0, 0, 1], [0, 0, 0, 0, 0, 1]])
+    assert shared_prefix_length(ids, attn, mask2) == 3  # limited by the shared ids
+    mask3 = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 0, 1]])
+    assert shared_prefix_length(ids, attn, mask3) == 0  # token 1 trained: its logits come from position 0
+    assert shared_prefix_length(ids[:1], attn[:1], mask[:1]) == 0  # one row: nothing to share
+    assert shared_prefix_length(ids, attn, None) == 0
+    left_padded = attn.clone()
+    left_padded[1, 0] = 0
+    assert shared_prefix_length(ids, left_padded, mask2) == 0
+
+
+MODES = [dict(pack=True, share_prefix=True), dict(pack=True, share_prefix=False),
+         dict(pack=False, share_prefix=True), dict(pack=False, share_prefix=False)]
+
+
+@pytest.mark.parametrize("batch_fn", [_group_batch, _batch])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: f"pack={m['pack']},share={m['share_prefix']}")
+def test_packed_and_shared_prefix_match_the_plain_forward(tiny_model_and_tokenizer, mode, batch_fn):
+    model, _ = tiny_model_and_tokenizer
+    ids, attn, mask = batch_fn(model.config.vocab_size)
+    with torch.no_grad():
+        ref_lp, ref_ent = forward_logprobs(model, ids, attn, with_entropy=True)  # full forward, every row
+        lp, ent = forward_logprobs(model, ids, attn, with_entropy=True, loss_mask=mask, **mode)
+    m = mask.bool()
+    assert torch.allclose(lp[m], ref_lp[m], atol=1e-5)
+    assert torch.allclose(ent[m], ref_ent[m], atol=1e-5)
+    assert (lp[:, ~m.any(0)] == 0).all()  # positions no row trains are skipped
+    if mode["pack"]:
+        assert (lp[~m] == 0).all()  # packed: exactly the trained tokens
+
+
+def test_packing_layout_by_hand():
+    """Two rows sharing the ids [7, 8]; lengths 4 and 3 (one pad)."""
+    from workbench.training.packing import plan_packing
+    from workbench.training.policy import shared_prefix_length
+
+    ids = torch.tensor([[7, 8, 1, 2], [7, 8, 5, 0]])
+    attn = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]])
+    only_last = torch.tensor([[0, 0, 0, 1], [0, 0, 0, 0]])  # token 2 of row 0 trained
+    assert shared_prefix_length(ids, attn, only_last) == 2
+    plan = plan_packing(ids, attn, only_last, shared=2)
+    assert plan.input_ids.tolist() == [[7, 8, 1, 2, 5]]
+    assert plan.position_ids.tolist() == [[0, 1, 2, 3, 2]]
+    assert plan.allowed[0, 0].int().tolist() == [[1, 0, 0, 0, 0],
+                                                 [1, 1, 0, 0, 0],
+                                                 [1, 1, 1, 0, 0],
+                                                 [1, 1, 1, 1, 0],
+                                                 [1, 1, 0, 0, 1]]  # row 1's token: the prompt, not row 0
+    assert (plan.rows.tolist(), plan.cols.tolist(), plan.source.tolist(), plan.targets.tolist()) == (
+        [0], [3], [2], [2])
+
+    both = torch.tensor([[0, 0, 0, 1], [0, 0, 1, 0]])  # row 1's token 5 is predicted from position 1
+    assert shared_prefix_length(ids, attn, both) == 1
+    with pytest.raises(ValueError, match="shared prefix"):
+        plan_packing(ids, attn, both, shared=2)
+    plan1 = plan_packing(ids, attn, both, shared=1)
+    assert plan1.input_ids.tolist() == [[7, 8, 1, 2, 8, 5]]
+    assert plan1.position_ids.tolist() == [[0, 1, 2, 3, 1, 2]]
+    assert (plan1.rows.tolist(), plan1.cols.tolist(), plan1.source.tolist(), plan1.targets.tolist()) == (
+        [0, 1], [3, 2], [2, 4], [2, 5])
+    left = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]])
+    assert plan_packing(ids, left, both, shared=0) is None  # left padding: not packed
+
+
+def test_packed_and_shared_prefix_gradients_equal_the_plain_one(tiny_model_path):
+    """The prompt's KV is shared by every row: its gradient must collect from all of them
+    (LoRA adapters and full weights alike)."""
+    from workbench.config import ModelConfig
+    from workbench.models import load_model_and_tokenizer
+    from workbench.training.policy import apply_lora
+
+    for lora in (False, True):
+        model, _ = load_model_and_tokenizer(tiny_model_path, "float32", "cpu", False)
+        if lora:
+            model = apply_lora(model, ModelConfig(lora_rank=4, lora_alpha=8, lora_target_modules="all-linear"))
+            for n, p in model.named_parameters():  # B starts at 0: move it so A gets a gradient too
+                if "lora_B" in n:
+                    torch.nn.init.normal_(p, std=0.02, generator=torch.Generator().manual_seed(3))
+        ids, attn, mask = _group_batch(model.config.vocab_size)
+        adv = torch.linspace(-1, 1, ids.numel()).reshape(ids.shape)  # (B, T) distinct weights per token
+        from workbench.training.packing import plan_packing
+        from workbench.training.policy import _n_params
+
+        assert plan_packing(ids, attn, mask, 11, model.config, _n_params(model)) is not None  # packing is taken
+        grads = []
+        for mode in [dict(pack=False, share_prefix=False)] + MODES[:3]:
+            model.zero_grad()
+            lp, ent = forward_logprobs(model, ids, attn, loss_mask=mask, with_entropy=True, **mode)
+            (lp * adv * mask).sum().backward()
+            assert not ent.requires_grad or mode is not None
+            grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
+        assert grads[0].abs().max() > 0
+        for mode, g in zip(MODES[:3], grads[1:]):
+            assert torch.allclose(grads[0], g, atol=1e-5, rtol=1e-4), (lora, mode, (grads[0] - g).abs().max())
+
+
+def test_packing_is_skipped_when_quadratic_attention_outweighs_padding():
+    from workbench.training.packing import _packed_is_cheaper
+
+    smollm = dict(n_params=134_500_000, hidden=576, layers=30)
+    assert _packed_is_cheaper(74 + 8 * 45, b=8, T=74 + 64, **smollm)  # a GRPO group: prompt once, no padding
+    assert not _packed_is_cheaper(4 * 3000, b=4, T=3000, **smollm)  # long multi-turn rows, no shared prompt

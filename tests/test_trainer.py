@@ -126,6 +126,43 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(tiny_model_path, tm
     assert torch.allclose(grads[1], grads[4], atol=1e-5, rtol=1e-3)
 
 
+def test_on_policy_step_reuses_the_update_forward_for_old_logprobs(tiny_model_path, tmp_path):
+    """train_step skips the separate old-logprob forward when the update is on-policy; the
+    step must match one with the separate forward, and the batch still carries the fields."""
+    from workbench import ConfigError
+
+    weights, batches, forwards = {}, {}, {}
+    for reuse in (False, True):
+        trainer = Trainer(tiny_config(tiny_model_path, tmp_path, reuse_update_logprobs=reuse, use_kl_loss=True),
+                          environment=make_env("guess_number"))
+        batch = trainer.score(trainer.rollout())
+        calls = []
+        hook = trainer.policy.model.register_forward_pre_hook(lambda *a: calls.append(1))
+        trainer.compute_advantages(batch, old_logprobs=not reuse)
+        hook.remove()
+        forwards[reuse] = len(calls)
+        assert batch.has("old_logprobs") is not reuse and batch.has("kl") is not reuse
+        trainer.update(batch)
+        for name in ("old_logprobs", "ratio", "kl"):
+            assert batch.has(name)
+        ratio = batch.ratio[batch.loss_mask.bool()]
+        if reuse:
+            assert torch.equal(ratio, torch.ones_like(ratio))  # the same forward, detached
+        assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-5)
+        weights[reuse], batches[reuse] = trained_weights(trainer), batch
+    # With the KL loss the reference pass runs either way; the policy pass only without reuse.
+    assert forwards[True] > 0 and forwards[False] == 2 * forwards[True], forwards
+    m = batches[True].loss_mask.bool()
+    assert torch.equal(batches[True].input_ids, batches[False].input_ids)  # same rollout
+    assert torch.allclose(batches[True].old_logprobs[m], batches[False].old_logprobs[m], atol=1e-5)
+    assert torch.allclose(batches[True].kl[m], batches[False].kl[m], atol=1e-5)
+    for k in weights[True]:
+        assert torch.allclose(weights[True][k], weights[False][k], atol=1e-6), k
+    off_policy = Trainer(tiny_config(tiny_model_path, tmp_path, ppo_epochs=2), environment=make_env("guess_number"))
+    with pytest.raises(ConfigError, match="on-policy"):
+        off_policy.compute_advantages(off_policy.score(off_policy.rollout()), old_logprobs=False)
+
+
 def _comparable(history):
     return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history]
 

@@ -188,6 +188,11 @@ class TrainingConfig:
     """Seed for environment seeds, sampling and initialisation."""
     autocast_bf16: bool = False
     """Run training forwards under bf16 autocast (CPU or GPU) where faster."""
+    reuse_update_logprobs: bool = True
+    """When the update is exactly on-policy (ppo_epochs=1, one mini-batch, no KL in the
+    reward), `train_step` takes old_logprobs from the update's own forward (detached, as
+    TRL does with num_iterations=1) instead of a separate forward before it. The stepwise
+    `compute_advantages` still computes them. False = always a separate forward."""
 
 
 @dataclass

@@ -19,9 +19,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from workbench.algo import entropy_from_logits
+from workbench.engines.hf import gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
+from workbench.training.packing import plan_packing
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -104,20 +105,89 @@ class Critic(nn.Module):
         return {n: t.detach().cpu().clone() for n, t in self.state_dict().items() if n in names}
 
 
-def micro_batches(lengths: list[int], size: int) -> list[list[int]]:
-    """Episode indices grouped `size` at a time, longest first, so padding stays small."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+def micro_batches(lengths: list[int], size: int, groups: list[Any] | None = None) -> list[list[int]]:
+    """Episode indices grouped `size` at a time, longest first, so padding stays small.
+
+    With `groups` (a GRPO group id per episode), episodes of one group stay together
+    (groups longest first, then episodes longest first), so a micro-batch's rows share
+    their prompt and `forward_logprobs` runs it once.
+    """
+    if groups is None:
+        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    else:
+        first: dict[Any, int] = {}  # group -> index of first appearance (ids may be any hashable)
+        longest: dict[Any, int] = {}
+        for i, (g, n) in enumerate(zip(groups, lengths)):
+            first.setdefault(g, i)
+            longest[g] = max(longest.get(g, 0), n)
+        order = sorted(range(len(lengths)), key=lambda i: (-longest[groups[i]], first[groups[i]], -lengths[i]))
     return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                         loss_mask: torch.Tensor | None) -> int:
+    """Length P of the prefix every row shares that no trained token's logits need.
+
+    All rows hold the same ids at positions [0, P) (a GRPO group's prompt), and every
+    trained token t sits at t >= P + 1, so the logits predicting it come from positions
+    >= P. 0 when there is a single row or nothing is shared.
+    """
+    B, T = input_ids.shape  # (B, T)
+    if B < 2 or loss_mask is None:
+        return 0
+    same = (input_ids == input_ids[:1]).all(0) & attention_mask.bool().all(0)  # (T,)
+    common = int(same.long().cumprod(0).sum())
+    trained = loss_mask.bool().any(0).nonzero()
+    first = int(trained[0]) if trained.numel() else T
+    return max(0, min(common, first - 1))
+
+
+def _model_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                  keep: torch.Tensor, prefix: int) -> torch.Tensor:
+    """Logits at positions `keep` (K,), in (B, K, V); a shared prefix of `prefix` tokens
+    runs once (batch 1) and its KV is repeated for every row, gradients included."""
+    if prefix == 0:
+        return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
+    B = input_ids.shape[0]
+    head = model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
+                 logits_to_keep=1)
+    cache = head.past_key_values
+    cache.batch_repeat_interleave(B)  # (1, heads, P, d) -> (B, heads, P, d) per layer; backward sums rows
+    return model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, past_key_values=cache,
+                 use_cache=True, logits_to_keep=keep - prefix).logits
+
+
+def _logprobs_and_entropy(logits: torch.Tensor, targets: torch.Tensor, with_entropy: bool,
+                          entropy_grad: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits (..., V) float, targets (...) -> logprob of each target (...) and entropy (...)."""
+    logp_all = torch.log_softmax(logits, dim=-1)  # (..., V)
+    logp = logp_all.gather(-1, targets[..., None]).squeeze(-1)
+    if not with_entropy:
+        return logp, None
+    with contextlib.nullcontext() if entropy_grad else torch.no_grad():
+        ent = -(logp_all.exp() * logp_all).sum(-1)  # -sum p log p, from the same log_softmax
+    return logp, ent
+
+
+def _n_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
 
 
 def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      with_entropy: bool = False, autocast: bool = False,
-                     loss_mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     loss_mask: torch.Tensor | None = None, share_prefix: bool = True,
+                     pack: bool = True, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs (and entropies) of `input_ids` under `model`.
 
-    With `loss_mask` (B, T), the LM head and softmax run only at the sequence
-    positions where some row has a trained token (prompts and observations are
-    skipped, which is most of a multi-turn episode); other positions hold 0.
+    With `loss_mask` (B, T), the LM head and softmax run only where tokens are trained
+    (prompts and observations are skipped, which is most of a multi-turn episode);
+    other positions hold 0. With `loss_mask`, two savings apply, each giving the same
+    logprobs and gradients to float rounding:
+      * `pack`: the rows run as one packed sequence without padding (`packing.py`),
+        the shared prompt once, when that costs fewer FLOPs than the padded batch;
+      * `share_prefix`: otherwise, the prefix all rows share (`shared_prefix_length`,
+        a GRPO group's prompt) runs once and its KV is repeated for every row.
+    `entropy_grad=False` computes the entropy without a gradient (a metric only).
 
     Returns (logprobs (B, T), entropy (B, T) or None); position 0 is 0.
     """
@@ -125,42 +195,53 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     B, T = input_ids.shape
     if loss_mask is not None:
+        prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
+        checkpointed = getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled()
+        config = getattr(model, "config", None)
+        plan = (plan_packing(input_ids, attention_mask, loss_mask, prefix, config, _n_params(model))
+                if pack else None)
+        if plan is not None:
+            dtype = next(model.parameters()).dtype
+            with ctx, gqa_attention(model):
+                logits = model(input_ids=plan.input_ids, position_ids=plan.position_ids,
+                               attention_mask=plan.attention_mask(config, dtype),
+                               logits_to_keep=plan.source).logits[0]  # (K, V)
+            lp, e = _logprobs_and_entropy(logits.float(), plan.targets, with_entropy, entropy_grad)  # (K,)
+            logp = torch.zeros(B, T, dtype=lp.dtype, device=lp.device).index_put((plan.rows, plan.cols), lp)
+            ent = (torch.zeros(B, T, dtype=e.dtype, device=e.device).index_put((plan.rows, plan.cols), e)
+                   if e is not None else None)
+            return logp, ent
+        if checkpointed:
+            prefix = 0  # checkpointed layers do not return a KV cache
         # Token t is predicted by the logits at position t-1.
         targets = loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1) + 1  # (K,) positions in 1..T-1
-        with ctx:
-            logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                           logits_to_keep=targets - 1).logits  # (B, K, V)
-        logits = logits.float()
-        logp_k = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, targets, None]).squeeze(-1)  # (B, K)
+        with ctx, gqa_attention(model):
+            logits = _model_logits(model, input_ids, attention_mask, targets - 1, prefix)  # (B, K, V)
+        logp_k, e = _logprobs_and_entropy(logits.float(), input_ids[:, targets], with_entropy, entropy_grad)  # (B, K)
         logp = torch.zeros(B, T, dtype=logp_k.dtype, device=logp_k.device).index_copy(1, targets, logp_k)
-        ent = None
-        if with_entropy:
-            e = entropy_from_logits(logits)  # (B, K)
-            ent = torch.zeros(B, T, dtype=e.dtype, device=e.device).index_copy(1, targets, e)
+        ent = (torch.zeros(B, T, dtype=e.dtype, device=e.device).index_copy(1, targets, e)
+               if e is not None else None)
         return logp, ent
     with ctx:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
-    logits = logits[:, :-1].float()  # (B, T-1, V) predicts tokens 1..T-1
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)  # (B, T-1)
-    logp = torch.cat([torch.zeros_like(logp[:, :1]), logp], dim=1)  # (B, T)
-    ent = None
-    if with_entropy:
-        e = entropy_from_logits(logits)  # (B, T-1)
-        ent = torch.cat([torch.zeros_like(e[:, :1]), e], dim=1)  # (B, T)
+    lp, e = _logprobs_and_entropy(logits[:, :-1].float(), input_ids[:, 1:], with_entropy, entropy_grad)  # (B, T-1)
+    logp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # (B, T)
+    ent = torch.cat([torch.zeros_like(e[:, :1]), e], dim=1) if e is not None else None  # (B, T)
     return logp, ent
 
 
 @torch.no_grad()
 def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    lengths: list[int], micro_batch_size: int, autocast: bool = False,
-                   loss_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches.
+                   loss_mask: torch.Tensor | None = None, groups: list[Any] | None = None) -> torch.Tensor:
+    """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches
+    (kept within `groups`, see `micro_batches`).
 
     With `loss_mask`, only positions of trained tokens are computed (others are 0).
     """
     device = next(model.parameters()).device
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
-    for idx in micro_batches(lengths, micro_batch_size):
+    for idx in micro_batches(lengths, micro_batch_size, groups):
         T = max(lengths[i] for i in idx)
         ids = input_ids[idx, :T].to(device)  # (b, T)
         mask = attention_mask[idx, :T].to(device)

@@ -174,19 +174,40 @@ class Trainer:
     def _lengths(self, batch: TrajectoryBatch) -> list[int]:
         return [ep.num_tokens for ep in batch]
 
+    def _groups(self, batch: TrajectoryBatch) -> list[str]:
+        """GRPO group id per episode: micro-batches keep a group's shared prompt together."""
+        return batch.group_ids
+
+    @property
+    def update_is_on_policy(self) -> bool:
+        """True when the update takes one optimizer step on weights that sampled the batch
+        (one PPO epoch, one mini-batch), so old_logprobs equal the update's own logprobs."""
+        t = self.config.training
+        return t.ppo_epochs == 1 and (t.mini_batch_size is None or t.mini_batch_size >= t.batch_size)
+
+    def _reuse_update_logprobs(self) -> bool:
+        t = self.config.training
+        return t.reuse_update_logprobs and self.update_is_on_policy and not t.use_kl_in_reward
+
     @torch.no_grad()
-    def compute_logprobs(self, batch: TrajectoryBatch) -> TrajectoryBatch:
-        """old_logprobs (policy before the update) and ref_logprobs (if KL is used)."""
+    def compute_logprobs(self, batch: TrajectoryBatch, old_logprobs: bool = True) -> TrajectoryBatch:
+        """old_logprobs (policy before the update) and ref_logprobs (if KL is used).
+
+        old_logprobs=False skips the policy forward; `update` then takes them from its own
+        forward (only valid when `update_is_on_policy`)."""
         t = self.config.training
         model = self.policy.model
         model.eval()
         lengths = self._lengths(batch)
-        batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
-                                                 t.micro_batch_size, t.autocast_bf16, batch.loss_mask))
+        if old_logprobs:
+            batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
+                                                     t.micro_batch_size, t.autocast_bf16, batch.loss_mask,
+                                                     self._groups(batch)))
         if self.needs_reference:
             with self.policy.reference() as ref:
                 batch.set("ref_logprobs", batch_logprobs(ref, batch.input_ids, batch.attention_mask, lengths,
-                                                         t.micro_batch_size, t.autocast_bf16, batch.loss_mask))
+                                                         t.micro_batch_size, t.autocast_bf16, batch.loss_mask,
+                                                         self._groups(batch)))
         return batch
 
     @torch.no_grad()
@@ -199,14 +220,20 @@ class Trainer:
                                          self._lengths(batch), self.config.training.micro_batch_size))
         return batch
 
-    def compute_advantages(self, batch: TrajectoryBatch) -> TrajectoryBatch:
-        """Logprobs, KL (penalty), values and advantages/returns for the batch."""
+    def compute_advantages(self, batch: TrajectoryBatch, old_logprobs: bool = True) -> TrajectoryBatch:
+        """Logprobs, KL (penalty), values and advantages/returns for the batch.
+
+        old_logprobs=False leaves old_logprobs (and the KL view) to `update` (see
+        `training.reuse_update_logprobs`); not allowed with a KL penalty in the reward."""
         t = self.config.training
+        if not old_logprobs and (t.use_kl_in_reward or not self.update_is_on_policy):
+            raise ConfigError("old_logprobs=False needs an on-policy update (ppo_epochs=1, one mini-batch) and "
+                              "training.use_kl_in_reward=False; call compute_advantages(batch)")
         if not batch.has("token_level_scores"):
             self.score(batch)
-        self.compute_logprobs(batch)
+        self.compute_logprobs(batch, old_logprobs=old_logprobs)
         mask = batch.loss_mask
-        if batch.has("ref_logprobs"):
+        if batch.has("ref_logprobs") and batch.has("old_logprobs"):
             kl = algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, t.kl_penalty) * mask  # (B, T)
             batch.set("kl", kl)
             if t.use_kl_in_reward:
@@ -232,7 +259,12 @@ class Trainer:
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
         """PPO epochs over mini-batches (gradient accumulation over micro-batches)."""
         t = self.config.training
-        batch.require("advantages", "old_logprobs")
+        batch.require("advantages")
+        # No old_logprobs yet (train_step with reuse_update_logprobs): this forward's own
+        # logprobs, detached, are the old ones (ratio 1 at the single optimizer step).
+        old_from_update = not batch.has("old_logprobs")
+        if old_from_update and not self.update_is_on_policy:
+            batch.require("old_logprobs")
         if t.use_kl_loss:
             batch.require("ref_logprobs")
         model = self.policy.model
@@ -256,7 +288,9 @@ class Trainer:
                 tok_total = float(batch.loss_mask[mini].sum().clamp(min=1))
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                for group in micro_batches([lengths[i] for i in mini], t.micro_batch_size):
+                groups = self._groups(batch)
+                for group in micro_batches([lengths[i] for i in mini], t.micro_batch_size,
+                                           [groups[i] for i in mini]):
                     idx = [mini[g] for g in group]
                     # seq-mean-token-sum-norm divides by T, so keep the full T there.
                     T = T_full if t.loss_agg_mode == "seq-mean-token-sum-norm" else max(lengths[i] for i in idx)
@@ -264,9 +298,10 @@ class Trainer:
                     attn = batch.attention_mask[idx, :T].to(device)
                     mask = batch.loss_mask[idx, :T].to(device)
                     logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
-                                                 loss_mask=mask)
+                                                 loss_mask=mask, entropy_grad=bool(t.entropy_coeff))
+                    old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
                     loss, m = loss_fn(
-                        old_log_probs=batch.old_logprobs[idx, :T].to(device), log_probs=logp,
+                        old_log_probs=old, log_probs=logp,
                         advantages=batch.advantages[idx, :T].to(device), response_mask=mask,
                         clip_ratio=t.clip_ratio, clip_ratio_low=t.clip_ratio_low, clip_ratio_high=t.clip_ratio_high,
                         clip_ratio_c=t.clip_ratio_c, loss_agg_mode=t.loss_agg_mode)
@@ -298,6 +333,10 @@ class Trainer:
                 self.optimizer.step()
                 acc["actor/grad_norm"].append((float(grad_norm), 1.0))
         mask = batch.loss_mask
+        if old_from_update:
+            batch.set("old_logprobs", new_lp * mask)
+            if batch.has("ref_logprobs"):
+                batch.set("kl", algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, t.kl_penalty) * mask)
         batch.set("new_logprobs", new_lp * mask)
         batch.set("ratio", torch.exp(new_lp - batch.old_logprobs) * mask)
         batch.set("entropy", ent_store * mask)
@@ -349,7 +388,7 @@ class Trainer:
         start = time.perf_counter()
         batch = self.rollout()
         self.score(batch)
-        self.compute_advantages(batch)
+        self.compute_advantages(batch, old_logprobs=not self._reuse_update_logprobs())
         update_metrics = self.update(batch)
         metrics: dict[str, Any] = {"step": self.global_step}
         metrics.update(batch.summary())
