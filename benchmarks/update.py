@@ -16,13 +16,15 @@ generation + reward + advantages + loss forward/backward + optimizer step; and t
 stage timers; TRL: step minus its `_generate_and_score_completions`).
 
 FLOP/s: a large fp32 matmul is timed in the same process (`2 n^3 / t`) as the peak,
-and our update's FLOPs are counted as 2 x N x tokens for a forward, 3 forwards'
-worth (6 x N x tokens) for forward + backward, plus one forward for the old
-logprobs: 8 x N x tokens, where N excludes the input embedding (a lookup) and the LM
-head (run only at completion positions, counted there: 8 x N_head x completion
-tokens) and tokens = padded tokens actually fed. LoRA skips the frozen weights'
-gradient matmuls, so the 6N convention over-counts: the "lora-aware" figure counts 4N
-(forward + input-gradient backward) + 2N for the old logprobs.
+and our update's FLOPs are counted on the tokens actually fed: our update packs the 8
+completions behind one copy of the shared prompt (`workbench/training/packing.py`),
+so fed tokens = prompt + completion tokens, not 8 x (prompt + longest completion).
+A forward is 2 x N x fed tokens, where N excludes the input embedding (a lookup) and the
+LM head (run only at completion positions, counted there: 2 x N_head x completion
+tokens); forward + backward is 3 forwards' worth (the 6N convention), plus one more
+forward when the old logprobs are recomputed separately (not when the step is
+on-policy: `training.reuse_update_logprobs`). LoRA skips the frozen weights' gradient
+matmuls, so 6N over-counts: the "lora-aware" figure counts 4N for forward + backward.
 
 Last line: `speedup vs TRL: N.Nx` (TRL median step / ours).
 """
@@ -88,6 +90,7 @@ def matmul_peak(n: int = 2048, reps: int = 5, dtype: str = "float32") -> float:
 def run_ours(steps: int, bf16_steps: int = 2) -> dict[str, Any]:
     from envs import make_env
     from workbench.config import ConfigStore
+    from workbench.training.policy import shared_prefix_length
     from workbench.training.trainer import Trainer
 
     cfg = ConfigStore()
@@ -106,12 +109,18 @@ def run_ours(steps: int, bf16_steps: int = 2) -> dict[str, Any]:
     timings: dict[str, float] = {}
     orig_logprobs = trainer.compute_logprobs
 
-    def timed_logprobs(batch):
+    def timed_logprobs(batch, **kw):
         t0 = time.perf_counter()
-        out = orig_logprobs(batch)
+        out = orig_logprobs(batch, **kw)
+        # 0 when train_step takes old_logprobs from the update's forward (reuse_update_logprobs)
         timings["logprob_seconds"] = time.perf_counter() - t0
         lengths = [ep.num_tokens for ep in batch]
-        timings["padded_tokens"] = max(lengths) * len(lengths)  # one micro-batch of GROUP rows
+        T = max(lengths)
+        timings["padded_tokens"] = T * len(lengths)  # one micro-batch of GROUP rows
+        # fed tokens, packed: the shared prompt once, then every row's own tokens (no padding)
+        shared = shared_prefix_length(batch.input_ids[:, :T], batch.attention_mask[:, :T], batch.loss_mask[:, :T])
+        timings["fed_tokens"] = shared + sum(n - shared for n in lengths)
+        timings["old_logprob_forward"] = kw.get("old_logprobs", True)
         timings["completion_tokens"] = float(batch.loss_mask.sum())
         timings["tokens"] = float(sum(lengths))
         return out
@@ -127,6 +136,7 @@ def run_ours(steps: int, bf16_steps: int = 2) -> dict[str, Any]:
                "update_seconds": m["perf/update_seconds"] + timings["logprob_seconds"],
                "logprob_seconds": timings["logprob_seconds"], "backward_update_seconds": m["perf/update_seconds"],
                "tokens": timings["tokens"], "padded_tokens": timings["padded_tokens"],
+               "fed_tokens": timings["fed_tokens"], "old_logprob_forward": timings["old_logprob_forward"],
                "completion_tokens": timings["completion_tokens"], "reward": m["reward/mean"],
                "load": (l0 + load()) / 2, "warmup": i == 0}
         rows.append(row)
@@ -247,8 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     n_head = mc.vocab_size * mc.hidden_size
     n_body = ours["frozen_params"] - n_head  # embedding (tied with the head) excluded: a lookup
     timed = [r for r in ours["rows"] if not r["warmup"]]
-    flops_6n = [8 * n_body * r["padded_tokens"] + 8 * n_head * r["completion_tokens"] for r in timed]
-    flops_lora = [6 * n_body * r["padded_tokens"] + 6 * n_head * r["completion_tokens"] for r in timed]
+    def flops(r: dict[str, Any], train_forwards: int) -> float:
+        forwards = train_forwards + (1 if r["old_logprob_forward"] else 0)
+        return 2 * forwards * (n_body * r["fed_tokens"] + n_head * r["completion_tokens"])
+
+    flops_6n = [flops(r, 3) for r in timed]
+    flops_lora = [flops(r, 2) for r in timed]
     fps_6n = statistics.median(f / r["update_seconds"] for f, r in zip(flops_6n, timed))
     fps_lora = statistics.median(f / r["update_seconds"] for f, r in zip(flops_lora, timed))
 
@@ -265,8 +279,9 @@ def main(argv: list[str] | None = None) -> int:
                  "completion_tokens_median": med(ours["rows"], "completion_tokens"),
                  "steps": ours["rows"]},
         "matmul_peak_flops": peak, "matmul_peak_samples": [peak0, peak1, peak2],
-        "update_flops": {"counting": "8 x N_body x padded tokens + 8 x N_head x completion tokens "
-                                     "(6N fwd+bwd convention + 2N old-logprob forward); lora_aware: 6 instead of 8",
+        "update_flops": {"counting": "2 x forwards x (N_body x fed tokens + N_head x completion tokens); "
+                                     "forwards = 3 (fwd+bwd, 6N convention) + 1 if old logprobs were "
+                                     "recomputed; lora_aware: 2 instead of 3",
                          "n_body": n_body, "n_head": n_head,
                          "flops_per_s_6n": fps_6n, "fraction_of_peak_6n": fps_6n / peak,
                          "flops_per_s_lora_aware": fps_lora, "fraction_of_peak_lora_aware": fps_lora / peak},

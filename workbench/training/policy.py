@@ -6,9 +6,11 @@
 * Critic (PPO with GAE): a separate copy of the base model with its own LoRA and a
   linear value head on the last hidden state.
 
-`token_logprobs` recomputes per-token logprobs for a batch in micro-batches sorted
-by length and cut to each micro-batch's longest episode, so little compute goes to
-padding. Position t holds log p(token_t | tokens_<t); position 0 holds 0.
+`forward_logprobs` gives per-token logprobs of one micro-batch, computing the LM head
+only at trained positions and, for a GRPO group, packing the rows behind one copy of
+their shared prompt (`packing.py`). `batch_logprobs` runs a whole batch in
+micro-batches that keep a group together and sort by length. Position t holds
+log p(token_t | tokens_<t); position 0 holds 0.
 """
 from __future__ import annotations
 
