@@ -143,6 +143,14 @@ def _group_stats(scores: torch.Tensor, gid: torch.Tensor, num_groups: int) -> tu
     return mean[gid], std[gid], counts[gid]  # each (B,)
 
 
+def _scores_and_group_stats(token_level_rewards: torch.Tensor,
+                            index: GroupIndex | None) -> tuple[torch.Tensor, ...]:
+    """Sequence scores (sum over all T) and their per-sample group mean, std and size, each (B,)."""
+    scores = token_level_rewards.sum(dim=-1)  # (B,)
+    gid, num_groups = _group_ids(index, scores.shape[0], scores.device)
+    return (scores, *_group_stats(scores, gid, num_groups))
+
+
 # --------------------------------------------------------------------------- estimators
 
 
@@ -251,9 +259,7 @@ def compute_grpo_advantage(
         ValueError: if ``index`` is missing or has the wrong length.
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)  # (B,)
-        gid, num_groups = _group_ids(index, scores.shape[0], scores.device)
-        mean, std, _ = _group_stats(scores, gid, num_groups)
+        scores, mean, std, _ = _scores_and_group_stats(token_level_rewards, index)  # each (B,)
         adv = scores - mean
         if norm_adv_by_std_in_grpo:
             adv = adv / (std + epsilon)
@@ -285,9 +291,7 @@ def compute_rloo_advantage(
         ``(advantages, returns)``, equal, both (B, T).
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)  # (B,)
-        gid, num_groups = _group_ids(index, scores.shape[0], scores.device)
-        mean, _, n = _group_stats(scores, gid, num_groups)
+        scores, mean, _, n = _scores_and_group_stats(token_level_rewards, index)  # each (B,)
         factor = n / (n - 1).clamp(min=1)
         adv = torch.where(n > 1, scores * factor - mean * factor, scores)
         advantages = adv.unsqueeze(-1) * response_mask.to(adv.dtype)  # (B, T)
@@ -362,9 +366,7 @@ def compute_reinforce_plus_plus_baseline_advantage(
         ``(advantages, returns)``, equal, both (B, T).
     """
     with torch.no_grad():
-        scores = token_level_rewards.sum(dim=-1)  # (B,)
-        gid, num_groups = _group_ids(index, scores.shape[0], scores.device)
-        mean, _, _ = _group_stats(scores, gid, num_groups)
+        scores, mean, _, _ = _scores_and_group_stats(token_level_rewards, index)  # each (B,)
         mask = response_mask.to(scores.dtype)
         advantages = (scores - mean).unsqueeze(-1) * mask  # (B, T)
         advantages = masked_whiten(advantages, response_mask) * mask

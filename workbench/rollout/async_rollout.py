@@ -143,24 +143,20 @@ class AsyncRollout(Rollout):
     def _event(self, kind: str, episode: int, turn: int, tokens: int = 0) -> None:
         self.timeline.append(RolloutEvent(time.perf_counter(), kind, episode, turn, tokens))
 
-    def _turn_params(self, index: int) -> SamplingParams | None:
+    def _episode_params(self, index: int) -> SamplingParams | None:
         """Sampling settings of episode `index`'s next turn; None (and truncated) when out of room.
 
-        Mirrors `Rollout._generate`: same token budget rule, and the seed that call gives
-        the episode's prompt when every episode is live.
+        The same budget rule as `Rollout` (`_turn_budget`), and the seed `Rollout` gives
+        the episode's prompt when every episode is live, offset by the episode index.
         """
         slot = self.slots[index]
-        ep = slot.episode
-        remaining = self.max_context_tokens - getattr(self, "close_reserve", 0) - ep.num_tokens
-        if remaining < 1:
-            self._truncate(slot, "context")
-            self._event("done", index, len(ep.turns))
+        budget = self._turn_budget(slot)
+        if budget is None:
+            self._event("done", index, len(slot.episode.turns))
             return None
-        budget = min(self.sampling["max_tokens"], remaining)
-        turn = len(ep.turns)
-        seed = None if self.seed is None else self.seed * 100_003 + turn * 101 + budget + index
-        return SamplingParams(stop_token_ids=self.renderer.stop_ids, seed=seed,
-                              **{**self.sampling, "max_tokens": budget})
+        turn = len(slot.episode.turns)
+        base = None if self.seed is None else self.seed * 100_003 + turn * 101 + index
+        return self._turn_params(budget, base)
 
     def _request_turn(self, index: int, events: queue.SimpleQueue, turns_left: dict[int, int | None]) -> int:
         """Submit episode `index`'s next turn to the engine; returns 1 if a request is in flight."""
@@ -169,7 +165,7 @@ class AsyncRollout(Rollout):
             if left <= 0:
                 return 0
             turns_left[index] = left - 1
-        params = self._turn_params(index)
+        params = self._episode_params(index)
         if params is None:
             return 0
         ep = self.slots[index].episode

@@ -206,20 +206,32 @@ class Rollout:
         return self.renderer.action_text(result.token_ids)
 
     # -- internals ----------------------------------------------------------------------
+    def _turn_budget(self, slot: _Slot) -> int | None:
+        """Tokens the slot's next turn may sample: `max_tokens`, cut to the context room
+        left after the closing tokens. None, with the episode truncated, when no room is left."""
+        remaining = self.max_context_tokens - self.close_reserve - slot.episode.num_tokens
+        if remaining < 1:
+            self._truncate(slot, "context")
+            return None
+        return min(self.sampling["max_tokens"], remaining)
+
+    def _turn_params(self, budget: int, seed: int | None) -> SamplingParams:
+        """Sampling settings of one turn with `budget` tokens; `seed` is the turn's base
+        seed (None: unseeded), made distinct per budget."""
+        return SamplingParams(stop_token_ids=self.renderer.stop_ids, seed=None if seed is None else seed + budget,
+                              **{**self.sampling, "max_tokens": budget})
+
     def _generate(self, indices: list[int]) -> list[tuple[int, GenerationResult]]:
         """One engine call per distinct token budget (usually exactly one call)."""
         by_budget: dict[int, list[int]] = {}
         for i in indices:
-            remaining = self.max_context_tokens - self.close_reserve - self.slots[i].episode.num_tokens
-            if remaining < 1:
-                self._truncate(self.slots[i], "context")
-                continue
-            by_budget.setdefault(min(self.sampling["max_tokens"], remaining), []).append(i)
+            budget = self._turn_budget(self.slots[i])
+            if budget is not None:
+                by_budget.setdefault(budget, []).append(i)
         out = []
         for budget, idx in sorted(by_budget.items(), reverse=True):
-            seed = None if self.seed is None else self.seed * 100_003 + self.turn_counter * 101 + budget
-            params = SamplingParams(stop_token_ids=self.renderer.stop_ids, seed=seed,
-                                    **{**self.sampling, "max_tokens": budget})
+            base = None if self.seed is None else self.seed * 100_003 + self.turn_counter * 101
+            params = self._turn_params(budget, base)
             try:
                 results = self.engine.generate_ids([self.slots[i].episode.token_ids for i in idx], params)
             except Exception as exc:
