@@ -82,3 +82,24 @@ def test_unmergeable_models_decode_through_the_policy(tiny_model_path, tiny_mode
     engine = HFEngine(saved.eval(), tok)
     assert engine._merged is None
     assert _max_diff(engine, saved, SamplingParams(max_tokens=6, temperature=0.0)) < 1e-4
+
+
+def test_frozen_weight_writes_and_adapter_switches_reach_the_copy_and_the_prefix_cache(tiny_model_path):
+    """Any in-place write to the policy (frozen weights too) is followed; a multi-turn
+    prompt decoded with adapters off must not reuse KV kept with adapters on."""
+    model, tok = _lora_model(tiny_model_path)
+    engine = HFEngine(model, tok)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    with torch.no_grad():
+        norm = next(p for n, p in model.named_parameters() if "norm" in n and not p.requires_grad)
+        norm.mul_(1.5)  # a frozen weight, written in place
+    assert _max_diff(engine, model, greedy) < 1e-4
+
+    first = engine.generate_ids(PROMPTS[:1], greedy)[0]
+    longer = PROMPTS[0] + first.token_ids + [3, 4]  # the next turn: extends the kept sequence
+    hits = engine.stats()["prefix_cache_hits"]
+    with model.disable_adapter():
+        result = engine.generate_ids([longer], greedy)[0]
+        ref = _policy_logprobs(model, longer, result.token_ids)  # the base model's logprobs
+    assert engine.stats()["prefix_cache_hits"] == hits  # kept KV came from other weights: not used
+    assert (torch.tensor(result.logprobs) - ref).abs().max().item() < 1e-4

@@ -18,7 +18,8 @@ next turn: its previous context, the sampled turn, the observation delta -- pref
 only the new tokens on top of the kept KV, instead of the whole conversation again.
 Entries are LRU-bounded (`prefix_cache_mb`), a row's newer entry replaces the one it
 extended, and the cache is dropped whenever the weights change (optimizer step,
-`load_state_dict`, `sync_weights`: checked via the parameters' version counters), so
+`load_state_dict`, `sync_weights`, adapters switched off or on: checked with
+`merged.weights_state_key`), so
 a sample never sees KV from other weights. Only models whose cache layers are plain
 full-attention `DynamicLayer`s use it (sliding-window models fall back to full prefill).
 
@@ -50,7 +51,7 @@ import torch
 
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
-from workbench.engines.merged import merged_copy
+from workbench.engines.merged import merged_copy, weights_state_key
 
 
 class HFEngine(GenerationEngine):
@@ -66,7 +67,7 @@ class HFEngine(GenerationEngine):
         self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
         self.prefix_cache = _PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache else None
-        self._weights_version: tuple[int, int] | None = None
+        self._weights_key: tuple[int, int, tuple[bool, ...]] | None = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self._generated = 0
         self._prompt_tokens = 0
@@ -139,12 +140,11 @@ class HFEngine(GenerationEngine):
         for i, p in enumerate(prompts):
             if not p:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
-        if self.prefix_cache is not None:
-            version = (id(self.model), sum(p._version for p in self.model.parameters()))
-            if version != self._weights_version:  # new weights: kept KV is stale
-                self.prefix_cache.clear()
-                self._weights_version = version
-        model = self._merged.refresh() if self._merged is not None else self.model  # (merged copy: merged.py)
+        key = weights_state_key(self.model)  # changes with the weights or the adapters' on/off state
+        if self.prefix_cache is not None and key != self._weights_key:  # new weights: kept KV is stale
+            self.prefix_cache.clear()
+        self._weights_key = key
+        model = self._merged.refresh(key) if self._merged is not None else self.model  # (merged copy: merged.py)
         # Sort by length so each chunk pads little; restore the order afterwards.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         by_index: dict[int, GenerationResult] = {}
