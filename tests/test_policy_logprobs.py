@@ -159,7 +159,10 @@ def test_packed_and_shared_prefix_gradients_equal_the_plain_one(tiny_model_path)
             model.zero_grad()
             lp, ent = forward_logprobs(model, ids, attn, loss_mask=mask, with_entropy=True, **mode)
             (lp * adv * mask).sum().backward()
-            assert not ent.requires_grad or mode is not None
+            assert ent.requires_grad  # entropy_grad=True (default): usable as a loss term
+            _, metric_ent = forward_logprobs(model, ids, attn, loss_mask=mask, with_entropy=True,
+                                             entropy_grad=False, **mode)
+            assert not metric_ent.requires_grad and torch.allclose(metric_ent, ent.detach(), atol=1e-6)
             grads.append(torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None]))
         assert grads[0].abs().max() > 0
         for mode, g in zip(MODES[:3], grads[1:]):

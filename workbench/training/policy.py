@@ -198,7 +198,6 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     B, T = input_ids.shape
     if loss_mask is not None:
         prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
-        checkpointed = getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled()
         config = getattr(model, "config", None)
         plan = (plan_packing(input_ids, attention_mask, loss_mask, prefix, config, _n_params(model))
                 if pack else None)
@@ -208,22 +207,23 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
                 logits = model(input_ids=plan.input_ids, position_ids=plan.position_ids,
                                attention_mask=plan.attention_mask(config, dtype),
                                logits_to_keep=plan.source).logits[0]  # (K, V)
-            lp, e = _logprobs_and_entropy(logits.float(), plan.targets, with_entropy, entropy_grad)  # (K,)
-            logp = torch.zeros(B, T, dtype=lp.dtype, device=lp.device).index_put((plan.rows, plan.cols), lp)
-            ent = (torch.zeros(B, T, dtype=e.dtype, device=e.device).index_put((plan.rows, plan.cols), e)
-                   if e is not None else None)
-            return logp, ent
-        if checkpointed:
-            prefix = 0  # checkpointed layers do not return a KV cache
-        # Token t is predicted by the logits at position t-1.
-        targets = loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1) + 1  # (K,) positions in 1..T-1
-        with ctx, gqa_attention(model):
-            logits = _model_logits(model, input_ids, attention_mask, targets - 1, prefix)  # (B, K, V)
-        logp_k, e = _logprobs_and_entropy(logits.float(), input_ids[:, targets], with_entropy, entropy_grad)  # (B, K)
-        logp = torch.zeros(B, T, dtype=logp_k.dtype, device=logp_k.device).index_copy(1, targets, logp_k)
-        ent = (torch.zeros(B, T, dtype=e.dtype, device=e.device).index_copy(1, targets, e)
-               if e is not None else None)
-        return logp, ent
+            targets = plan.targets  # (K,)
+
+            def place(v: torch.Tensor) -> torch.Tensor:  # (K,) -> (B, T)
+                return torch.zeros(B, T, dtype=v.dtype, device=v.device).index_put((plan.rows, plan.cols), v)
+        else:
+            if getattr(model, "is_gradient_checkpointing", False) and torch.is_grad_enabled():
+                prefix = 0  # checkpointed layers do not return a KV cache
+            # Token t is predicted by the logits at position t-1.
+            cols = loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1) + 1  # (K,) positions in 1..T-1
+            with ctx, gqa_attention(model):
+                logits = _model_logits(model, input_ids, attention_mask, cols - 1, prefix)  # (B, K, V)
+            targets = input_ids[:, cols]  # (B, K)
+
+            def place(v: torch.Tensor) -> torch.Tensor:  # (B, K) -> (B, T)
+                return torch.zeros(B, T, dtype=v.dtype, device=v.device).index_copy(1, cols, v)
+        lp, e = _logprobs_and_entropy(logits.float(), targets, with_entropy, entropy_grad)
+        return place(lp), (place(e) if e is not None else None)
     with ctx:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
     lp, e = _logprobs_and_entropy(logits[:, :-1].float(), input_ids[:, 1:], with_entropy, entropy_grad)  # (B, T-1)

@@ -174,10 +174,6 @@ class Trainer:
     def _lengths(self, batch: TrajectoryBatch) -> list[int]:
         return [ep.num_tokens for ep in batch]
 
-    def _groups(self, batch: TrajectoryBatch) -> list[str]:
-        """GRPO group id per episode: micro-batches keep a group's shared prompt together."""
-        return batch.group_ids
-
     @property
     def update_is_on_policy(self) -> bool:
         """True when the update takes one optimizer step on weights that sampled the batch
@@ -199,15 +195,15 @@ class Trainer:
         model = self.policy.model
         model.eval()
         lengths = self._lengths(batch)
+        groups = batch.group_ids  # micro-batches keep a group (and its shared prompt) together
         if old_logprobs:
             batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
-                                                     t.micro_batch_size, t.autocast_bf16, batch.loss_mask,
-                                                     self._groups(batch)))
+                                                     t.micro_batch_size, t.autocast_bf16, batch.loss_mask, groups))
         if self.needs_reference:
             with self.policy.reference() as ref:
                 batch.set("ref_logprobs", batch_logprobs(ref, batch.input_ids, batch.attention_mask, lengths,
                                                          t.micro_batch_size, t.autocast_bf16, batch.loss_mask,
-                                                         self._groups(batch)))
+                                                         groups))
         return batch
 
     @torch.no_grad()
@@ -270,6 +266,7 @@ class Trainer:
         model = self.policy.model
         model.train()
         lengths = self._lengths(batch)
+        groups = batch.group_ids  # micro-batches keep a group (and its shared prompt) together
         B, T_full = batch.input_ids.shape
         gen = torch.Generator().manual_seed(t.seed * 1_000_033 + self.global_step)
         loss_fn = algo.get_policy_loss_fn(t.policy_loss)
@@ -288,7 +285,6 @@ class Trainer:
                 tok_total = float(batch.loss_mask[mini].sum().clamp(min=1))
                 self.optimizer.zero_grad(set_to_none=True)
                 finite = True
-                groups = self._groups(batch)
                 for group in micro_batches([lengths[i] for i in mini], t.micro_batch_size,
                                            [groups[i] for i in mini]):
                     idx = [mini[g] for g in group]
