@@ -1,0 +1,57 @@
+"""An optimizer step that cannot leave the weights non-finite.
+
+A finite loss and a finite gradient norm do not guarantee finite weights after the
+step: a learning rate that overflows, an Adam second moment that underflows to zero
+in low precision, or a gradient that is finite but huge can still write inf/NaN into
+the parameters. Every later step would then see a non-finite loss and be skipped, so
+one bad step silently ends learning.
+
+`guarded_step` keeps a copy of the trainable parameters and of their optimizer state
+(for LoRA a few MB; for full fine-tuning as much again as the parameters plus Adam's
+moments), steps, checks all parameters with one reduction (one host sync per
+optimizer step, not per micro-batch), and on a non-finite result puts both back
+exactly, so the step is skipped and the run goes on from the weights it had.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+
+def _snapshot_state(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> list[dict]:
+    out = []
+    for p in params:
+        state = optimizer.state.get(p, {})
+        out.append({k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in state.items()})
+    return out
+
+
+@torch.no_grad()
+def all_finite(params: Sequence[torch.Tensor]) -> bool:
+    """True when every element of every tensor is finite (one host sync)."""
+    if not params:
+        return True
+    return bool(torch.stack([torch.isfinite(p).all() for p in params]).all())
+
+
+@torch.no_grad()
+def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> bool:
+    """`optimizer.step()`, undone when it leaves any of `params` non-finite.
+
+    Returns True when the step was kept, False when parameters and optimizer state
+    were restored to what they were before the step.
+    """
+    params = [p for p in params if p.requires_grad]
+    saved_params = [p.detach().clone() for p in params]
+    saved_state = _snapshot_state(optimizer, params)
+    optimizer.step()
+    if all_finite(params):
+        return True
+    for p, old, state in zip(params, saved_params, saved_state):
+        p.copy_(old)
+        if state:
+            optimizer.state[p] = state
+        else:
+            optimizer.state.pop(p, None)
+    return False
