@@ -5,7 +5,9 @@
 Every backend rolls out the same episodes: `guess_number` with secrets in 1..1,000,000
 and a budget of turns + 1 guesses (so every episode lasts all `--turns` turns), the
 same environment seeds (`--group-size` episodes per seed, like GRPO), the same
-sampling settings and sampling seed, on SmolLM2-135M-Instruct in float32. Engines are
+sampling settings and sampling seed, on SmolLM2-135M-Instruct on `--device` in `--dtype`
+(both "auto" by default: CUDA and bfloat16 when there is a GPU, else CPU and float32;
+vLLM gets the same dtype). Engines are
 built by `workbench.engines.make_engine` from a ConfigStore, as the Trainer builds
 them (`inference.backend = "hf"` / `"vllm"`).
 
@@ -53,6 +55,8 @@ def build_engine(backend: str, model, tokenizer, args) -> tuple[object, float]:
 
     config = ConfigStore()
     config.model.model_name = EMBEDDED_MODEL
+    config.model.device, config.model.dtype = args.device, args.dtype
+    config.inference.vllm_dtype = args.dtype  # "auto" keeps vLLM's own rule (bfloat16 on GPU, float32 on CPU)
     config.inference.backend = backend
     config.inference.max_context_tokens = args.max_context
     config.inference.seed = args.seed
@@ -161,13 +165,15 @@ def run_backend(backend: str, args) -> dict:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from workbench.config import EMBEDDED_MODEL
+    from workbench.config import EMBEDDED_MODEL, resolve_device, resolve_dtype
     from workbench.engines.base import SamplingParams
     from workbench.models import load_model_and_tokenizer
 
     _trim_memory_forever()
     t0 = time.perf_counter()
-    model, tok = load_model_and_tokenizer(EMBEDDED_MODEL, dtype="float32")
+    device = resolve_device(args.device, field="--device")
+    model, tok = load_model_and_tokenizer(EMBEDDED_MODEL, dtype=resolve_dtype(args.dtype, device, field="--dtype"),
+                                          device=device)
     model.eval()
     load_s = time.perf_counter() - t0
     engine, start_s = build_engine(backend, model, tok, args)
@@ -212,6 +218,9 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                    help='model weights (hf) and vLLM dtype; "auto": bfloat16 on CUDA, float32 on CPU')
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads of the process, i.e. of hf generation (0: torch's default); with "
                          "OMP_WAIT_POLICY=PASSIVE 2 threads beat 1 by ~15%% for hf on 2 cores. vLLM generates "
@@ -230,6 +239,10 @@ def main() -> None:
 
     import torch
 
+    from workbench.config import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device, field="--device")
+    dtype_name = str(resolve_dtype(args.dtype, device, field="--dtype")).removeprefix("torch.")
     load_before = os.getloadavg()
     print(f"{args.episodes} episodes x {args.turns} turns per backend; load average {load_before[0]:.1f} on "
           f"{os.cpu_count()} cores", flush=True)
@@ -266,11 +279,12 @@ def main() -> None:
                          "prefix cache hit": r.get("prefix_cache_hit_rate", "-")})
     report = {
         "benchmark": "engines",
-        "title": "Multi-turn rollout throughput per backend (SmolLM2-135M-Instruct, float32, CPU)",
+        "title": f"Multi-turn rollout throughput per backend (SmolLM2-135M-Instruct, {dtype_name}, {device.type.upper()})",
         "command": "python benchmarks/engines.py " + " ".join(sys.argv[1:]),
         "settings": {"episodes": args.episodes, "turns": args.turns, "group_size": args.group_size,
                      "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
-                     "env": "guess_number low=1 high=1000000 max_steps=turns+1", "dtype": "float32",
+                     "env": "guess_number low=1 high=1000000 max_steps=turns+1", "dtype": dtype_name,
+                     "device": str(device),
                      "max_context_tokens": args.max_context},
         "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads or torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),

@@ -4,7 +4,7 @@
 
 Reports engine start time (import + engine construction), generation throughput for a
 batch of chat prompts, the max |logprob| difference against a float32 transformers
-forward at the sampled ids, and the time of one `sync_weights` of the full model.
+forward (on `--device`, default "auto": CUDA when available, else CPU) at the sampled ids, and the time of one `sync_weights` of the full model.
 """
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtype", default="bfloat16", choices=["auto", "bfloat16", "float32", "float16"],
+                    help='the vLLM engine\'s dtype ("auto": bfloat16 on GPU, float32 on CPU)')
+    ap.add_argument("--device", default="auto", help="device of the float32 transformers reference")
     ap.add_argument("--prompts", type=int, default=32)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=1, help="torch threads while generating (0: process setting)")
@@ -29,10 +31,12 @@ def main() -> None:
     import torch
 
     from workbench.engines.base import SamplingParams
+    from workbench.config import resolve_device
     from workbench.models.loading import load_model_and_tokenizer, resolve_model_path
 
     path = resolve_model_path(args.model)
-    hf, tok = load_model_and_tokenizer(path, dtype="float32")
+    device = resolve_device(args.device, field="--device")
+    hf, tok = load_model_and_tokenizer(path, dtype="float32", device=device)  # the parity reference
     t0 = time.perf_counter()
     from workbench.engines.vllm_engine import VLLMEngine
 
@@ -56,15 +60,15 @@ def main() -> None:
     worst = 0.0
     with torch.no_grad():
         for prompt, r in zip(prompts[: args.parity_prompts], results):
-            logits = hf(torch.tensor([prompt + r.token_ids])).logits[0, len(prompt) - 1 : -1].float()
-            ref = torch.log_softmax(logits, -1)[torch.arange(len(r.token_ids)), torch.tensor(r.token_ids)]
+            logits = hf(torch.tensor([prompt + r.token_ids], device=device)).logits[0, len(prompt) - 1 : -1]
+            ref = torch.log_softmax(logits.float().cpu(), -1)[torch.arange(len(r.token_ids)), torch.tensor(r.token_ids)]
             worst = max(worst, (torch.tensor(r.logprobs) - ref).abs().max().item())
 
     t2 = time.perf_counter()
     engine.sync_weights(hf)
     sync_s = time.perf_counter() - t2
     report = {
-        "model": args.model, "dtype": args.dtype, "generate_threads": args.threads or torch.get_num_threads(),
+        "model": args.model, "dtype": args.dtype, "reference_device": str(device), "generate_threads": args.threads or torch.get_num_threads(),
         "engine_start_s": round(start_s, 1), "prompts": args.prompts, "max_tokens": args.tokens,
         "generated_tokens": n_tokens, "generate_s": round(gen_s, 2), "tokens_per_s": round(n_tokens / gen_s, 1),
         "max_abs_logprob_diff_vs_hf_fp32": worst, "sync_weights_s": round(sync_s, 2),

@@ -3,6 +3,7 @@
     python benchmarks/learning.py                      # both algos, 30 min of training each
     python benchmarks/learning.py --algo grpo --minutes 30
     python benchmarks/learning.py --algo ppo --minutes 30 --env guess_number
+    python benchmarks/learning.py --device cuda --dtype float32   # default: auto, auto
 
 For each algorithm: build a `Trainer` on the embedded model (SmolLM2-135M-Instruct,
 LoRA r=16 on all linear layers), evaluate on held-out seeds, call
@@ -89,6 +90,7 @@ def build_trainer(env_name: str, algo: str, args: argparse.Namespace):
     setting = SETTINGS[env_name]
     cfg = ConfigStore()
     cfg.environment.name = env_name
+    cfg.model.device, cfg.model.dtype = args.device, args.dtype
     cfg.model.lora_rank = 16
     cfg.model.lora_alpha = 32
     cfg.model.lora_target_modules = "all-linear"
@@ -192,7 +194,9 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
                        "adv_estimator", "learning_rate", "critic_learning_rate", "batch_size", "group_size",
                        "micro_batch_size", "loss_agg_mode", "use_kl_loss", "use_kl_in_reward", "autocast_bf16",
                        "clip_ratio", "gamma", "lam", "seed")},
-                   "model": {"name": cfg.model.model_name, "lora_rank": cfg.model.lora_rank,
+                   "model": {"name": cfg.model.model_name, "device": str(cfg.model.resolved_device()),
+                             "dtype": str(cfg.model.resolved_dtype()).removeprefix("torch."),
+                             "lora_rank": cfg.model.lora_rank,
                              "lora_alpha": cfg.model.lora_alpha, "targets": cfg.model.lora_target_modules}},
         "curve": curve, "train_steps": steps,
     }
@@ -256,6 +260,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="training.autocast_bf16=True")
+    p.add_argument("--device", default="auto", help='model.device: "auto" (CUDA when available, else CPU), "cpu", ...')
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
+                   help='model.dtype: "auto" is bfloat16 on CUDA, float32 on CPU')
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(RESULTS / "learning.json"))
     args = p.parse_args(argv)

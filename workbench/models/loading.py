@@ -16,10 +16,9 @@ from pathlib import Path
 
 import torch
 
-from workbench.config import EMBEDDED_MODEL
+from workbench.config import EMBEDDED_MODEL, resolve_device, resolve_dtype
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def cache_dir() -> Path:
@@ -95,23 +94,27 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
 
 def load_model(
     name_or_path: str,
-    dtype: str = "float32",
-    device: str | torch.device = "cpu",
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "auto",
     trust_remote_code: bool = False,
 ):
-    """A causal LM in eval mode on `device`."""
+    """A causal LM in eval mode on `device`.
+
+    "auto" device: CUDA when available, else CPU; "auto" dtype: bfloat16 on CUDA,
+    float32 elsewhere (`workbench.config.resolve_device` / `resolve_dtype`).
+    """
     from transformers import AutoModelForCausalLM
 
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {list(DTYPES)}, got {dtype!r}")
+    target = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, target)
     model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(name_or_path), dtype=DTYPES[dtype], trust_remote_code=trust_remote_code
+        resolve_model_path(name_or_path), dtype=torch_dtype, trust_remote_code=trust_remote_code
     )
-    return model.to(device).eval()
+    return model.to(target).eval()
 
 
-def load_model_and_tokenizer(name_or_path: str, dtype: str = "float32", device: str = "cpu",
-                             trust_remote_code: bool = False):
+def load_model_and_tokenizer(name_or_path: str, dtype: str | torch.dtype = "auto",
+                             device: str | torch.device = "auto", trust_remote_code: bool = False):
     """(model, tokenizer), the pair every engine and trainer starts from."""
     tok = load_tokenizer(name_or_path, trust_remote_code)
     model = load_model(name_or_path, dtype, device, trust_remote_code)

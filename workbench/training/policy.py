@@ -90,7 +90,7 @@ class Critic(nn.Module):
         base, _ = load_model_and_tokenizer(cfg.path, cfg.dtype, cfg.device, cfg.trust_remote_code)
         self.body = apply_lora(base, cfg) if cfg.use_lora else base
         hidden = base.config.hidden_size
-        self.value_head = nn.Linear(hidden, 1, device=cfg.device)
+        self.value_head = nn.Linear(hidden, 1, device=next(base.parameters()).device)  # fp32 head
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
