@@ -1,6 +1,8 @@
-"""Example environments and their registry.
+"""Example environments. Importing this package registers them in the workbench
+environment registry (`workbench.env_registry`), which also finds them through the
+`workbench.envs` entry points when the project is installed.
 
-    from envs import make_env, list_envs
+    from envs import make_env, list_envs              # = workbench.make_env / list_envs
     env = make_env("guess_number", high=32, seed=0)   # params and config fields as keywords
     obs = env.reset(seed=0)
 
@@ -17,7 +19,7 @@ handy for demonstrations, SFT warm-up data and tests.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from envs import arithmetic, grid, guess_number, text_game, wordle
 from envs.arithmetic import ArithmeticEnv
@@ -25,10 +27,11 @@ from envs.grid import GridEnv
 from envs.guess_number import GuessNumberEnv
 from envs.text_game import TextGameEnv
 from envs.wordle import WordleEnv
-from workbench.config import EnvironmentConfig
+from workbench.env_registry import list_envs, make_env
+from workbench.env_registry import register_env as _register
 from workbench.environment import BaseEnvironment
 
-#: Registered environments by name.
+#: The example environments by name (each also registered in `workbench.env_registry`).
 ENVIRONMENTS: dict[str, type] = {
     "guess_number": GuessNumberEnv,
     "grid": GridEnv,
@@ -46,68 +49,24 @@ EXPERTS: dict[str, Callable[[Any], str]] = {
     "text_game": text_game.expert_action,
 }
 
-_CONFIG_FIELDS = ("name", "max_steps", "seed", "system_prompt")
-
-
-def list_envs() -> list[str]:
-    """Names of the registered environments, sorted."""
-    return sorted(ENVIRONMENTS)
+for _name, _cls in ENVIRONMENTS.items():
+    _register(_name, _cls)
 
 
 def register_env(name: str, cls: type, expert: Callable[[Any], str] | None = None) -> type:
-    """Add an environment class (and optionally its expert) to the registry."""
+    """Register an environment class (and optionally its scripted expert) under `name`,
+    here and in the workbench registry (so `make_env`, `--env name` and the Trainer find it)."""
     if not (isinstance(cls, type) and issubclass(cls, BaseEnvironment)):
         raise TypeError(f"register_env: {cls!r} is not a BaseEnvironment subclass")
+    _register(name, cls)
     ENVIRONMENTS[name] = cls
     if expert is not None:
         EXPERTS[name] = expert
     return cls
 
 
-def _lookup(name: str) -> type:
-    if name not in ENVIRONMENTS:
-        raise ValueError(f"unknown environment {name!r}; registered environments: {list_envs()}")
-    return ENVIRONMENTS[name]
-
-
-def make_env(
-    name: str,
-    config: EnvironmentConfig | Mapping[str, Any] | None = None,
-    **params: Any,
-) -> BaseEnvironment:
-    """Build a registered environment.
-
-    Args:
-        name: a name from `list_envs()`.
-        config: an `EnvironmentConfig` or dict (its `params` are the base), or None.
-        **params: overrides; `max_steps`, `seed` and `system_prompt` set the config
-            fields, everything else goes into `params`.
-
-    When neither `config` nor the keywords set `max_steps`, the environment's own
-    default is used (e.g. 6 for guess_number).
-    """
-    cls = _lookup(name)
-    if isinstance(config, EnvironmentConfig):
-        data: dict[str, Any] = {"name": config.name, "max_steps": config.max_steps, "seed": config.seed,
-                                "system_prompt": config.system_prompt, "params": dict(config.params)}
-    else:
-        data = dict(config or {})
-        data["params"] = dict(data.get("params") or {})
-        for key in list(data):
-            if key not in _CONFIG_FIELDS and key != "params":
-                data["params"][key] = data.pop(key)
-    for key, value in params.items():
-        if key in _CONFIG_FIELDS:
-            data[key] = value
-        else:
-            data["params"][key] = value
-    data["name"] = name
-    return cls(data)
-
-
 def get_expert(name: str) -> Callable[[Any], str]:
-    """The scripted expert of a registered environment."""
-    _lookup(name)
+    """The scripted expert of an example environment."""
     if name not in EXPERTS:
         raise ValueError(f"environment {name!r} has no scripted expert")
     return EXPERTS[name]

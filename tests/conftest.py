@@ -38,7 +38,7 @@ def tiny_model_path():
 def tiny_model_and_tokenizer(tiny_model_path):
     from workbench.models import load_model_and_tokenizer
 
-    return load_model_and_tokenizer(str(tiny_model_path))
+    return load_model_and_tokenizer(str(tiny_model_path), dtype="float32", device="cpu")
 
 
 @pytest.fixture(scope="session")
@@ -54,7 +54,7 @@ def embedded_model_and_tokenizer():
     from workbench.config import EMBEDDED_MODEL
     from workbench.models import load_model_and_tokenizer
 
-    return load_model_and_tokenizer(EMBEDDED_MODEL)
+    return load_model_and_tokenizer(EMBEDDED_MODEL, dtype="float32", device="cpu")
 
 
 @pytest.fixture(scope="session")

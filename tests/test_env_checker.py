@@ -143,3 +143,90 @@ def test_warn_mode_returns_results_and_warns():
         results = check_env(env, warn=True)
     assert not results[0].passed and any("reset_returns_str" in str(w.message) for w in caught)
     assert str(results[0]).startswith("[FAIL] reset_returns_str")
+
+
+# -- global RNG use ---------------------------------------------------------------------
+class NumpySecretEnv(BaseEnvironment):
+    """Guess a secret digit drawn from the global numpy RNG (the bug the check is for)."""
+
+    def reset(self) -> str:
+        import numpy as np
+
+        self.secret = int(np.random.randint(0, 10))
+        return "Guess a digit."
+
+    def step(self, action: str):
+        right = action.strip() == str(self.secret)
+        return ("Right." if right else f"No, it was {self.secret}."), float(right), True, {"success": right}
+
+
+class HashSecretEnv(BaseEnvironment):
+    """Deterministic in one process, but hash() of a str changes between processes."""
+
+    def reset(self) -> str:
+        self.secret = hash(f"secret-{self.rng.random()}") % 10
+        return "Guess a digit."
+
+    def step(self, action: str):
+        return f"It was {self.secret}.", 0.0, True, {}
+
+
+class ReseedingTextArenaEnv(BaseEnvironment):
+    """The straightforward TextArena wrapper: TextArena reseeds and draws from the global `random`."""
+
+    def __init__(self, config=None):
+        import textarena
+
+        super().__init__(config)
+        self.game = textarena.make("GuessTheNumber-v0-raw")  # no wrappers
+
+    def reset(self) -> str:
+        self.game.reset(num_players=1, seed=self.rng.getrandbits(31))
+        return str(self.game.get_observation()[1])
+
+    def step(self, action: str):
+        done, info = self.game.step(action)
+        return str(self.game.get_observation()[1]), 0.0, done, dict(info)
+
+
+def test_numpy_global_rng_env_fails_global_rng_check():
+    import numpy as np
+
+    np.random.seed(7)
+    expected = np.random.random()
+    np.random.seed(7)
+    failed = failures(NumpySecretEnv({"max_steps": 2}))
+    assert "global_rng" in failed  # (step_deterministic catches this one too, unless by luck)
+    assert "different episodes after the global random / numpy.random RNGs were reseeded" in failed["global_rng"]
+    assert "np.random.default_rng(self.rng.getrandbits(64))" in failed["global_rng"]
+    assert np.random.random() == expected  # the check restored the caller's numpy state
+
+
+def test_library_reseeding_the_global_random_fails_and_the_adapter_passes():
+    pytest.importorskip("textarena")
+    from workbench.adapters.textarena import TextArenaEnvironment
+
+    failed = failures(ReseedingTextArenaEnv({"max_steps": 4}))
+    assert set(failed) == {"global_rng"}  # reproducible, so only this check sees it
+    assert "changed the global random / numpy.random state" in failed["global_rng"]
+    assert all(r.passed for r in check_env(TextArenaEnvironment("GuessTheNumber-v0")))
+
+
+def test_reasoning_gym_task_that_reseeds_numpy_is_caught():
+    pytest.importorskip("reasoning_gym")
+    from workbench.adapters.verifier import VerifierEnvironment
+
+    failed = failures(VerifierEnvironment.from_reasoning_gym("pool_matrix"))  # np.random.seed(...) per item
+    assert set(failed) == {"global_rng"} and "changed the global random" in failed["global_rng"]
+
+
+def test_fresh_process_check_catches_per_process_state(monkeypatch):
+    monkeypatch.setenv("PYTHONHASHSEED", "random")
+    env = HashSecretEnv({"max_steps": 2})
+    assert all(r.passed for r in check_env(env))  # in one process it looks deterministic
+    with pytest.raises(EnvCheckError) as excinfo:
+        check_env(env, seeds=(0,), fresh_process=True)
+    failed = {r.name: r.message for r in excinfo.value.results if not r.passed}
+    assert set(failed) == {"fresh_process"} and "hash() of str" in failed["fresh_process"]
+    results = check_env(make_env("guess_number"), seeds=(0,), fresh_process=True)
+    assert results[-1].name == "fresh_process" and results[-1].passed

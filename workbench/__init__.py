@@ -16,7 +16,11 @@ from workbench.config import (  # noqa: E402
     CheckpointConfig, ConfigError, ConfigStore, EnvironmentConfig, InferenceConfig,
     ModelConfig, RayConfig, TrainingConfig,
 )
+from workbench.adapters import TextArenaEnvironment, VerifierEnvironment  # noqa: E402
 from workbench.env_checker import EnvCheckError, check_env
+from workbench.env_registry import (  # noqa: E402
+    EnvRegistry, describe_env, list_envs, make_env, register_env,
+)
 from workbench.environment import BaseEnvironment
 from workbench.gym_adapter import GymTextEnvironment
 from workbench.inference import (

@@ -3,6 +3,11 @@
     python -m workbench rollout --env guess_number --episodes 8
     python -m workbench train --env guess_number --algo grpo --steps 20 --output runs/gn
     python -m workbench demo            # what `make demo` runs
+    python -m workbench train --config run.yaml --lr 1e-4   # the file, with one field changed
+
+Flags override `--config` only when given on the command line; without `--config`, a
+flag not given takes the value shown in --help. `--device`/`--dtype` default to "auto"
+(CUDA and bfloat16 when there is a GPU, else CPU and float32).
 
 Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `reward_curve.png`, `transcript.md` (best and worst episodes), `summary.md`,
@@ -16,31 +21,98 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Sequence, TextIO
 
-from workbench.config import EMBEDDED_MODEL, ConfigStore
+from workbench.config import BACKENDS, DTYPES, EMBEDDED_MODEL, ConfigError, ConfigStore
 from workbench.trajectory import Episode, TrajectoryBatch
+
+#: Flags that set one config field each (dest -> section, field), per command.
+_COMMON_FIELDS = {
+    "model": ("model", "model_name"), "device": ("model", "device"), "dtype": ("model", "dtype"),
+    "env": ("environment", "name"), "backend": ("inference", "backend"),
+    "max_tokens": ("inference", "max_tokens"), "max_turns": ("inference", "max_turns"),
+    "temperature": ("inference", "temperature"),
+}
+FLAG_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
+    "rollout": {**_COMMON_FIELDS, "seed": ("inference", "seed")},
+    "train": {**_COMMON_FIELDS, "seed": ("training", "seed"), "batch_size": ("training", "batch_size"),
+              "group_size": ("training", "group_size"), "lr": ("training", "learning_rate"),
+              "save_interval": ("checkpoint", "save_interval")},
+}
+#: What a flag that is not given means when there is no --config (the CLI's quick-run
+#: presets; ConfigStore's own defaults fill every other field).
+PRESETS: dict[str, dict[str, Any]] = {
+    "rollout": {"model": EMBEDDED_MODEL, "device": "auto", "dtype": "auto", "env": "guess_number",
+                "backend": "hf", "max_tokens": 32, "max_turns": 4, "temperature": 1.0, "seed": 0},
+    "train": {"model": EMBEDDED_MODEL, "device": "auto", "dtype": "auto", "env": "guess_number",
+              "backend": "hf", "max_tokens": 32, "max_turns": 4, "temperature": 1.0, "seed": 0,
+              "algo": "grpo", "steps": 20, "batch_size": 16, "group_size": 8, "lr": 5e-4, "save_interval": 5},
+}
+OUTPUTS = {"rollout": "runs/rollout", "train": "runs/train", "demo": "runs/demo"}
+ALGOS = {"grpo": "grpo", "ppo": "gae", "rloo": "rloo", "reinforce_plus_plus": "reinforce_plus_plus",
+         "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"}
+
+
+def _help(command: str, dest: str, text: str, from_config: str | None = None) -> str:
+    field = FLAG_FIELDS.get(command, {}).get(dest)
+    from_config = from_config or (f"{field[0]}.{field[1]}" if field else "")
+    return f"{text} (default {PRESETS[command][dest]}, or {from_config} from --config)".lstrip()
 
 
 def build_config(args: argparse.Namespace) -> ConfigStore:
-    config = ConfigStore.load(args.config) if getattr(args, "config", None) else ConfigStore()
-    config.model.model_name = args.model
-    config.environment.name = args.env
-    config.inference.backend = args.backend
-    config.inference.max_tokens = args.max_tokens
-    config.inference.max_turns = args.max_turns
-    config.inference.temperature = args.temperature
-    if hasattr(args, "algo"):
-        config.training.adv_estimator = {"grpo": "grpo", "ppo": "gae"}.get(args.algo, args.algo)
-        config.training.batch_size = args.batch_size
-        config.training.group_size = args.group_size
-        config.training.learning_rate = args.lr
-        config.training.num_epochs = 1
-        config.training.num_iters_per_epoch = args.steps
-        config.training.seed = args.seed
-        config.checkpoint.output_dir = str(Path(args.output) / "checkpoints")
-        config.checkpoint.save_interval = args.save_interval
+    """The run's config: the --config file (or ConfigStore defaults plus the CLI presets),
+    then every flag given on the command line, and only those."""
+    given = vars(args)
+    command = args.command
+    if given.get("config"):
+        config = ConfigStore.load(args.config)
+        values = dict(given)
+    else:
+        config = ConfigStore()
+        values = {**PRESETS[command], **given}
+    for dest, (section, name) in FLAG_FIELDS[command].items():
+        if dest in values:
+            setattr(getattr(config, section), name, values[dest])
+    if command == "train":
+        if "algo" in values:
+            config.training.adv_estimator = ALGOS.get(values["algo"], values["algo"])
+        if "steps" in values:
+            config.training.num_epochs = 1
+            config.training.num_iters_per_epoch = values["steps"]
+        if args.output_given or not given.get("config"):  # else the file's checkpoint.output_dir stays
+            config.checkpoint.output_dir = str(Path(args.output) / "checkpoints")
+    resolve_env_args(config, given.get("env_param") or [])
     return config.validate()
+
+
+def parse_env_params(pairs: Sequence[str]) -> dict[str, Any]:
+    """`["high=32", "name=x"]` -> {"high": 32, "name": "x"}: each value is read as YAML."""
+    import yaml
+
+    params: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--env-param {pair!r}: write it as KEY=VALUE, e.g. --env-param high=32")
+        try:
+            params[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            params[key.strip()] = value
+    return params
+
+
+def resolve_env_args(config: ConfigStore, env_params: Sequence[str]) -> ConfigStore:
+    """Add `--env-param`s to `config.environment.params` and check that every
+    comma-separated `--env` spec resolves (ConfigError saying what is wrong otherwise)."""
+    from workbench.env_registry import REGISTRY
+
+    config.environment.params = {**config.environment.params, **parse_env_params(env_params)}
+    for spec in config.environment.name.split(","):
+        try:
+            REGISTRY.resolve(spec.strip())
+        except ValueError as exc:
+            raise ConfigError(f"--env {spec.strip()}: {exc}") from exc
+    return config
 
 
 def episode_transcript(ep: Episode, title: str) -> str:
@@ -106,9 +178,27 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(out)
 
 
+def open_metrics_log(path: Path, step: int) -> TextIO:
+    """Open `metrics.jsonl` for appending, first keeping only lines of steps before `step`
+    (the step a run resumes from), so steps redone after an interruption appear once."""
+    if path.exists():
+        kept = []
+        for line in path.read_text().splitlines():
+            try:
+                row_step = json.loads(line)["step"]
+            except (json.JSONDecodeError, KeyError, TypeError):
+                continue  # a line cut off by the interruption
+            if isinstance(row_step, int) and row_step < step:
+                kept.append(line + "\n")
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)
+    return path.open("a")
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from envs import make_env
     from workbench.engines import make_engine
+    from workbench.env_registry import make_env
     from workbench.models import load_model_and_tokenizer
     from workbench.reward import rescore
     from workbench.rollout import Rollout
@@ -119,16 +209,18 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     model, tok = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
     engine = make_engine(config, model, tok)
     rows = []
-    for env_name in args.env.split(","):
+    for env_name in config.environment.name.split(","):
         seeds = list(range(args.episodes))
-        rollout = Rollout(engine, [make_env(env_name) for _ in seeds], seeds=seeds,
+        envs = [make_env(env_name, {"params": dict(config.environment.params)}) for _ in seeds]
+        rollout = Rollout(engine, envs, seeds=seeds,
                           max_turns=config.inference.max_turns, max_tokens=config.inference.max_tokens,
-                          temperature=config.inference.temperature, seed=args.seed)
+                          temperature=config.inference.temperature, seed=config.inference.seed)
         start = time.perf_counter()
         batch = rescore(rollout.run(), None)
         seconds = time.perf_counter() - start
-        batch.save(out / f"rollout_{env_name}.jsonl")
-        write_transcript(batch, out / f"transcript_{env_name}.md", f"{env_name}: rollout of {config.model.path}")
+        slug = env_name.replace(":", "_").replace("/", "_")  # textarena:X / module:Class as a file name
+        batch.save(out / f"rollout_{slug}.jsonl")
+        write_transcript(batch, out / f"transcript_{slug}.md", f"{env_name}: rollout of {config.model.path}")
         s = batch.summary()
         rows.append({"env": env_name, "episodes": len(batch), "reward_mean": s["reward/mean"],
                      "success_rate": s["env/success_rate"], "turns_mean": s["env/turns_mean"],
@@ -147,39 +239,43 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = build_config(args)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    config.save(out / "config.yaml")
     trainer = Trainer(config)
+    config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
     eval_seeds = list(range(10_000, 10_000 + args.eval_episodes))
     evals = []
     if args.eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
         print(f"held-out before training: {evals[-1]}")
-    deadline = time.monotonic() + args.minutes * 60 if args.minutes else None
-    with (out / "metrics.jsonl").open("a") as log:
+    if config.checkpoint.resume:
+        trainer.resume()  # before the log: lines of steps after the checkpoint are redone
+    with open_metrics_log(out / "metrics.jsonl", trainer.global_step) as log:
         def on_step(tr: Any, m: dict) -> None:
             log.write(json.dumps({k: v for k, v in m.items() if isinstance(v, (int, float, str))}) + "\n")
             log.flush()
             print(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
                   f"kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
                   f"{m['perf/step_seconds']:.1f}s", flush=True)
-            if deadline is not None and time.monotonic() > deadline:
-                tr.config.training.num_iters_per_epoch = tr.global_step  # stop after this step
 
-        trainer.fit(num_epochs=1, num_iters_per_epoch=args.steps, callbacks=[on_step])
+        trainer.fit(callbacks=[on_step], time_limit_s=args.minutes * 60 if args.minutes else None)
+    stopped = f"stopped early (--minutes {args.minutes:g}): {trainer.stop_reason}" if trainer.stop_reason else ""
+    if stopped:
+        print(stopped, flush=True)
     if args.eval_episodes:
         evals.append({"step": trainer.global_step, **trainer.evaluate(eval_seeds)})
         print(f"held-out after training: {evals[-1]}")
         write_transcript(trainer.last_eval_batch, out / "transcript.md",
-                         f"{args.env}: held-out episodes after {trainer.global_step} {args.algo} steps")
+                         f"{config.environment.name}: held-out episodes after {trainer.global_step} "
+                         f"{config.training.adv_estimator} steps")
     elif trainer.last_batch is not None:
-        write_transcript(trainer.last_batch, out / "transcript.md", f"{args.env}: last training batch")
+        write_transcript(trainer.last_batch, out / "transcript.md", f"{config.environment.name}: last training batch")
     plot_curve(trainer.metrics_history, out / "reward_curve.png", evals)
     (out / "evals.json").write_text(json.dumps(evals, indent=1))
     rows = [{"step": m["step"], "reward_mean": m["reward/mean"], "success": m["env/success_rate"],
              "entropy": m.get("actor/entropy", float("nan")), "seconds": m["perf/step_seconds"]}
             for m in trainer.metrics_history]
     table = summary_table(rows)
-    (out / "summary.md").write_text(table + "\n\n" + summary_table(evals) + "\n" if evals else table + "\n")
+    (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
+                                    + ("\n" + summary_table(evals) + "\n" if evals else ""))
     print(table)
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
     return 0
@@ -189,56 +285,84 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """Roll out the embedded model on two envs, then a short GRPO run with a curve."""
     smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
     out = Path(args.output)
-    base = ["--model", args.model, "--output", str(out / "rollout"), "--max-tokens", "24", "--max-turns", "3"]
-    cmd_rollout(parse_args(["rollout", "--env", "guess_number,grid", "--episodes", "2" if smoke else "8"] + base))
-    train = ["train", "--env", "guess_number", "--algo", "grpo", "--model", args.model,
-             "--output", str(out / "train"), "--steps", "2" if smoke else "12", "--batch-size", "8" if smoke else "16",
-             "--group-size", "4" if smoke else "8", "--max-tokens", "12", "--max-turns", "4",
-             "--eval-episodes", "4" if smoke else "32", "--minutes", str(args.minutes), "--lr", "5e-4"]
+    base = ["--model", args.model, "--device", args.device, "--dtype", args.dtype,
+            "--max-tokens", "24", "--max-turns", "3"]
+    cmd_rollout(parse_args(["rollout", "--env", "guess_number,grid", "--episodes", "2" if smoke else "8",
+                            "--output", str(out / "rollout")] + base))
+    train = ["train", "--env", "guess_number", "--algo", "grpo", "--model", args.model, "--device", args.device,
+             "--dtype", args.dtype, "--output", str(out / "train"), "--steps", "2" if smoke else "12",
+             "--batch-size", "8" if smoke else "16", "--group-size", "4" if smoke else "8",
+             "--max-tokens", "12", "--max-turns", "4", "--eval-episodes", "4" if smoke else "32", "--minutes", str(args.minutes), "--lr", "5e-4"]
     return cmd_train(parse_args(train))
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse argv. Config flags not given are absent from the result (argparse.SUPPRESS),
+    so `build_config` can tell them from values written in --config."""
     p = argparse.ArgumentParser(prog="python -m workbench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
+    unset = argparse.SUPPRESS
 
-    def common(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--env", default="guess_number", help="environment name(s), comma-separated for rollout")
-        sp.add_argument("--model", default=EMBEDDED_MODEL, help="hub id, local folder or the embedded model")
-        sp.add_argument("--backend", default="hf", choices=["hf", "vllm", "sglang", "server"])
-        sp.add_argument("--max-tokens", type=int, default=32, help="new tokens per model turn")
-        sp.add_argument("--max-turns", type=int, default=4)
-        sp.add_argument("--temperature", type=float, default=1.0)
-        sp.add_argument("--seed", type=int, default=0)
-        sp.add_argument("--config", help="YAML config to start from (flags override it)")
+    def common(sp: argparse.ArgumentParser, cmd: str) -> None:
+        sp.add_argument("--env", default=unset, help=_help(
+            cmd, "env", "environment: a registered name, module:Class, textarena:<id> or reasoning_gym:<task> "
+            "(comma-separated for rollout)"))
+        sp.add_argument("--env-param", dest="env_param", action="append", default=unset, metavar="K=V",
+                        help="environment setting, repeatable (e.g. --env-param high=32); the value is read "
+                             "as YAML (32 -> int, true -> bool); added to environment.params")
+        sp.add_argument("--model", default=unset, help=_help(cmd, "model", "hub id, local folder or the embedded model"))
+        sp.add_argument("--device", default=unset,
+                        help=_help(cmd, "device", '"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1"'))
+        sp.add_argument("--dtype", default=unset, choices=["auto", *DTYPES],
+                        help=_help(cmd, "dtype", 'weights dtype; "auto" is bfloat16 on CUDA, float32 on CPU'))
+        sp.add_argument("--backend", default=unset, choices=list(BACKENDS), help=_help(cmd, "backend", ""))
+        sp.add_argument("--max-tokens", type=int, default=unset, help=_help(cmd, "max_tokens", "new tokens per model turn"))
+        sp.add_argument("--max-turns", type=int, default=unset, help=_help(cmd, "max_turns", ""))
+        sp.add_argument("--temperature", type=float, default=unset, help=_help(cmd, "temperature", ""))
+        sp.add_argument("--seed", type=int, default=unset, help=_help(cmd, "seed", ""))
+        sp.add_argument("--config", help="YAML config to start from (flags given on the command line override it)")
+        sp.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS[cmd]})" + (
+            "; checkpoints go to OUTPUT/checkpoints, or, with --config and no --output, to the file's "
+            "checkpoint.output_dir" if cmd == "train" else ""))
 
     r = sub.add_parser("rollout", help="roll out a model and write transcripts and a summary table")
-    common(r)
+    common(r, "rollout")
     r.add_argument("--episodes", type=int, default=8)
-    r.add_argument("--output", default="runs/rollout")
     t = sub.add_parser("train", help="train with GRPO or PPO")
-    common(t)
-    t.add_argument("--algo", default="grpo", choices=["grpo", "ppo", "rloo", "reinforce_plus_plus",
-                                                        "reinforce_plus_plus_baseline"])
-    t.add_argument("--steps", type=int, default=20)
-    t.add_argument("--batch-size", type=int, default=16)
-    t.add_argument("--group-size", type=int, default=8)
-    t.add_argument("--lr", type=float, default=5e-4)
+    common(t, "train")
+    t.add_argument("--algo", default=unset, choices=list(ALGOS),
+                   help=_help("train", "algo", "sets training.adv_estimator (ppo: gae)", "training.adv_estimator"))
+    t.add_argument("--steps", type=int, default=unset,
+                   help=_help("train", "steps", "training steps: training.num_epochs=1, num_iters_per_epoch=N",
+                             "num_epochs x num_iters_per_epoch"))
+    t.add_argument("--batch-size", type=int, default=unset, help=_help("train", "batch_size", ""))
+    t.add_argument("--group-size", type=int, default=unset, help=_help("train", "group_size", ""))
+    t.add_argument("--lr", type=float, default=unset, help=_help("train", "lr", ""))
     t.add_argument("--eval-episodes", type=int, default=32, help="held-out episodes before/after (0 = skip)")
-    t.add_argument("--minutes", type=float, default=0, help="stop after this many minutes (0 = no limit)")
-    t.add_argument("--save-interval", type=int, default=5)
-    t.add_argument("--output", default="runs/train")
+    t.add_argument("--minutes", type=float, default=0,
+                   help="stop after the training step that ends past this many minutes (0 = no limit)")
+    t.add_argument("--save-interval", type=int, default=unset, help=_help("train", "save_interval", ""))
     d = sub.add_parser("demo", help="what `make demo` runs: rollouts on two envs, then a short GRPO run")
     d.add_argument("--model", default=EMBEDDED_MODEL)
-    d.add_argument("--output", default="runs/demo")
+    d.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    d.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA, float32 on CPU')
+    d.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS['demo']})")
     d.add_argument("--minutes", type=float, default=6)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    args.output_given = hasattr(args, "output")
+    if not args.output_given:
+        args.output = OUTPUTS[args.command]
+    return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
+    try:
+        return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
+    except ConfigError as exc:  # names the field; a traceback adds nothing
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ failure, or, with `warn=True`, emits one warning per failure instead.
 
 Checks: reset_returns_str, reset_deterministic, step_returns_tuple, info_is_dict,
 step_deterministic, done_stops_episode, max_steps_respected, prompt_prefix,
-state_description, tools_valid, garbage_actions.
+state_description, tools_valid, garbage_actions, global_rng (same seed, same episode
+under any global `random`/`numpy.random` state, and the episode leaves those states
+alone), and with `fresh_process=True` fresh_process (same episode in a new process).
 """
 from __future__ import annotations
 
@@ -212,12 +214,93 @@ def check_garbage_actions(env: Any, seeds: Sequence[int]) -> str | None:
     return None
 
 
+def _global_rng_state() -> tuple:
+    """The global `random` and `numpy.random` states (numpy's as a comparable tuple)."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    return random.getstate(), (kind, tuple(keys.tolist()), pos, has_gauss, gauss)
+
+
+def _set_global_rng_state(state: tuple) -> None:
+    import numpy as np
+
+    py_state, (kind, keys, pos, has_gauss, gauss) = state
+    random.setstate(py_state)
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+
+
+def _seed_global_rngs(seed: int) -> None:
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def check_global_rng(env: Any, seeds: Sequence[int]) -> str | None:
+    """the same seed gives the same episode whatever the global random/numpy state is,
+    and an episode neither draws from nor reseeds the global RNGs. (An env that is not
+    reproducible even under one global state is left to step_deterministic.)"""
+    saved = _global_rng_state()
+    try:
+        transcripts, touched = [], False
+        for global_seed in (12345, 12345, 54321):
+            _seed_global_rngs(global_seed)
+            before = _global_rng_state()
+            transcripts.append(_run_episode(env, seeds[0], PROBE_ACTIONS, _limit(env)))
+            touched = touched or _global_rng_state() != before
+    finally:
+        _set_global_rng_state(saved)
+    fix = ("draw all randomness from self.rng (reseeded by reset(seed=...)); for numpy use "
+           "np.random.default_rng(self.rng.getrandbits(64)) in reset; a wrapped library that uses the global "
+           "RNG must run with its own saved state (see BaseEnvironment's docstring on seeding).")
+    if transcripts[0] != transcripts[1]:
+        return None  # not reproducible even under one global state: step_deterministic reports it
+    if transcripts[0] != transcripts[2]:
+        return (f"reset(seed={seeds[0]}) and the same actions gave different episodes after the global random "
+                "/ numpy.random RNGs were reseeded: the environment draws from them, so episodes of one GRPO "
+                "group (same seed) differ and runs do not reproduce; " + fix)
+    if touched:
+        return ("an episode changed the global random / numpy.random state (it draws from or reseeds the global "
+                "RNG): results then depend on what else runs in the process, and it changes other code's "
+                "random stream; " + fix)
+    return None
+
+
+def _episode_in_child(env: Any, seed: int, limit: int) -> list[tuple]:  # runs in a fresh process
+    return _run_episode(env, seed, PROBE_ACTIONS, limit)
+
+
+def check_fresh_process(env: Any, seeds: Sequence[int]) -> str | None:
+    """a fresh Python process (new hash seed, unseeded global RNGs) plays the same episode
+    for the same seed (opt-in: `check_env(..., fresh_process=True)`, it starts a process)."""
+    import concurrent.futures
+    import multiprocessing
+    import pickle
+
+    try:
+        pickle.dumps(env)
+    except Exception as exc:
+        return (f"cannot send the environment to a fresh process ({_error(exc)}); make it picklable "
+                "(module-level class, no lambdas or open handles in its attributes) or skip this check.")
+    here = _run_episode(env, seeds[0], PROBE_ACTIONS, _limit(env))
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        there = pool.submit(_episode_in_child, env, seeds[0], _limit(env)).result(timeout=300)
+    if here != there:
+        return (f"reset(seed={seeds[0]}) and the same actions gave a different episode in a fresh process: the "
+                "environment depends on per-process state (hash() of str, which PYTHONHASHSEED randomises; the "
+                "unseeded global RNG; time; set iteration order). Draw from self.rng and avoid hash()/set order.")
+    return None
+
+
 #: Checks that say nothing useful when a basic check failed; they are reported as
 #: failed with "not run: fix <basic check> first" instead of repeating its error.
 NEEDS_RESET = ("reset_deterministic", "step_returns_tuple", "info_is_dict", "step_deterministic",
-               "done_stops_episode", "max_steps_respected", "state_description", "garbage_actions")
+               "done_stops_episode", "max_steps_respected", "state_description", "garbage_actions",
+               "global_rng", "fresh_process")
 NEEDS_STEP = ("info_is_dict", "step_deterministic", "done_stops_episode", "max_steps_respected",
-              "garbage_actions")
+              "garbage_actions", "global_rng", "fresh_process")
 
 #: The checks in the order they run: (name, function).
 CHECKS: list[tuple[str, Callable[[Any, Sequence[int]], str | None]]] = [
@@ -232,16 +315,23 @@ CHECKS: list[tuple[str, Callable[[Any, Sequence[int]], str | None]]] = [
     ("state_description", check_state_description),
     ("tools_valid", check_tools_valid),
     ("garbage_actions", check_garbage_actions),
+    ("global_rng", check_global_rng),
 ]
 
 
-def check_env(env: Any, seeds: Sequence[int] = (0, 1), warn: bool = False) -> list[CheckResult]:
+def check_env(env: Any, seeds: Sequence[int] = (0, 1), warn: bool = False,
+              fresh_process: bool = False) -> list[CheckResult]:
     """Run every check in `CHECKS` on `env` and return their results.
 
     Args:
         env: an environment instance (a `BaseEnvironment` or anything with its API).
         seeds: seeds used for the reset/step checks (at least one).
         warn: on failures, emit a `UserWarning` per failure instead of raising.
+        fresh_process: also run `check_fresh_process` (one episode in a spawned Python
+            process, a few seconds; the env must be picklable).
+
+    The global `random` and `numpy.random` states are restored afterwards, so checking
+    an environment that draws from them does not change the caller's random streams.
 
     Raises:
         EnvCheckError: when a check fails (and `warn` is False); the message lists
@@ -250,7 +340,9 @@ def check_env(env: Any, seeds: Sequence[int] = (0, 1), warn: bool = False) -> li
     seeds = tuple(seeds) or (0,)
     results: list[CheckResult] = []
     passed: dict[str, bool] = {}
-    for name, check in CHECKS:
+    checks = CHECKS + ([("fresh_process", check_fresh_process)] if fresh_process else [])
+    saved_rngs = _global_rng_state()  # an env under test may draw from them; the caller's stay as they were
+    for name, check in checks:
         needs = (["reset_returns_str"] if name in NEEDS_RESET else []) + (
             ["step_returns_tuple"] if name in NEEDS_STEP else [])
         blocked = [p for p in needs if not passed.get(p, True)]
@@ -263,6 +355,7 @@ def check_env(env: Any, seeds: Sequence[int] = (0, 1), warn: bool = False) -> li
                 message = f"raised {_error(exc)}"
         passed[name] = message is None
         results.append(CheckResult(name, message is None, message or ""))
+    _set_global_rng_state(saved_rngs)
     failed = [r for r in results if not r.passed]
     if failed:
         if not warn:

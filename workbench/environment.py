@@ -58,6 +58,37 @@ class BaseEnvironment:
         max_steps: episode length limit (from the config).
         step_count: steps taken in the current episode.
         rng: `random.Random` seeded from `config.seed` or `reset(seed=...)`.
+
+    Seeding: the rollout resets every episode with `reset(seed=s)`; the episodes of one
+    GRPO group share `s` and must be the same task. The wrapper installed around a
+    subclass's `reset` calls `self.seed(s)` (a fresh `self.rng = random.Random(s)`)
+    *before* the subclass's own `reset()` runs, which is why that `reset` takes no seed
+    argument. So:
+
+      * draw every random choice from `self.rng` (for numpy:
+        `np.random.default_rng(self.rng.getrandbits(64))`), never from the global
+        `random` / `numpy.random` modules, time or `hash()` of strings;
+      * to seed a wrapped library, derive its seed from `self.rng` in `reset`
+        (`lib_env.reset(seed=self.rng.getrandbits(31))`) or override `seed(seed)` to
+        remember `seed` and pass it on at the next reset (`GymTextEnvironment`,
+        `TextArenaEnvironment` do this), calling `super().seed(seed)` first;
+      * a library that only draws from the global RNG must run with its own saved
+        state: swap it in around each call and back out (`TextArenaEnvironment` shows
+        how), or episodes of one group differ.
+
+    `check_env` tests this (check `global_rng`; `fresh_process=True` for per-process state).
+
+    `info` keys that workbench reads (all optional; any others are kept in the
+    trajectory as they are):
+
+      * `success` (bool): the episode reached its goal; `Episode.success` is True when
+        any step said so, and `env/success_rate` averages it.
+      * `invalid_action` (bool): the reply could not be used as an action (give a hint
+        in the observation rather than raising; the tool manager also sets it when a
+        tool call cannot be parsed); `RewardManager(invalid_action_penalty=...)`
+        subtracts that penalty once per flagged turn.
+      * `truncated` (bool): the episode ended by a limit, not by its goal; the base
+        class sets it when `max_steps` is reached.
     """
 
     #: Name of the action parser this environment expects, or None for plain text.

@@ -19,9 +19,14 @@ What it maps:
     is not), the gym env sees exactly what the model wrote.
   * the system prompt is `config.system_prompt`, else the gym env's
     `metadata["system_prompt"]`, else a generic one.
+
+The wrapped env's API is checked at construction (`check_gym_api`): a TextArena env, a
+question/answer dataset, a workbench environment or a `reset` that needs arguments
+other than `seed`/`options` is refused with a TypeError that names the adapter to use.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
@@ -37,9 +42,41 @@ def _make(gym_env: Any, kwargs: Mapping[str, Any]) -> Any:
         return gymnasium.make(gym_env, **kwargs)
     if kwargs:
         raise TypeError("gym_kwargs are only used when gym_env is an environment id (str)")
-    if not (callable(getattr(gym_env, "reset", None)) and callable(getattr(gym_env, "step", None))):
-        raise TypeError(f"gym_env must be a gymnasium.Env or an id, got {type(gym_env).__name__}")
+    check_gym_api(gym_env)
     return gym_env
+
+
+def check_gym_api(env: Any) -> None:
+    """Raise TypeError, naming the adapter to use instead, when `env` does not have
+    Gymnasium's API (`reset(*, seed=None, options=None) -> (obs, info)`, `step(action)`)."""
+    name = type(env).__name__
+    if isinstance(env, BaseEnvironment):
+        raise TypeError(f"{name} is already a workbench BaseEnvironment; use it directly, without "
+                        "GymTextEnvironment")
+    module = type(env).__module__ or ""
+    if module.split(".")[0] == "textarena":
+        raise TypeError(f"{name} is a TextArena environment (reset(num_players, seed), step -> (done, info), "
+                        "rewards from close()), not a Gymnasium one; use workbench.TextArenaEnvironment(env_id) "
+                        "or make_env('textarena:<env id>')")
+    if callable(getattr(env, "score_answer", None)) and callable(getattr(env, "__getitem__", None)):
+        raise TypeError(f"{name} looks like a question/answer dataset (score_answer, items); use "
+                        "workbench.VerifierEnvironment (for reasoning-gym: make_env('reasoning_gym:<task>'))")
+    if not (callable(getattr(env, "reset", None)) and callable(getattr(env, "step", None))):
+        raise TypeError(f"gym_env must be a gymnasium.Env or an id, got {name}")
+    try:
+        signature = inspect.signature(env.reset)
+    except (TypeError, ValueError):  # a builtin without a signature: nothing to check
+        return
+    params = signature.parameters.values()
+    required = [p.name for p in params if p.default is p.empty
+                and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    takes_seed = any(p.name == "seed" or p.kind == p.VAR_KEYWORD for p in params)
+    if required or not takes_seed:
+        what = f"requires {required}" if required else "takes no seed keyword"
+        raise TypeError(f"{name}.reset{signature} {what}; GymTextEnvironment calls reset(seed=..., "
+                        "options=...) and expects (obs, info) back, as Gymnasium does. For another API "
+                        "write a small BaseEnvironment subclass (see workbench.environment), or use "
+                        "TextArenaEnvironment / VerifierEnvironment where they fit.")
 
 
 class GymTextEnvironment(BaseEnvironment):

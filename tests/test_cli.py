@@ -1,0 +1,114 @@
+"""The command line, run in-process through `workbench.cli.main` on the tiny model.
+
+Flags override `--config` only when given; `--minutes` stops `train` after the step
+that crosses the limit and says so; `--device`/`--dtype` reach the config.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from workbench.cli import build_config, main, parse_args
+from workbench.config import ConfigStore
+
+
+def _yaml(tmp_path, tiny_model_path) -> str:
+    cfg = ConfigStore()
+    cfg.model.model_name = str(tiny_model_path)
+    cfg.model.lora_rank = 2
+    cfg.inference.max_tokens = 7
+    cfg.inference.max_turns = 2
+    cfg.inference.temperature = 0.5
+    cfg.training.learning_rate = 3e-5
+    cfg.training.batch_size, cfg.training.group_size, cfg.training.micro_batch_size = 4, 2, 2
+    cfg.training.num_epochs, cfg.training.num_iters_per_epoch = 1, 2
+    cfg.training.seed = 11
+    cfg.checkpoint.output_dir = str(tmp_path / "yaml_ckpt")
+    cfg.checkpoint.save_interval = 0
+    return str(cfg.save(tmp_path / "run.yaml"))
+
+
+def test_yaml_values_survive_flags_not_given_and_given_flags_win(tmp_path, tiny_model_path):
+    config = _yaml(tmp_path, tiny_model_path)
+    out = tmp_path / "out"
+    rc = main(["train", "--config", config, "--batch-size", "2", "--temperature", "0.9",
+               "--eval-episodes", "0", "--output", str(out)])
+    assert rc == 0
+    used = yaml.safe_load((out / "config.yaml").read_text())
+    # not given on the command line: the file's values (the flags' presets are 32, 4, 5e-4, 20 steps, 0)
+    assert used["inference"]["max_tokens"] == 7 and used["inference"]["max_turns"] == 2
+    assert used["training"]["learning_rate"] == 3e-5 and used["training"]["seed"] == 11
+    assert used["model"]["model_name"] == str(tiny_model_path) and used["model"]["lora_rank"] == 2
+    assert used["training"]["num_iters_per_epoch"] == 2
+    # given: the flags
+    assert used["training"]["batch_size"] == 2 and used["inference"]["temperature"] == 0.9
+    assert used["checkpoint"]["output_dir"] == str(out / "checkpoints")  # --output given
+    steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 2  # num_epochs x num_iters_per_epoch from the file
+
+
+def test_flag_semantics_without_running(tmp_path, tiny_model_path):
+    config = _yaml(tmp_path, tiny_model_path)
+    # --config alone: the file, checkpoints where the file says
+    cfg = build_config(parse_args(["train", "--config", config]))
+    assert cfg == ConfigStore.load(config)
+    assert cfg.checkpoint.output_dir == str(tmp_path / "yaml_ckpt")
+    # every config flag given wins over the file
+    cfg = build_config(parse_args(["train", "--config", config, "--lr", "0.01", "--steps", "3", "--algo", "ppo",
+                                   "--max-tokens", "5", "--seed", "4", "--device", "cpu", "--dtype", "bfloat16",
+                                   "--group-size", "4", "--batch-size", "8", "--save-interval", "2"]))
+    t = cfg.training
+    assert (t.learning_rate, t.num_epochs, t.num_iters_per_epoch, t.adv_estimator, t.seed) == (0.01, 1, 3, "gae", 4)
+    assert (t.batch_size, t.group_size, cfg.checkpoint.save_interval) == (8, 4, 2)
+    assert (cfg.inference.max_tokens, cfg.model.device, cfg.model.dtype) == (5, "cpu", "bfloat16")
+    assert cfg.inference.temperature == 0.5  # not given: the file's
+    # no --config: the presets shown in --help
+    cfg = build_config(parse_args(["train"]))
+    assert (cfg.inference.max_tokens, cfg.training.learning_rate, cfg.training.num_iters_per_epoch) == (32, 5e-4, 20)
+    assert (cfg.model.device, cfg.model.dtype) == ("auto", "auto")
+    assert cfg.checkpoint.output_dir == "runs/train/checkpoints"
+    # rollout: --seed is the sampling seed
+    cfg = build_config(parse_args(["rollout", "--config", config, "--seed", "9"]))
+    assert cfg.inference.seed == 9 and cfg.training.seed == 11
+
+
+def test_bad_device_flag_is_a_config_error_naming_the_field(tmp_path, capsys):
+    rc = main(["rollout", "--device", "gpu", "--output", str(tmp_path / "r")])
+    assert rc == 2
+    assert "model.device must be \"auto\" or a torch device" in capsys.readouterr().err
+
+
+def test_minutes_stops_training_after_the_step_that_crosses_the_limit(tmp_path, tiny_model_path):
+    out = tmp_path / "out"
+    argv = ["train", "--model", str(tiny_model_path), "--steps", "4", "--batch-size", "2", "--group-size", "2",
+            "--max-tokens", "4", "--max-turns", "1", "--eval-episodes", "0", "--save-interval", "0",
+            "--output", str(out)]
+    assert main(argv + ["--minutes", "0.000001"]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [0]  # stopped after the first step
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("stopped early (--minutes 1e-06): time limit of 6e-05 s reached after 1 of 4 steps")
+
+
+def test_without_minutes_training_runs_every_step(tmp_path, tiny_model_path):
+    out = tmp_path / "out"
+    assert main(["train", "--model", str(tiny_model_path), "--steps", "2", "--batch-size", "2", "--group-size", "2",
+                 "--max-tokens", "4", "--max-turns", "1", "--eval-episodes", "0", "--save-interval", "0",
+                 "--output", str(out)]) == 0
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+    assert not (out / "summary.md").read_text().startswith("stopped early")
+
+
+@pytest.mark.parametrize("flag", ["--device", "--dtype"])
+def test_demo_passes_device_and_dtype_on(flag, monkeypatch, tmp_path):
+    import workbench.cli as cli
+
+    seen = []
+    monkeypatch.setattr(cli, "cmd_rollout", lambda args: seen.append(build_config(args)) or 0)
+    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(build_config(args)) or 0)
+    value = "cpu" if flag == "--device" else "float16"
+    assert main(["demo", "--output", str(tmp_path), flag, value]) == 0
+    field = "device" if flag == "--device" else "dtype"
+    assert [getattr(c.model, field) for c in seen] == [value, value]
