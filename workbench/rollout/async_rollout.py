@@ -12,7 +12,10 @@ environment/tools, generate its next turn -- and the loops only meet in the engi
   engine merges requests from all episodes: vLLM adds them to its running batch as
   they arrive (continuous batching), the hf engine batches whatever is queued, server
   backends send them concurrently (see `workbench.engines.base`);
-* environment and tool steps (`MultiTurnManager.step`) run in a thread pool.
+* environment and tool steps (`MultiTurnManager.step`) run in a thread pool; inside
+  them every `env.step` runs under `step_timeout` as in `Rollout`, so a hung
+  environment holds a pool thread for at most `step_timeout` (plus a short grace
+  period to interrupt it) and then ends its own episode only.
 
 Everything else -- token bookkeeping, deltas, truncation, failures, the alignment
 check -- runs on the calling thread through the same `Rollout` methods
@@ -106,7 +109,9 @@ class AsyncRollout(Rollout):
             self.reset()
         live = self.live
         if not live:
-            return self.batch
+            batch = self.batch
+            batch.meta.update({k: v for k, v in self.fault_metrics().items() if v})
+            return batch
         events: queue.SimpleQueue = queue.SimpleQueue()
         turns_left = {i: max_steps for i in live}
         workers = self.env_workers or min(64, len(live))
@@ -137,7 +142,9 @@ class AsyncRollout(Rollout):
                 f"{sum(s.episode.done and s.episode.error is None for s in self.slots)} finished episodes "
                 "are kept in rollout.batch"
             ) from exc
-        return self.batch
+        batch = self.batch
+        batch.meta.update({k: v for k, v in self.fault_metrics().items() if v})
+        return batch
 
     # -- internals ---------------------------------------------------------------------------
     def _event(self, kind: str, episode: int, turn: int, tokens: int = 0) -> None:

@@ -147,8 +147,12 @@ class AlignmentReport:
 
 def check_token_alignment(episode: Any, tokenizer: Any) -> AlignmentReport:
     """Compare `episode.token_ids` with a one-shot render of `episode.messages`."""
-    renderer = ChatRenderer(tokenizer)
     msgs = episode.messages
+    if not msgs:  # e.g. an episode whose reset failed: nothing was rendered
+        ok = not episode.token_ids
+        return AlignmentReport(ok, None if ok else 0, "no messages and no tokens" if ok else
+                               f"{len(episode.token_ids)} tokens but no messages", None, False)
+    renderer = ChatRenderer(tokenizer)
     turns = [t for t in episode.turns]
     assistant_positions = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
     if len(assistant_positions) != len(turns):

@@ -12,13 +12,22 @@ tools, environment step, error capture). Token bookkeeping follows
 everything else rendered as template deltas with mask 0. Human turns are mask 0.
 
 Failure isolation: an environment that raises ends its own episode (error recorded);
-a malformed tool call becomes an observation; an action that would overflow
-`max_context_tokens` ends the episode as truncated ("context"). An engine failure
-marks the episodes of that call and re-raises, with every finished episode kept in
-`rollout.batch`.
+so does one whose `reset`/`step` overruns `step_timeout` (a `CallTimeout` error; the
+call's thread is interrupted, see `workbench.timeouts`). A malformed tool call becomes
+an observation. An engine failure marks the episodes of that call and re-raises, with
+every finished episode kept in `rollout.batch`.
+
+Context budget: no episode grows past `max_context_tokens`. A first observation too
+long for the budget is cut (its start kept, a visible "[... observation cut ...]" note
+appended to it, the cut recorded in `episode.warnings`) so that a turn of `max_tokens`
+still fits (or half the budget, if less); an episode whose opening prompt does not fit
+even without the observation is refused (error, no tokens). An opening that fits is
+never changed, even when it leaves less than `max_tokens` for the first turn. A later observation that
+would overflow ends the episode as truncated ("context"), and a human action that
+would overflow is rejected with a ValueError before anything changes.
 
 Simplified: turns are synchronous (all live episodes generate, then all step their
-environments). Environments here are fast Python; slow tool calls run with timeouts.
+environments).
 """
 from __future__ import annotations
 
@@ -28,9 +37,22 @@ from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
+from workbench.timeouts import stuck_threads
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
+
+
+DEFAULT_STEP_TIMEOUT = 60.0
+"""Seconds per `env.reset`/`env.step` for environments without `config.step_timeout`."""
+
+_FROM_ENV = object()  # step_timeout default: each environment's own config
+
+
+def _env_step_timeout(env: Any) -> float | None:
+    """`env.config.step_timeout` when the environment has one, else `DEFAULT_STEP_TIMEOUT`."""
+    config = getattr(env, "config", None)
+    return getattr(config, "step_timeout", DEFAULT_STEP_TIMEOUT) if config is not None else DEFAULT_STEP_TIMEOUT
 
 
 @dataclass
@@ -40,6 +62,10 @@ class _Slot:
     episode: Episode
     env: Any
     manager: MultiTurnManager
+
+
+class _NoRoom(ValueError):
+    """An episode's opening prompt does not fit `max_context_tokens` even without its observation."""
 
 
 class Rollout:
@@ -60,6 +86,9 @@ class Rollout:
         check_alignment: verify token alignment when each episode finishes.
         initial_prompt: text put before each environment's first observation in
             the opening user message (the seeds' `initial_prompt`).
+        step_timeout: seconds each `env.reset`/`env.step` may take before its episode
+            ends with a timeout error (None: no limit). Default: each environment's
+            `config.step_timeout` (`EnvironmentConfig`, 60 s), else 60 s.
     """
 
     def __init__(
@@ -79,6 +108,7 @@ class Rollout:
         tools: Sequence[Any] = (),
         check_alignment: bool = True,
         initial_prompt: str | None = None,
+        step_timeout: Any = _FROM_ENV,
     ):
         if not environments:
             raise ValueError("Rollout needs at least one environment")
@@ -105,6 +135,13 @@ class Rollout:
         self.tools = list(tools)
         self.check_alignment = check_alignment
         self.initial_prompt = initial_prompt
+        self.step_timeouts = [_env_step_timeout(env) if step_timeout is _FROM_ENV else step_timeout
+                              for env in self.environments]
+        for t in self.step_timeouts:
+            if t is not None and not (isinstance(t, (int, float)) and t >= 0):
+                raise ValueError(f"step_timeout must be a number of seconds >= 0 or None, got {t!r}")
+        # Tokens a cut first observation leaves for the first turn (see `_opening`).
+        self.first_turn_room = min(max_tokens, max(1, (max_context_tokens - self.close_reserve) // 2))
         self.slots: list[_Slot] = []
         self.turn_counter = 0
 
@@ -128,7 +165,8 @@ class Rollout:
             for tool in self.tools:
                 registry.register(tool)
             parser = self.parser if self.parser is not None else getattr(env, "action_parser", None)
-            manager = MultiTurnManager(registry, parser, env, max_turns=self.max_turns)
+            manager = MultiTurnManager(registry, parser, env, max_turns=self.max_turns,
+                                       step_timeout=self.step_timeouts[i])
             slot = _Slot(ep, env, manager)
             self.slots.append(slot)
             try:
@@ -136,18 +174,77 @@ class Rollout:
             except Exception as exc:  # a crashing reset ends this episode only
                 self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
                 continue
-            opening = obs or ""
-            if self.initial_prompt:
-                opening = f"{self.initial_prompt}\n\n{opening}" if opening else self.initial_prompt
-            ep.messages = [{"role": "system", "content": manager.system_prompt()},
-                           {"role": "user", "content": opening}]
-            ids = self.renderer.prompt_ids(ep.messages)
+            try:
+                seen, ep.messages, ids = self._opening(manager.system_prompt(), obs or "", ep)
+            except _NoRoom as exc:
+                self._fail(slot, str(exc))
+                continue
             ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
             ep.prompt_length = len(ids)
-            ep.states.append(obs or "")
-            if len(ids) >= self.max_context_tokens:
-                self._truncate(slot, "context")
+            ep.states.append(seen)
         return self
+
+    def _opening_messages(self, system: str, observation: str) -> list[dict[str, Any]]:
+        opening = observation
+        if self.initial_prompt:
+            opening = f"{self.initial_prompt}\n\n{opening}" if opening else self.initial_prompt
+        return [{"role": "system", "content": system}, {"role": "user", "content": opening}]
+
+    def _opening(self, system: str, obs: str, ep: Episode) -> tuple[str, list[dict[str, Any]], list[int]]:
+        """(observation as the model sees it, opening messages, their ids), within the budget.
+
+        An opening that leaves room for at least one sampled token is kept as it is (the
+        first turn's budget shrinks, as for any turn near the limit). A longer one has its
+        observation cut to the longest prefix that leaves `first_turn_room` tokens (else
+        one token), with a note appended; the cut is recorded in `ep.warnings`. Raises
+        `_NoRoom` when the opening does not fit even without the observation.
+        """
+        limit_min = self.max_context_tokens - self.close_reserve - 1
+        messages = self._opening_messages(system, obs)
+        ids = self.renderer.prompt_ids(messages)
+        if len(ids) <= limit_min:
+            return obs, messages, ids
+        note = (f"\n[... observation cut: {len(obs):,} characters do not fit the context budget of "
+                f"{self.max_context_tokens} tokens]")
+        best = None
+        for limit in (limit_min + 1 - self.first_turn_room, limit_min):
+            lo, hi = 0, min(len(obs), 32 * limit)  # a token covers fewer than 32 characters
+            while lo <= hi:  # longest prefix whose opening fits
+                mid = (lo + hi) // 2
+                cand_messages = self._opening_messages(system, obs[:mid] + note)
+                cand_ids = self.renderer.prompt_ids(cand_messages)
+                if len(cand_ids) <= limit:
+                    best, lo = (obs[:mid] + note, cand_messages, cand_ids), mid + 1
+                else:
+                    hi = mid - 1
+            if best is not None:
+                break
+        if best is None:
+            bare = len(self.renderer.prompt_ids(self._opening_messages(system, note)))
+            raise _NoRoom(
+                f"context: the opening prompt takes {bare} tokens even with the observation cut away, "
+                f"but max_context_tokens={self.max_context_tokens} leaves {limit_min} for it (after "
+                f"1 for the first turn and {self.close_reserve} for its end); raise "
+                "max_context_tokens or shorten the system prompt / initial_prompt")
+        ep.warnings.append(
+            f"context: first observation cut from {len(obs):,} to {len(best[0]) - len(note):,} characters "
+            f"(opening prompt {len(ids)} -> {len(best[2])} tokens) to fit max_context_tokens="
+            f"{self.max_context_tokens} with room for a "
+            f"{self.max_context_tokens - self.close_reserve - len(best[2])}-token turn")
+        return best
+
+    def fault_metrics(self) -> dict[str, float]:
+        """`rollout/env_timeouts`: episodes ended by a `step_timeout` overrun;
+        `rollout/stuck_threads`: timed-out calls (any rollout) whose threads could not be
+        interrupted and are still running; `rollout/context_cuts`: first observations cut.
+        `run()` copies the non-zero ones into the batch's `meta`."""
+        eps = [s.episode for s in self.slots]
+        return {
+            "rollout/env_timeouts": float(sum(1 for e in eps if e.error and "CallTimeout" in e.error)),
+            "rollout/stuck_threads": float(len(stuck_threads())),
+            "rollout/context_cuts": float(sum(1 for e in eps if any(w.startswith("context: first observation cut")
+                                                                     for w in e.warnings))),
+        }
 
     @property
     def live(self) -> list[int]:
@@ -170,14 +267,18 @@ class Rollout:
         if not self.slots:
             self.reset()
         human_actions = dict(human_actions or {})
-        for i in human_actions:
+        human_ids = {}
+        for i, text in human_actions.items():
             if i not in self.live:
                 raise ValueError(f"episode {i} is not live; live episodes: {self.live}")
+            human_ids[i] = self.renderer.human_action_ids(text)
+            room = self.max_context_tokens - self.close_reserve - self.slots[i].episode.num_tokens
+            if len(human_ids[i]) > room:
+                raise ValueError(f"the action typed for episode {i} is {len(human_ids[i])} tokens but only {room} "
+                                 f"fit in max_context_tokens={self.max_context_tokens}; type a shorter action")
         advanced = []
-        for i, text in human_actions.items():
-            slot = self.slots[i]
-            ids = self.renderer.human_action_ids(text)
-            self._apply_action(slot, ids, None, "human")
+        for i, ids in human_ids.items():
+            self._apply_action(self.slots[i], ids, None, "human")
             advanced.append(i)
         model_idx = [i for i in self.live if i not in human_actions]
         for i, result in self._generate(model_idx):
@@ -194,7 +295,9 @@ class Rollout:
         while self.live and (max_steps is None or steps < max_steps):
             self.step()
             steps += 1
-        return self.batch
+        batch = self.batch
+        batch.meta.update({k: v for k, v in self.fault_metrics().items() if v})
+        return batch
 
     def suggest(self, index: int) -> str:
         """The model's proposed next action for episode `index`, without taking it."""
@@ -287,6 +390,14 @@ class Rollout:
             # The observation does not fit: close the turn and end the episode.
             self._truncate(slot, "context", closing_ids=ids)
             return
+        if done and ep.num_tokens + len(delta) > self.max_context_tokens:
+            # The episode ends here anyway: close the turn without its last observation (kept
+            # in `turn.observation` / `turn.messages`, where no token budget applies).
+            ep.warnings.append(f"context: the observation after the last turn ({len(delta)} tokens) was not "
+                               f"appended; it would pass max_context_tokens={self.max_context_tokens}")
+            self._close(slot, ids)
+            self._finish(slot)
+            return
         ep.messages.extend(tr.messages)
         ep.append_tokens(delta, trained=False, logprobs=None, turn=k)
         if not done:
@@ -301,6 +412,7 @@ class Rollout:
         self._finish(slot)
 
     def _fail(self, slot: _Slot, error: str, closing_ids: list[int] | None = None) -> None:
+        """End the episode with `error` (its tokens closed into a complete conversation)."""
         ep = slot.episode
         ep.error = error
         if ep.token_ids:

@@ -9,7 +9,11 @@ One :meth:`MultiTurnManager.step` call handles one assistant turn:
 3. without tool calls, plain text (or a final answer) becomes the action when
    ``plain_text_is_action`` is set;
 4. parse errors and environment exceptions never propagate: they become chat
-   messages telling the model what went wrong.
+   messages telling the model what went wrong;
+5. with ``step_timeout`` set, ``environment.reset``/``environment.step`` run under
+   that limit (:func:`workbench.timeouts.call_with_timeout`); an overrun is an
+   environment error (``CallTimeout: ... did not return within ... s``) that ends
+   the episode.
 
 :attr:`TurnResult.messages` holds the new chat messages to append after the
 assistant message: ``{"role": "tool", "name", "content", "tool_call_id"}`` per
@@ -23,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..timeouts import call_with_timeout
 from .builtin import EnvironmentStepTool, normalize_step_output
 from .parsers import ActionParser, ParseResult, ToolCall, get_parser, resolve_raw_arguments
 from .registry import ToolRegistry
@@ -88,6 +93,9 @@ class MultiTurnManager:
             ``info["truncated"]=True``).
         plain_text_is_action: With a parser, send text that contains no tool call
             (its final answer if any, else its content) to ``environment.step``.
+        step_timeout: Seconds each ``environment.reset``/``environment.step`` may take
+            (None: no limit). It is also the timeout of the ``environment_step`` tool
+            registered here; a step tool already in the registry keeps its own.
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class MultiTurnManager:
         environment: Any = None,
         max_turns: int = 10,
         plain_text_is_action: bool = True,
+        step_timeout: float | None = None,
     ) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -106,7 +115,7 @@ class MultiTurnManager:
         if environment is None and self.step_tool is not None:
             environment = self.step_tool.environment
         if environment is not None and self.step_tool is None:
-            self.step_tool = EnvironmentStepTool(environment)
+            self.step_tool = EnvironmentStepTool(environment, timeout=step_timeout)
             self.registry.register(self.step_tool)
         get_tools = getattr(environment, "get_tools", None)
         for tool in (get_tools() if callable(get_tools) else None) or ():
@@ -115,6 +124,7 @@ class MultiTurnManager:
         if self.parser is None and environment is None:
             raise ValueError("MultiTurnManager needs a parser, an environment, or both")
         self.environment = environment
+        self.step_timeout = step_timeout
         self.max_turns = max_turns
         self.plain_text_is_action = plain_text_is_action
         self.turns: list[TurnResult] = []
@@ -149,10 +159,15 @@ class MultiTurnManager:
 
         Returns:
             The initial observation, or None without an environment.
+
+        Raises:
+            workbench.timeouts.CallTimeout: ``environment.reset`` overran ``step_timeout``.
         """
         observation = None
         if self.environment is not None and callable(getattr(self.environment, "reset", None)):
-            result = self.environment.reset(seed=seed) if seed is not None else self.environment.reset()
+            env = self.environment
+            result = call_with_timeout(lambda: env.reset(seed=seed) if seed is not None else env.reset(),
+                                       self.step_timeout, f"{type(env).__name__}.reset")
             observation = result[0] if isinstance(result, tuple) else result
             observation = None if observation is None else str(observation)
         self.start(observation)
@@ -214,7 +229,9 @@ class MultiTurnManager:
         """Send ``action`` straight to the environment and record the outcome."""
         result.action = action
         try:
-            obs, reward, done, info = normalize_step_output(self.environment.step(action))
+            env = self.environment
+            raw = call_with_timeout(lambda: env.step(action), self.step_timeout, f"{type(env).__name__}.step")
+            obs, reward, done, info = normalize_step_output(raw)
         except Exception as exc:
             self._env_failure(result, exc)
             return
@@ -280,7 +297,7 @@ class MultiTurnManager:
             call.success, call.result = outcome.success, outcome.result
             failures += int(not outcome.success)
             if is_env and outcome.error_type in ("exception", "timeout"):
-                error = self.step_tool.last_error or TimeoutError(outcome.result)
+                error = self.step_tool.last_error or outcome.exception or TimeoutError(outcome.result)
                 result.action = arguments.get("action")
                 self._env_failure(result, error, as_tool=call)
                 continue

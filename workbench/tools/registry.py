@@ -6,9 +6,11 @@ missing or unexpected argument, wrong JSON type, the tool raising, the tool
 exceeding its timeout) becomes ``(False, message)`` where the message tells
 the model what to fix. Successful non-string results are JSON-encoded.
 
-Timeouts run the call in a daemon worker thread and stop waiting after the
-limit. Python cannot kill a thread, so a timed-out call keeps running in the
-background until it returns on its own; its result is discarded.
+Timeouts run the call on a worker thread (`workbench.timeouts.call_with_timeout`).
+A call that overruns is interrupted: its thread gets an exception injected and
+ends, so timed-out calls do not pile up threads. A call blocked inside C code
+cannot be interrupted; its thread is left running as a daemon thread, the error
+message says so, and `workbench.timeouts.stuck_threads()` lists it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ..timeouts import CallTimeout, call_with_timeout
 from .base import FunctionTool, Tool, ToolDefinition
 
 __all__ = ["ToolRegistry", "ToolExecution", "ToolStats", "validate_arguments"]
@@ -45,7 +48,8 @@ class ToolExecution:
         result: Result text (JSON-encoded if not a string) or the error message.
         error_type: None on success, else one of ``"unknown_tool"``,
             ``"invalid_arguments"``, ``"exception"``, ``"timeout"``.
-        exception: The exception the tool raised, if any.
+        exception: The exception the tool raised, or the
+            :class:`~workbench.timeouts.CallTimeout` of a timed-out call; None on success.
         seconds: Wall time spent waiting for the call.
     """
 
@@ -193,34 +197,6 @@ def _format_result(value: Any) -> str:
         return str(value)
 
 
-class _Timeout(Exception):
-    pass
-
-
-def _run_with_timeout(fn: Callable[[], Any], timeout: float | None, thread_name: str) -> Any:
-    """Run ``fn`` and return its result; raise :class:`_Timeout` after ``timeout`` s."""
-    if timeout is None or timeout <= 0:
-        return fn()
-    box: dict[str, Any] = {}
-    finished = threading.Event()
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # reported to the caller below
-            box["error"] = exc
-        finally:
-            finished.set()
-
-    worker = threading.Thread(target=target, name=thread_name, daemon=True)
-    worker.start()
-    if not finished.wait(timeout):
-        raise _Timeout()
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
-
-
 class ToolRegistry:
     """Named collection of tools with validation, timeouts and statistics.
 
@@ -363,11 +339,12 @@ class ToolRegistry:
         timeout = self.timeout_for(name)
         start = time.perf_counter()
         try:
-            value = _run_with_timeout(lambda: tool.execute(**arguments), timeout, f"tool-{name}")
-        except _Timeout:
+            value = call_with_timeout(lambda: tool.execute(**arguments), timeout, f"tool-{name}")
+        except CallTimeout as exc:
             seconds = time.perf_counter() - start
             self._record(name, False, True, seconds)
-            return ToolExecution(name, False, f"Tool '{name}' timed out after {timeout:g} s", "timeout", seconds=seconds)
+            message = f"Tool '{name}' timed out after {timeout:g} s"  # thread details: exc, warning
+            return ToolExecution(name, False, message, "timeout", exception=exc, seconds=seconds)
         except KeyboardInterrupt:
             raise
         except BaseException as exc:  # the tool's own failure, reported to the model

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import copy
 import gc
-
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -34,16 +34,26 @@ import yaml
 from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.engines import GenerationEngine, make_engine
-from workbench.reward import RewardFn, call_reward_fn
+from workbench.env_registry import describe_env, make_env
+from workbench.reward import RewardFn, token_level_scores
 from workbench.rollout.async_rollout import AsyncRollout
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
+from workbench.training.guards import guarded_step
 from workbench.training.policy import (
     Critic, Policy, batch_logprobs, batch_values, forward_logprobs, micro_batches,
 )
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
+
+#: Estimators whose advantages are rewards relative to the episode's group: a group
+#: with identical rewards contributes nothing to the update.
+GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+class ZeroVarianceWarning(UserWarning):
+    """Every group of a batch has identical rewards: a group-relative update is a no-op."""
 
 
 class Trainer:
@@ -52,7 +62,9 @@ class Trainer:
     Args:
         config: the run's ConfigStore (validated here).
         environment: a prototype environment (deep-copied per episode) or a
-            zero-argument factory; defaults to `envs.make_env(config.environment.name)`.
+            zero-argument factory; defaults to `make_env(config.environment.name, ...)`
+            (`workbench.env_registry`). The trainer records it in `config.environment`
+            (`describe_env`: the name that rebuilds it, `import_path`, params).
         reward_fn: `fn(trajectory)` or `fn(trajectory, environment)` -> float; None
             uses the environment's rewards.
         dataset: optional iterable of environment seeds to draw episode groups from
@@ -75,6 +87,8 @@ class Trainer:
         t = config.training
         torch.manual_seed(t.seed)
         self.environment = environment if environment is not None else _default_env(config)
+        # Record what this run trains on (name that rebuilds it, class, params) in the config.
+        self.config.environment = describe_env(self._make_env())
         self.reward_fn = reward_fn
         self.dataset = list(dataset) if dataset is not None else None
         self.tools, self.parser = list(tools), parser
@@ -95,6 +109,7 @@ class Trainer:
         self.global_step = 0
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
+        self._resume_tried = False  # fit() resumes once, unless resume() ran already
 
     # -- seed-compatible attributes ---------------------------------------------------
     @property
@@ -131,7 +146,7 @@ class Trainer:
             max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
             temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
             top_k=inf.top_k, max_context_tokens=inf.max_context_tokens, seed=sampling_seed,
-            parser=self.parser, tools=self.tools,
+            parser=self.parser, tools=self.tools, step_timeout=self.config.environment.step_timeout,
         )
 
     @torch.no_grad()
@@ -150,22 +165,15 @@ class Trainer:
 
     # -- stage 2: score -------------------------------------------------------------------
     def score(self, batch: TrajectoryBatch, reward_fn: RewardFn | None = None) -> TrajectoryBatch:
-        """Place rewards on tokens: `token_level_scores` (and `token_level_rewards`)."""
+        """Place rewards on tokens: `token_level_scores` (and `token_level_rewards`).
+
+        All-or-nothing (`workbench.reward.token_level_scores`): a failing reward_fn or a
+        non-finite / float32-overflowing reward raises RewardError naming the episode, and
+        no episode's `score` changes."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
-        scores = torch.zeros_like(batch.loss_mask)  # (B, T)
-        for b, ep in enumerate(batch):
-            policy_pos = [i for i, m in enumerate(ep.loss_mask) if m]
-            if fn is not None:
-                ep.score = call_reward_fn(fn, ep, self.environment)
-                if policy_pos:
-                    scores[b, policy_pos[-1]] = ep.score
-            else:
-                ep.score = ep.total_reward
-                for turn in ep.turns:
-                    ends = [i for i in range(turn.token_start, turn.token_end) if ep.loss_mask[i]]
-                    pos = ends[-1] if ends else (policy_pos[-1] if policy_pos else None)
-                    if pos is not None:
-                        scores[b, pos] += turn.reward
+        scores, outcome = token_level_scores(batch, fn, self.environment)  # (B, T), (B,)
+        for ep, value in zip(batch, outcome):
+            ep.score = value
         batch.set("token_level_scores", scores)
         batch.set("token_level_rewards", scores.clone())
         return batch
@@ -241,6 +249,15 @@ class Trainer:
                 self.kl_ctrl.update(kl_value, n_steps=len(batch))
         if self.critic is not None:
             self.compute_values(batch)
+        if t.adv_estimator in GROUP_RELATIVE_ESTIMATORS:
+            stats = batch.group_stats()
+            batch.meta.update(stats)
+            if stats["reward/zero_std_group_rate"] == 1.0 and stats["reward/groups"] > 0:
+                warnings.warn(
+                    f"every group of this batch has identical rewards, so {t.adv_estimator} advantages are all 0 "
+                    "and this update will not change the policy (reward/zero_std_group_rate=1.0); make the task "
+                    "easier or harder, raise training.group_size or inference.temperature, or shape the reward",
+                    ZeroVarianceWarning, stacklevel=2)
         estimator = algo.get_advantage_estimator(t.adv_estimator)
         adv, ret = estimator(
             token_level_rewards=batch.token_level_rewards, response_mask=mask, index=batch.group_ids,
@@ -273,7 +290,7 @@ class Trainer:
         acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
         new_lp = torch.zeros(B, T_full)
         ent_store = torch.zeros(B, T_full)
-        skipped = 0
+        skipped = restored = 0
         params = self.policy.trainable_parameters()
         device = self.policy.device
         start = time.perf_counter()
@@ -326,7 +343,11 @@ class Trainer:
                     self.optimizer.zero_grad(set_to_none=True)  # weights untouched
                     skipped += 1
                     continue
-                self.optimizer.step()
+                if not guarded_step(self.optimizer, params):
+                    restored += 1  # the step made weights non-finite: put back, skip
+                    skipped += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                    continue
                 acc["actor/grad_norm"].append((float(grad_norm), 1.0))
         mask = batch.loss_mask
         if old_from_update:
@@ -338,8 +359,11 @@ class Trainer:
         batch.set("entropy", ent_store * mask)
         metrics = {k: _weighted_mean(v) for k, v in acc.items()}
         metrics["actor/skipped_updates"] = float(skipped)
+        metrics["actor/nonfinite_weight_restores"] = float(restored)
         if skipped:
-            metrics["actor/skipped_reason"] = "non-finite loss or gradient"  # type: ignore[assignment]
+            metrics["actor/skipped_reason"] = (  # type: ignore[assignment]
+                "non-finite weights after the optimizer step (restored)" if restored == skipped
+                else "non-finite loss or gradient")
         if self.critic is not None:
             metrics.update(self._update_critic(batch))
         metrics["perf/update_seconds"] = time.perf_counter() - start
@@ -372,8 +396,8 @@ class Trainer:
                 for k, val in m.items():
                     acc[k].append((val, weight))
             norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-            if torch.isfinite(norm):
-                self.critic_optimizer.step()
+            if torch.isfinite(norm) and not guarded_step(self.critic_optimizer, params):
+                acc["critic/nonfinite_weight_restores"].append((1.0, 1.0))
             self.critic_optimizer.zero_grad(set_to_none=True)
         self.critic.eval()
         return {k: _weighted_mean(v) for k, v in acc.items()}
@@ -388,6 +412,7 @@ class Trainer:
         update_metrics = self.update(batch)
         metrics: dict[str, Any] = {"step": self.global_step}
         metrics.update(batch.summary())
+        metrics.update({k: float(v) for k, v in batch.meta.items() if k.startswith("rollout/")})
         metrics.update(update_metrics)
         if batch.has("kl"):
             metrics["kl/mean"] = float(algo.masked_mean(batch.kl, batch.loss_mask))
@@ -401,28 +426,39 @@ class Trainer:
         return metrics
 
     def fit(self, num_epochs: int | None = None, num_iters_per_epoch: int | None = None,
-            callbacks: Sequence[Callback] = ()) -> list[dict[str, float]]:
+            callbacks: Sequence[Callback] = (), time_limit_s: float | None = None) -> list[dict[str, float]]:
         """Train for `num_epochs` x `num_iters_per_epoch` steps, checkpointing as configured.
 
-        Resumes from the newest valid checkpoint in `checkpoint.output_dir` when
-        `checkpoint.resume` is set; the step counter continues from there.
+        With `time_limit_s`, training stops after the step that ends past that many seconds
+        since `fit` began; `self.stop_reason` then says so (it is None after a full run),
+        callbacks see it on that step, and a checkpoint of that step is saved when
+        `checkpoint.save_interval` is set.
+
+        Resumes (`resume`) from the newest valid checkpoint in `checkpoint.output_dir`
+        when `checkpoint.resume` is set and no step was taken (or resumed) yet; the step
+        counter continues from there.
         """
         t, c = self.config.training, self.config.checkpoint
         num_epochs = num_epochs or t.num_epochs
         num_iters = num_iters_per_epoch or t.num_iters_per_epoch
         total = num_epochs * num_iters
-        if c.resume and self.global_step == 0:
-            latest = ckpt.latest_checkpoint(c.output_dir)
-            if latest is not None:
-                self.load_checkpoint(latest)
+        if c.resume and self.global_step == 0 and not self._resume_tried:
+            self.resume()
+        deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
+        self.stop_reason: str | None = None
         while self.global_step < total:
             metrics = self.train_step()
             metrics["epoch"] = (self.global_step - 1) // num_iters
+            if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
+                self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
+                                    f"of {total} steps")
             for cb in callbacks:
                 cb(self, metrics)
-            if c.save_interval and self.global_step % c.save_interval == 0:
+            if c.save_interval and (self.global_step % c.save_interval == 0 or self.stop_reason):
                 self.save_checkpoint(Path(c.output_dir) / ckpt.checkpoint_name(self.global_step))
                 ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
+            if self.stop_reason:
+                break
         return self.metrics_history
 
     @torch.no_grad()
@@ -443,31 +479,71 @@ class Trainer:
 
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> Path:
-        """Weights, optimizer, RNG, config, step and metrics; written atomically."""
-        tensors = {"policy": self.policy.trainable_state_dict()}
-        objects: dict[str, Any] = {"optimizer": self.optimizer.state_dict(), "rng": ckpt.rng_state()}
-        if self.critic is not None and self.critic_optimizer is not None:
+        """Weights, optimizer, RNG, config, step and metrics; written atomically, no pickles."""
+        tensors: dict[str, Any] = {"policy": self.policy.trainable_state_dict()}
+        json_files: dict[str, Any] = {}
+        optimizers = {"optimizer": self.optimizer, "critic_optimizer": self.critic_optimizer}
+        if self.critic is not None:
             tensors["critic"] = self.critic.trainable_state_dict()
-            objects["critic_optimizer"] = self.critic_optimizer.state_dict()
-        state = {"global_step": self.global_step, "metrics_history": self.metrics_history,
-                 "kl_coef": float(self.kl_ctrl.value)}
-        return ckpt.write_checkpoint(path, tensors, objects, {"trainer_state": state},
+        for name, opt in optimizers.items():
+            if opt is not None:
+                tensors[name], json_files[name] = ckpt.optimizer_state(opt.state_dict())
+        tensors["rng"], json_files["rng"] = ckpt.rng_state()
+        json_files["trainer_state"] = {
+            "global_step": self.global_step, "metrics_history": self.metrics_history,
+            "kl_coef": float(self.kl_ctrl.value),
+            "policy_weights": "lora_adapters" if self.config.model.use_lora else "full_model"}
+        return ckpt.write_checkpoint(path, tensors, json_files,
                                      {"config.yaml": yaml.safe_dump(self.config.to_dict(), sort_keys=False)})
 
-    def load_checkpoint(self, path: str | Path) -> None:
-        """Restore a checkpoint written by `save_checkpoint` (verified first)."""
+    def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
+        """Restore a checkpoint written by `save_checkpoint`.
+
+        Everything is verified and checked against this trainer before any state is
+        touched: a corrupt checkpoint raises CheckpointError, one written for another
+        model shape or algorithm CheckpointMismatchError, and so does one whose config
+        differs in `ckpt.IDENTITY_FIELDS` (model, LoRA, environment, estimator) unless
+        `force=True`. Nothing is loaded when it raises."""
         data = ckpt.read_checkpoint(path)
-        self.policy.load_trainable_state_dict(data["tensors"]["policy"])
-        self.optimizer.load_state_dict(data["objects"]["optimizer"])
+        state = ckpt.trainer_state(data, path, self.config.to_dict(), self.critic is not None, force)
+        tensors, js = data["tensors"], data["json"]
+        ckpt.check_weights("policy", tensors["policy"], _trained(self.policy.model))
+        restore = [(self.optimizer, ckpt.optimizer_state_dict(tensors["optimizer"], js["optimizer"],
+                                                              self.optimizer, "optimizer"))]
         if self.critic is not None:
-            self.critic.load_state_dict(data["tensors"]["critic"], strict=False)
-            self.critic_optimizer.load_state_dict(data["objects"]["critic_optimizer"])
-        ckpt.set_rng_state(data["objects"]["rng"])
-        state = data["json"]["trainer_state"]
-        self.global_step = int(state["global_step"])
-        self.metrics_history = list(state["metrics_history"])
-        self.kl_ctrl.value = float(state["kl_coef"])
+            ckpt.check_weights("critic", tensors["critic"], _trained(self.critic))
+            restore.append((self.critic_optimizer, ckpt.optimizer_state_dict(
+                tensors.get("critic_optimizer", {}), js.get("critic_optimizer", {}), self.critic_optimizer,
+                "critic optimizer")))
+        rng = ckpt.prepare_rng_state(tensors["rng"], js["rng"])
+        # Checked: from here on nothing raises on a well-formed checkpoint.
+        for opt, sd in restore:
+            opt.load_state_dict(sd)
+        self.policy.load_trainable_state_dict(tensors["policy"])
+        if self.critic is not None:
+            self.critic.load_state_dict(tensors["critic"], strict=False)
+        ckpt.set_rng_state(rng)
+        self.global_step, self.metrics_history = state["global_step"], state["metrics_history"]
+        self.kl_ctrl.value = state["kl_coef"]
         self.engine.sync_weights(self.policy.model)
+
+    def resume(self, force: bool | None = None) -> Path | None:
+        """Load the newest checkpoint in `checkpoint.output_dir` that is intact, skipping
+        corrupt ones with a warning; returns its path (None if there is none).
+
+        A checkpoint that does not fit this trainer's config raises (no fallback); `force`
+        defaults to `checkpoint.resume == "force"` (see `load_checkpoint`)."""
+        self._resume_tried = True
+        force = self.config.checkpoint.resume == "force" if force is None else force
+        for path in reversed(ckpt.list_checkpoints(self.config.checkpoint.output_dir)):
+            try:
+                self.load_checkpoint(path, force=force)
+                return path
+            except ckpt.CheckpointMismatchError:
+                raise
+            except ckpt.CheckpointError as exc:
+                warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
+        return None
 
     def cleanup(self) -> None:
         """Release the engine (unless it was passed in) and models (frees accelerator memory)."""
@@ -501,9 +577,12 @@ def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
     return sum(v * w for v, w in pairs) / total
 
 
-def _default_env(config: ConfigStore) -> Any:
-    from envs import make_env
+def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {n: p for n, p in module.named_parameters() if p.requires_grad}
 
+
+def _default_env(config: ConfigStore) -> Any:
+    """The environment `config.environment` names (see `workbench.env_registry.make_env`)."""
     return make_env(config.environment.name, config.environment)
 
 
