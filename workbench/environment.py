@@ -24,6 +24,7 @@ Optional hooks: `get_tools()` returns tools the model may call in this environme
 from __future__ import annotations
 
 import functools
+import math
 import random
 from typing import Any, Mapping
 
@@ -141,6 +142,33 @@ class BaseEnvironment:
         """True when the episode has ended or the step budget is used up."""
         return self._done or self.step_count >= self.max_steps
 
+    def on_truncate(self, reason: str) -> float | None:
+        """Settle an episode that the workbench ends before the environment does.
+
+        Called once per episode, after its last step, when it is cut by `max_steps`,
+        by the rollout's `max_turns`, or by the context budget (`reason` is
+        "max_steps", "max_turns" or "context"). Return the reward the episode has earned
+        so far at this point (a game's partial credit, say), or None for nothing. The
+        value is added to the last turn's reward and recorded as
+        `info["settled_reward"]`. Default: None (an unfinished episode earns nothing more).
+        """
+        return None
+
+    def settle(self, reason: str) -> float:
+        """`on_truncate(reason)` at most once per episode; 0.0 when it returns None or
+        was already called. Raises ValueError for a non-finite value."""
+        if getattr(self, "_settled", False):
+            return 0.0
+        self._settled = True
+        value = self.on_truncate(reason)
+        if value is None:
+            return 0.0
+        value = float(value)
+        if not math.isfinite(value):
+            raise ValueError(f"{type(self).__name__}.on_truncate({reason!r}) returned {value}; "
+                             "return a finite reward or None")
+        return value
+
     def seed(self, seed: int | None) -> None:
         """Reseed `self.rng`; the next `reset()` starts from this seed."""
         self._seed = seed
@@ -165,6 +193,7 @@ def _wrap_reset(user_reset):
             self.seed(seed)
         self.step_count = 0
         self._done = False
+        self._settled = False
         obs = user_reset(self, *args, **kwargs)
         if not isinstance(obs, str):
             raise TypeError(
@@ -204,6 +233,10 @@ def _wrap_step(user_step):
         if not done and self.step_count >= self.max_steps:
             done = True
             info.setdefault("truncated", True)
+            settled = self.settle("max_steps")
+            if settled:
+                info["settled_reward"] = settled
+                reward = float(reward) + settled
         self._done = done
         self.last_observation = str(obs)
         return str(obs), float(reward), done, info

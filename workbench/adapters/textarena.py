@@ -189,6 +189,17 @@ class TextArenaEnvironment(BaseEnvironment):
         self.last_info = info
         return obs, reward, bool(done), info
 
+    def on_truncate(self, reason: str) -> float | None:
+        """The game's own partial credit at the cut (`_get_percentage_completion()`, which
+        TextArena pays when its turn limit ends a game), or None for games without it."""
+        game = self.game
+        while not hasattr(game, "_get_percentage_completion") and hasattr(game, "env"):
+            game = game.env
+        partial = getattr(game, "_get_percentage_completion", None)
+        if partial is None or getattr(getattr(self.game, "state", None), "done", False):
+            return None
+        return float(self._in_own_random(partial))
+
     # -- text ------------------------------------------------------------------------
     def get_prompt_prefix(self) -> str:
         """`config.system_prompt`, else a short generic one (the game's rules come in the first observation)."""

@@ -37,7 +37,7 @@ from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
-from workbench.timeouts import stuck_threads
+from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
@@ -385,6 +385,7 @@ class Rollout:
         elif done and turn.info.get("truncated"):
             ep.truncated = True
             ep.truncation_reason = "max_turns" if len(ep.turns) >= self.max_turns else "max_steps"
+            self._settle(slot, ep.truncation_reason)
         delta = self.renderer.delta_ids(ep.messages, ids, tr.messages, add_generation_prompt=not done)
         if not done and ep.num_tokens + len(delta) >= self.max_context_tokens:
             # The observation does not fit: close the turn and end the episode.
@@ -405,9 +406,29 @@ class Rollout:
         else:
             self._finish(slot)
 
+    def _settle(self, slot: _Slot, reason: str) -> None:
+        """Ask the environment for the reward an episode cut by `reason` has earned
+        (`BaseEnvironment.on_truncate`, called once per episode) and add it to the last
+        turn; a failing hook becomes a warning on the episode."""
+        ep, settle = slot.episode, getattr(slot.env, "settle", None)
+        if not ep.turns or settle is None:
+            return
+        try:
+            value = call_with_timeout(lambda: settle(reason), self.step_timeouts[slot.episode.episode_id],
+                                      f"{type(slot.env).__name__}.on_truncate")
+        except Exception as exc:  # noqa: BLE001 - the episode ends either way
+            ep.warnings.append(f"on_truncate({reason!r}) raised {type(exc).__name__}: {exc}")
+            return
+        if value:
+            last = ep.turns[-1]
+            last.reward += value
+            last.info["settled_reward"] = last.info.get("settled_reward", 0.0) + value
+            ep.rewards[-1] = last.reward
+
     def _truncate(self, slot: _Slot, reason: str, closing_ids: list[int] | None = None) -> None:
         ep = slot.episode
         ep.truncated, ep.truncation_reason = True, reason
+        self._settle(slot, reason)
         self._close(slot, closing_ids)
         self._finish(slot)
 
