@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from pytest import approx
 import torch
 
 from workbench import algo
@@ -121,7 +122,7 @@ def ref_rloo(rewards, mask, index):
     return [[a * m for m in mrow] for a, mrow in zip(adv, mask)]
 
 
-def ref_rpp(rewards, mask, gamma, multi_turn=False):
+def ref_rpp(rewards, mask, gamma, multi_turn=True):
     returns = []
     for r, m in zip(rewards, mask):
         T = len(r)
@@ -131,7 +132,7 @@ def ref_rpp(rewards, mask, gamma, multi_turn=False):
             if multi_turn:
                 if m[i]:
                     running = r[i] + gamma * running
-                ret[i] = running
+                    ret[i] = running
             else:
                 running = r[i] + gamma * running
                 ret[i] = running
@@ -301,16 +302,35 @@ def test_reinforce_plus_plus_matches_reference_loop(seed, multi_turn):
     assert_close(adv, exp_adv)
 
 
-def test_reinforce_plus_plus_resets_at_mask_zero_like_verl():
+def test_reinforce_plus_plus_carries_the_final_reward_to_earlier_turns():
     # mask [1, 0, 1], reward 1 on the last token, gamma 1:
-    #   verl:       t2: G = 1; t1: G = 0 + 1 = 1 stored, then reset to 0; t0: G = 0  -> returns [0, 1, 1]
-    #   multi_turn: the observation token passes G = 1 through                       -> returns [1, 1, 1]
+    #   default (multi-turn): the observation token passes G = 1 through, reports 0 -> returns [1, 0, 1]
+    #   multi_turn=False (older verl): t1 stores G = 1, then resets to 0; t0: G = 0  -> returns [0, 1, 1]
     rewards = t([[0.0, 0.0, 1.0]])
     mask = t([[1, 0, 1]])
     _, ret = algo.compute_reinforce_plus_plus_advantage(rewards, mask, gamma=1.0)
-    assert_close(ret, [[0.0, 1.0, 1.0]])
-    _, ret_mt = algo.compute_reinforce_plus_plus_advantage(rewards, mask, gamma=1.0, multi_turn=True)
-    assert_close(ret_mt, [[1.0, 1.0, 1.0]])
+    assert_close(ret, [[1.0, 0.0, 1.0]])
+    _, ret_old = algo.compute_reinforce_plus_plus_advantage(rewards, mask, gamma=1.0, multi_turn=False)
+    assert_close(ret_old, [[0.0, 1.0, 1.0]])
+
+
+def test_reinforce_plus_plus_first_turn_advantage_carries_the_final_reward_hand_case():
+    # Two episodes, two turns each: turn 1 = tokens 0-1, observation = tokens 2-3, turn 2 =
+    # tokens 4-5, padding = token 6. Episode 0 wins (reward 1 on token 5), episode 1 scores 0.
+    # gamma 0.5: episode 0's returns on its policy tokens are 0.5^(5-t) counted in policy
+    # tokens only: t5 1, t4 0.5, t1 0.25, t0 0.125 (the observation is skipped, not counted).
+    mask = [[1, 1, 0, 0, 1, 1, 0]] * 2
+    rewards = [[0, 0, 0, 0, 0, 1.0, 0], [0.0] * 7]
+    adv, ret = algo.compute_reinforce_plus_plus_advantage(t(rewards), t(mask), gamma=0.5)
+    assert_close(ret, [[0.125, 0.25, 0, 0, 0.5, 1.0, 0], [0.0] * 7])
+    # Whitening over the 8 policy tokens: values 0.125, 0.25, 0.5, 1 and four 0s.
+    vals = [0.125, 0.25, 0.5, 1.0, 0, 0, 0, 0]
+    mean = sum(vals) / 8
+    var = sum((v - mean) ** 2 for v in vals) / 7  # unbiased, as masked_whiten
+    first_turn = (0.125 - mean) / var ** 0.5
+    assert adv[0, 0].item() == approx(first_turn, rel=1e-5)
+    assert adv[0, 0].item() > adv[1, 0].item()  # the winner's first turn is credited over the loser's
+    assert adv[0, 2].item() == 0.0 and adv[0, 6].item() == 0.0
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -264,3 +264,29 @@ def test_value_loss_agg_mode():
         t([[1.0, 2.0, 2.0]]), t([[2.0, 0.0, 3.0]]), t([[0.8, 1.0, 1.0]]), torch.ones(1, 3), 0.5, "seq-mean-token-sum"
     )
     assert loss.item() == approx(3.625)
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_agg_loss_on_multi_turn_masks_matches_plain_loop(mode, seed):
+    # Masks with observation gaps between turns and padding at the end (see
+    # tests/test_algo_advantages.py::multi_turn_mask_row), checked against plain loops.
+    import random
+
+    from tests.test_algo_advantages import multi_turn_mask_row
+
+    rng = random.Random(seed)
+    B, T = 6, 20
+    mask = [multi_turn_mask_row(rng, T) for _ in range(B)]
+    loss = [[rng.gauss(0, 1) for _ in range(T)] for _ in range(B)]
+    sums = [sum(l * m for l, m in zip(lr, mr)) for lr, mr in zip(loss, mask)]
+    counts = [sum(mr) for mr in mask]
+    if mode == "token-mean":
+        expected = sum(sums) / sum(counts)
+    elif mode == "seq-mean-token-sum":
+        expected = sum(sums) / B
+    elif mode == "seq-mean-token-mean":
+        expected = sum(s / c for s, c in zip(sums, counts)) / B
+    else:
+        expected = sum(s / T for s in sums) / B
+    assert algo.agg_loss(t(loss), t(mask), mode).item() == approx(expected)

@@ -20,9 +20,11 @@ Simplified / changed relative to verl:
     registered estimator takes ``**kwargs`` and ignores what it does not use.
   * ``compute_gae_advantage_return`` has ``whiten=True`` (False returns the raw
     GAE advantages, for inspection and tests).
-  * ``compute_reinforce_plus_plus_advantage`` has ``multi_turn=False``; True
-    carries the return-to-go through mask-0 tokens instead of resetting it there
-    (verl resets, which treats every observation token as an episode end).
+  * ``compute_reinforce_plus_plus_advantage`` carries the return-to-go through
+    mask-0 tokens (``multi_turn=True``, the default, as current verl does), so the
+    final reward of a multi-turn episode reaches its earlier turns; returns are
+    reported as 0 on mask-0 tokens. ``multi_turn=False`` is the older verl
+    behaviour that resets the return at every mask-0 token.
   * Only these five estimators; no REMAX/OPO/GPG/pass@k.
 
 Shape letters: B batch, T tokens, G groups.
@@ -303,16 +305,20 @@ def compute_reinforce_plus_plus_advantage(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     gamma: float = 1.0,
-    multi_turn: bool = False,
+    multi_turn: bool = True,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """REINFORCE++: discounted return-to-go, whitened over the batch.
 
-    Backwards over t: ``G_t = r_t + gamma * G``; store ``G_t``; then the carried
-    ``G`` is ``G_t * mask_t``, i.e. verl resets the return at every mask-0 token
-    (it assumes 0 only appears as padding after EOS).  With ``multi_turn=True``
-    the return instead passes through mask-0 tokens untouched (their rewards
-    ignored), so a reward at the end of the last turn reaches earlier turns.
+    Backwards over t. With ``multi_turn=True`` (default): on a mask-1 token
+    ``G = r_t + gamma * G`` and ``returns_t = G``; a mask-0 token (observation,
+    tool output, template glue, padding) passes ``G`` through untouched, its reward
+    ignored, and reports ``returns_t = 0``. So the reward at the end of the last turn
+    reaches every earlier turn, discounted once per policy token. With
+    ``multi_turn=False`` (older verl): ``G_t = r_t + gamma * G`` is stored on every
+    token, then the carried ``G`` is ``G_t * mask_t``, which resets the return at
+    every mask-0 token (it assumed 0 only appears as padding after EOS), so earlier
+    turns get no credit for a final reward.
     Advantages are ``masked_whiten(returns) * mask``.
 
     Args:
@@ -333,7 +339,7 @@ def compute_reinforce_plus_plus_advantage(
             m = mask[:, t]
             if multi_turn:
                 running = (token_level_rewards[:, t] + gamma * running) * m + (1 - m) * running
-                returns[:, t] = running
+                returns[:, t] = running * m
             else:
                 running = token_level_rewards[:, t] + gamma * running
                 returns[:, t] = running
