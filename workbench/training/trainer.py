@@ -24,7 +24,6 @@ import copy
 import gc
 import time
 import warnings
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -39,10 +38,8 @@ from workbench.reward import RewardFn, token_level_scores
 from workbench.rollout.async_rollout import AsyncRollout
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
-from workbench.training.guards import guarded_step
-from workbench.training.policy import (
-    Critic, Policy, batch_logprobs, batch_values, forward_logprobs, micro_batches,
-)
+from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
+from workbench.training.update import plan_update, update_actor, update_critic
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
@@ -270,137 +267,19 @@ class Trainer:
 
     # -- stage 4: update ------------------------------------------------------------------
     def update(self, batch: TrajectoryBatch) -> dict[str, float]:
-        """PPO epochs over mini-batches (gradient accumulation over micro-batches)."""
+        """PPO epochs over mini-batches (gradient accumulation over micro-batches), then the
+        critic; the loops are `workbench.training.update` (the same functions data-parallel
+        learners run)."""
         t = self.config.training
-        batch.require("advantages")
-        # No old_logprobs yet (train_step with reuse_update_logprobs): this forward's own
-        # logprobs, detached, are the old ones (ratio 1 at the single optimizer step).
-        old_from_update = not batch.has("old_logprobs")
-        if old_from_update and not self.update_is_on_policy:
-            batch.require("old_logprobs")
-        if t.use_kl_loss:
-            batch.require("ref_logprobs")
-        model = self.policy.model
-        model.train()
-        lengths = self._lengths(batch)
-        groups = batch.group_ids  # micro-batches keep a group (and its shared prompt) together
-        B, T_full = batch.input_ids.shape
-        gen = torch.Generator().manual_seed(t.seed * 1_000_033 + self.global_step)
-        loss_fn = algo.get_policy_loss_fn(t.policy_loss)
-        acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        new_lp = torch.zeros(B, T_full)
-        ent_store = torch.zeros(B, T_full)
-        skipped = restored = 0
-        params = self.policy.trainable_parameters()
-        device = self.policy.device
         start = time.perf_counter()
-        for _ in range(t.ppo_epochs):
-            perm = torch.randperm(B, generator=gen).tolist()
-            mb = t.mini_batch_size or B
-            for s in range(0, B, mb):
-                mini = perm[s:s + mb]
-                tok_total = float(batch.loss_mask[mini].sum().clamp(min=1))
-                self.optimizer.zero_grad(set_to_none=True)
-                finite = True
-                for group in micro_batches([lengths[i] for i in mini], t.micro_batch_size,
-                                           [groups[i] for i in mini]):
-                    idx = [mini[g] for g in group]
-                    # seq-mean-token-sum-norm divides by T, so keep the full T there.
-                    T = T_full if t.loss_agg_mode == "seq-mean-token-sum-norm" else max(lengths[i] for i in idx)
-                    ids = batch.input_ids[idx, :T].to(device)  # (b, T)
-                    attn = batch.attention_mask[idx, :T].to(device)
-                    mask = batch.loss_mask[idx, :T].to(device)
-                    logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
-                                                 loss_mask=mask, entropy_grad=bool(t.entropy_coeff))
-                    old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
-                    loss, m = loss_fn(
-                        old_log_probs=old, log_probs=logp,
-                        advantages=batch.advantages[idx, :T].to(device), response_mask=mask,
-                        clip_ratio=t.clip_ratio, clip_ratio_low=t.clip_ratio_low, clip_ratio_high=t.clip_ratio_high,
-                        clip_ratio_c=t.clip_ratio_c, loss_agg_mode=t.loss_agg_mode)
-                    entropy = algo.agg_loss(ent, mask, t.loss_agg_mode)
-                    if t.entropy_coeff:
-                        loss = loss - t.entropy_coeff * entropy
-                    if t.use_kl_loss:
-                        kl = algo.kl_penalty(logp, batch.ref_logprobs[idx, :T].to(device), t.kl_loss_type)
-                        kl_loss = algo.agg_loss(kl, mask, t.loss_agg_mode)
-                        loss = loss + t.kl_loss_coef * kl_loss
-                        m["actor/kl_loss"] = float(kl_loss.detach())
-                    # Weight so the accumulated gradient equals the mini-batch loss's gradient.
-                    weight = (float(mask.sum()) / tok_total if t.loss_agg_mode == "token-mean"
-                              else len(idx) / len(mini))
-                    if not torch.isfinite(loss):
-                        finite = False
-                        break
-                    (loss * weight).backward()
-                    m["actor/entropy"] = float(entropy.detach())
-                    for k, v in m.items():
-                        acc[k].append((v, weight))
-                    new_lp[idx, :T] = logp.detach().float().cpu()
-                    ent_store[idx, :T] = ent.detach().float().cpu()
-                grad_norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm) if finite else torch.tensor(float("nan"))
-                if not finite or not torch.isfinite(grad_norm):
-                    self.optimizer.zero_grad(set_to_none=True)  # weights untouched
-                    skipped += 1
-                    continue
-                if not guarded_step(self.optimizer, params):
-                    restored += 1  # the step made weights non-finite: put back, skip
-                    skipped += 1
-                    self.optimizer.zero_grad(set_to_none=True)
-                    continue
-                acc["actor/grad_norm"].append((float(grad_norm), 1.0))
-        mask = batch.loss_mask
-        if old_from_update:
-            batch.set("old_logprobs", new_lp * mask)
-            if batch.has("ref_logprobs"):
-                batch.set("kl", algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, t.kl_penalty) * mask)
-        batch.set("new_logprobs", new_lp * mask)
-        batch.set("ratio", torch.exp(new_lp - batch.old_logprobs) * mask)
-        batch.set("entropy", ent_store * mask)
-        metrics = {k: _weighted_mean(v) for k, v in acc.items()}
-        metrics["actor/skipped_updates"] = float(skipped)
-        metrics["actor/nonfinite_weight_restores"] = float(restored)
-        if skipped:
-            metrics["actor/skipped_reason"] = (  # type: ignore[assignment]
-                "non-finite weights after the optimizer step (restored)" if restored == skipped
-                else "non-finite loss or gradient")
+        plan = plan_update(batch, t, self.global_step)
+        metrics = update_actor(self.policy.model, self.optimizer, batch, t, plan)
         if self.critic is not None:
-            metrics.update(self._update_critic(batch))
+            metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
         metrics["perf/update_seconds"] = time.perf_counter() - start
-        model.eval()
-        self.engine.sync_weights(model)
+        self.policy.model.eval()
+        self.engine.sync_weights(self.policy.model)
         return metrics
-
-    def _update_critic(self, batch: TrajectoryBatch) -> dict[str, float]:
-        t = self.config.training
-        assert self.critic is not None and self.critic_optimizer is not None
-        batch.require("values", "returns")
-        self.critic.train()
-        device = next(self.critic.parameters()).device
-        lengths = self._lengths(batch)
-        acc: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        params = [p for p in self.critic.parameters() if p.requires_grad]
-        tok_total = float(batch.loss_mask.sum().clamp(min=1))
-        for _ in range(t.ppo_epochs):
-            self.critic_optimizer.zero_grad(set_to_none=True)
-            for idx in micro_batches(lengths, t.micro_batch_size):
-                T = max(lengths[i] for i in idx)
-                mask = batch.loss_mask[idx, :T].to(device)
-                v = self.critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device))
-                loss, m = algo.compute_value_loss(
-                    vpreds=v, returns=batch.returns[idx, :T].to(device), old_values=batch.values[idx, :T].to(device),
-                    response_mask=mask, cliprange_value=t.cliprange_value, loss_agg_mode="token-mean")
-                weight = float(mask.sum()) / tok_total
-                if torch.isfinite(loss):
-                    (loss * weight).backward()
-                for k, val in m.items():
-                    acc[k].append((val, weight))
-            norm = torch.nn.utils.clip_grad_norm_(params, t.max_grad_norm)
-            if torch.isfinite(norm) and not guarded_step(self.critic_optimizer, params):
-                acc["critic/nonfinite_weight_restores"].append((1.0, 1.0))
-            self.critic_optimizer.zero_grad(set_to_none=True)
-        self.critic.eval()
-        return {k: _weighted_mean(v) for k, v in acc.items()}
 
     # -- loop -------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
@@ -568,13 +447,6 @@ class Trainer:
                        (self.metrics_history[-1] if self.metrics_history else {}).items()
                        if isinstance(v, (int, float)))
         return f"<p><b>{self!r}</b></p><table>{rows}</table>"
-
-
-def _weighted_mean(pairs: list[tuple[float, float]]) -> float:
-    total = sum(w for _, w in pairs)
-    if not pairs or total == 0:
-        return float("nan") if not pairs else sum(v for v, _ in pairs) / len(pairs)
-    return sum(v * w for v, w in pairs) / total
 
 
 def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -1,0 +1,317 @@
+"""Data-parallel learners: Ray actors forming one torch.distributed group with FSDP2.
+
+    group = LearnerGroup(config, num_learners=2)     # N actors, one process group
+    group.load_state_dict(trainer_state)             # optional: start from given weights
+    metrics = group.update(batch, step=trainer.global_step)
+    weights = group.state_dict()["policy"]           # full trainable weights (rank 0 gathers)
+    group.shutdown()
+
+Each actor builds the policy (and the critic for `adv_estimator="gae"`) from the config
+as `Trainer` does, joins the group (gloo on CPU, nccl on CUDA; rank 0 picks a free port
+on 127.0.0.1 and the controller passes it to every rank through Ray), makes the trained
+weights equal to rank 0's (one broadcast: LoRA adapters are randomly initialised), and
+shards every decoder layer and then the whole model with `fully_shard` (FSDP2), peft
+LoRA wrappers included (the frozen base weights are sharded too; only trained weights
+get gradients). Gradients are SUMMED over ranks (`set_gradient_divide_factor(1.0)` with
+`set_force_sum_reduction_for_comms(True)`, a plain SUM reduce-scatter that gloo supports):
+the loss weights of `workbench.training.update` already divide by the global token or
+sequence count, so the sum is the single-process gradient.
+
+The controller (`LearnerGroup.update`) computes the update plan once from the whole
+batch (`plan_update`: the trainer's randperm mini-batches), splits the batch by whole
+GRPO groups (`split_groups`, balanced by tokens), and sends each rank only its rows
+(full width T) and its share of the plan (`shard_plan`); it then puts the ranks'
+new logprobs and entropies back into the whole batch.
+
+Simplified: optimizer state is not part of `state_dict()` (loading weights starts fresh
+Adam moments); learners hold no reference model (reference logprobs come from the
+controller's `Trainer.compute_logprobs`); one learner per GPU, no tensor parallelism.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from workbench.config import ConfigError, ConfigStore, TrainingConfig
+from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
+from workbench.training.update import (
+    UpdatePlan, lengths_of, plan_update, rows_of, set_actor_fields, shard_plan, split_groups, update_actor,
+    update_critic,
+)
+from workbench.trajectory import TrajectoryBatch
+
+#: Tensor fields a learner reads (the rest of the batch stays with the controller).
+LEARNER_FIELDS = ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs", "ref_logprobs",
+                  "values", "returns")
+#: Names of the `nn.ModuleList`s holding a model's blocks (each block becomes one FSDP unit).
+LAYER_LIST_NAMES = ("layers", "h", "blocks")
+
+
+def _require_ray():
+    try:
+        import ray
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ImportError("LearnerGroup needs Ray: pip install 'workbench[ray]'") from e
+    return ray
+
+
+def shard_model(module: nn.Module, mesh: Any) -> nn.Module:
+    """`fully_shard` each block (the ModuleLists named in `LAYER_LIST_NAMES`), then the
+    whole module; gradients are summed over ranks, not averaged."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    for name, child in list(module.named_modules()):
+        if isinstance(child, nn.ModuleList) and name.rsplit(".", 1)[-1] in LAYER_LIST_NAMES:
+            for block in child:
+                fully_shard(block, mesh=mesh)
+    fully_shard(module, mesh=mesh)
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.set_gradient_divide_factor(1.0)
+            m.set_force_sum_reduction_for_comms(True)  # plain SUM (gloo has no PREMUL_SUM)
+    return module
+
+
+def reshard(module: nn.Module) -> None:
+    """Put every FSDP unit back to its shard. The root unit stays gathered after a forward
+    (FSDP2 expects the backward to need it), so a no-grad forward leaves it gathered."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in module.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def _trained_names(module: nn.Module) -> set[str]:
+    return {n for n, p in module.named_parameters() if p.requires_grad}
+
+
+class LearnerWorker:
+    """One rank of the group (run as a Ray actor by `LearnerGroup`)."""
+
+    def __init__(self, config: ConfigStore, rank: int, world_size: int, num_threads: int | None = None):
+        if num_threads:
+            torch.set_num_threads(num_threads)
+        # The critic returns values.squeeze(-1), a view; nothing modifies it in place.
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .*Critic.* returned a view tensor")
+        self.config, self.rank, self.world_size = config, rank, world_size
+        self.policy: Policy | None = None
+        self.critic: Critic | None = None
+
+    def free_address(self) -> tuple[str, int]:
+        """127.0.0.1 and a free port (rank 0's rendezvous)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            return "127.0.0.1", s.getsockname()[1]
+
+    def setup(self, host: str, port: int) -> str:
+        """Join the group, build and shard the models, build the optimizers."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        cfg, t = self.config, self.config.training
+        device = cfg.model.resolved_device()
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
+                                world_size=self.world_size)
+        torch.manual_seed(t.seed)
+        self.policy = Policy(cfg.model)
+        self.policy.frozen_ref = None  # reference logprobs come from the controller
+        self.critic = Critic(cfg.model) if t.adv_estimator == "gae" else None
+        mesh = init_device_mesh(device.type, (self.world_size,))
+        for module in self._modules():
+            with torch.no_grad():
+                for p in module.parameters():
+                    if p.requires_grad:
+                        dist.broadcast(p.data, src=0)
+            shard_model(module, mesh)
+        self._build_optimizers()
+        return backend
+
+    def _modules(self) -> list[nn.Module]:
+        assert self.policy is not None
+        return [self.policy.model] + ([self.critic] if self.critic is not None else [])
+
+    def _build_optimizers(self) -> None:
+        t = self.config.training
+        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad],
+                                           lr=t.learning_rate, weight_decay=t.weight_decay)
+        self.critic_optimizer = (torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad],
+                                                   lr=t.critic_learning_rate) if self.critic is not None else None)
+
+    def update(self, batch: TrajectoryBatch, plan: UpdatePlan, t: TrainingConfig
+               ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+        """This rank's share of the update: metrics (equal on every rank) and its rows'
+        new_logprobs and entropy."""
+        model = self.policy.model
+        metrics = update_actor(model, self.optimizer, batch, t, plan)
+        if self.critic is not None and t.adv_estimator == "gae":
+            metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
+        model.eval()
+        return metrics, {k: batch.tensors[k] for k in ("new_logprobs", "entropy")}
+
+    @torch.no_grad()
+    def log_probs(self, batch: TrajectoryBatch, micro_steps: int) -> torch.Tensor:
+        """(b, T) logprobs of this rank's rows (trained positions only, others 0)."""
+        t = self.config.training
+        model = self.policy.model
+        model.eval()
+        device = next(model.parameters()).device
+        lengths = lengths_of(batch)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (b, T)
+        parts = micro_batches(lengths, t.micro_batch_size, batch.group_ids)
+        for idx in parts + [[]] * (micro_steps - len(parts)):
+            rows = idx or [0]  # padding: a forward whose result is dropped (FSDP collectives pair up)
+            T = max(lengths[i] for i in rows)
+            mask = batch.loss_mask[rows, :T].to(device)  # (b, T)
+            lp, _ = forward_logprobs(model, batch.input_ids[rows, :T].to(device),
+                                     batch.attention_mask[rows, :T].to(device), autocast=t.autocast_bf16,
+                                     loss_mask=mask, share_prefix=False)
+            if idx:  # the padded path also fills positions trained only in other rows: mask them
+                out[idx, :T] = (lp * mask).float().cpu()
+        reshard(model)
+        return out
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]] | None:
+        """Full trained weights per model (gathered on rank 0; None on other ranks)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        out = {}
+        for name, module in zip(("policy", "critic"), self._modules()):
+            reshard(module)
+            full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            keep = _trained_names(module)
+            out[name] = {k: v for k, v in full.items() if k in keep}
+        return out if self.rank == 0 else None
+
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Load full trained weights into the shards; Adam moments start fresh."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        for name, module in zip(("policy", "critic"), self._modules()):
+            if name not in state:
+                continue
+            reshard(module)
+            missing = _trained_names(module) - set(state[name])
+            if missing:
+                raise ValueError(f"{name} state lacks {len(missing)} trained weights, e.g. {sorted(missing)[:3]}")
+            set_model_state_dict(module, state[name], options=StateDictOptions(full_state_dict=True, strict=False))
+        self._build_optimizers()
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class LearnerGroup:
+    """`num_learners` Ray actors training one sharded policy (and critic) together.
+
+    Args:
+        config: the run's ConfigStore (model, training; `ray.address` if Ray is not started).
+        num_learners: ranks of the group (defaults to `config.ray.num_learners`).
+        num_gpus_per_learner: GPUs per actor; None: 1 when CUDA is available, else 0.
+        num_threads: torch threads per actor (None: torch's default).
+    """
+
+    def __init__(self, config: ConfigStore, num_learners: int | None = None,
+                 num_gpus_per_learner: float | None = None, num_threads: int | None = 1):
+        ray = _require_ray()
+        self.config = config.validate()
+        n = num_learners if num_learners is not None else config.ray.num_learners
+        if n < 1:
+            raise ConfigError(f"num_learners must be >= 1, got {n}")
+        if not ray.is_initialized():
+            ray.init(address=config.ray.address, include_dashboard=False)
+        gpus = num_gpus_per_learner if num_gpus_per_learner is not None else float(torch.cuda.is_available())
+        actor = ray.remote(num_cpus=1, num_gpus=gpus)(LearnerWorker)
+        env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+        self.num_learners = n
+        self.workers = [actor.options(runtime_env={"env_vars": env}).remote(config, r, n, num_threads)
+                        for r in range(n)]
+        host, port = ray.get(self.workers[0].free_address.remote())
+        self.backend = ray.get([w.setup.remote(host, port) for w in self.workers])[0]
+
+    def _ray(self):
+        return _require_ray()
+
+    def update(self, batch: TrajectoryBatch, step: int = 0) -> dict[str, float]:
+        """One update (all PPO epochs) of the batch, split by whole groups over the ranks.
+
+        Same contract as `Trainer.update`'s loop: sets new_logprobs, ratio, entropy (and
+        old_logprobs / kl when the update supplies them) on `batch`; returns the metrics.
+        `step` seeds the mini-batch permutation as the trainer's global step does. The loss
+        settings are read from `self.config.training` at each call (the optimizers' learning
+        rates stay as built); the critic trains when `adv_estimator` is "gae".
+        """
+        ray = self._ray()
+        t = self.config.training
+        start = time.perf_counter()
+        old_from_update = not batch.has("old_logprobs")
+        plan = plan_update(batch, t, step)
+        shards = split_groups(batch, self.num_learners)
+        plans = shard_plan(plan, batch, shards, t)
+        refs = [w.update.remote(self._part(batch, rows), p, t) for w, rows, p in zip(self.workers, shards, plans)]
+        results = ray.get(refs)
+        B, T = batch.input_ids.shape  # (B, T)
+        new_lp, ent = torch.zeros(B, T), torch.zeros(B, T)
+        for rows, (_, fields) in zip(shards, results):
+            new_lp[rows] = fields["new_logprobs"]
+            ent[rows] = fields["entropy"]
+        set_actor_fields(batch, new_lp, ent, old_from_update, t)
+        metrics = dict(results[0][0])
+        metrics["perf/update_seconds"] = time.perf_counter() - start
+        return metrics
+
+    def compute_log_probs(self, batch: TrajectoryBatch) -> torch.Tensor:
+        """(B, T) logprobs of the batch under the group's policy (trained positions only)."""
+        ray = self._ray()
+        t = self.config.training
+        shards = split_groups(batch, self.num_learners)
+        lengths, groups = lengths_of(batch), batch.group_ids
+        steps = max(len(micro_batches([lengths[i] for i in rows], t.micro_batch_size, [groups[i] for i in rows]))
+                    for rows in shards)
+        parts = ray.get([w.log_probs.remote(self._part(batch, rows), steps) for w, rows in zip(self.workers, shards)])
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (B, T)
+        for rows, lp in zip(shards, parts):
+            out[rows] = lp
+        return out
+
+    @staticmethod
+    def _part(batch: TrajectoryBatch, rows: list[int]) -> TrajectoryBatch:
+        sub = rows_of(batch, rows)
+        sub.tensors = {k: v for k, v in sub.tensors.items() if k in LEARNER_FIELDS}
+        sub.meta = {}
+        return sub
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        """{"policy": ..., "critic": ...}: full trained weights (what checkpoints and weight
+        sync need), named as in `Policy.trainable_state_dict` / `Critic.trainable_state_dict`."""
+        ray = self._ray()
+        return ray.get([w.state_dict.remote() for w in self.workers])[0]
+
+    def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
+        """Load full trained weights on every rank (optimizer moments start fresh)."""
+        ray = self._ray()
+        ref = ray.put(state)
+        ray.get([w.load_state_dict.remote(ref) for w in self.workers])
+
+    def shutdown(self) -> None:
+        """Leave the process group and end the actors."""
+        ray = self._ray()
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=60)
+        finally:
+            for w in self.workers:
+                ray.kill(w)
+            self.workers = []
+
+    def __repr__(self) -> str:
+        return f"LearnerGroup({self.num_learners} learners, backend={getattr(self, 'backend', '?')})"
