@@ -195,3 +195,35 @@ def test_tool_call_defaults():
     call = ToolCall("x", {"a": 1})
     assert call.id.startswith("call_") and call.result is None and call.success is None
     assert call.to_dict()["arguments"] == {"a": 1}
+
+
+# -- bounded JSON decoding ---------------------------------------------------------
+
+def test_loads_json_errors_are_json_decode_errors_with_a_position():
+    import json
+
+    from workbench.tools.parser_base import MAX_JSON_DEPTH, decode_json, loads_json
+
+    assert loads_json(' {"a": [1, {"b": null}]} \n') == {"a": [1, {"b": None}]}
+    assert decode_json('xx{"a": 1} tail', 2) == ({"a": 1}, 10)
+    cases = {
+        '{"a": 1} extra': "Extra data",  # as json.loads
+        "[" * (MAX_JSON_DEPTH + 1): f"JSON nested deeper than {MAX_JSON_DEPTH} levels",
+        "1" * 5000: "JSON value cannot be converted",  # int() digit limit: ValueError in json.loads
+        '{"a": ': "Expecting value",
+    }
+    for text, message in cases.items():
+        with pytest.raises(json.JSONDecodeError) as err:
+            loads_json(text)
+        assert err.value.msg.startswith(message), (text[:20], err.value.msg)
+    # brackets inside strings do not count towards the depth
+    deep_string = '{"a": "' + "[" * 1000 + '"}'
+    assert loads_json(deep_string) == {"a": "[" * 1000}
+
+
+def test_huge_integer_argument_is_a_parse_error_not_a_crash():
+    text = '{"tool": "move", "arguments": {"steps": ' + "9" * 5000 + "}}"
+    result = JSONActionParser().parse(text)
+    assert result.tool_calls == [] and "JSON value cannot be converted" in result.error
+    call = ToolCall("move", {"input": "9" * 5000}, raw_arguments=True)
+    assert resolve_raw_arguments(call, MOVE) == {"steps": "9" * 5000}  # left as text, not a ValueError

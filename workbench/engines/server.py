@@ -28,7 +28,17 @@ SGLang (`kind="sglang"`, `python -m sglang.launch_server --model-path ... --port
 Failures: connection errors, timeouts and HTTP 5xx are retried `max_retries` times
 with exponential backoff (`backoff * 2**attempt` seconds); then EngineError names the
 backend, the URL and the cause. HTTP 4xx (e.g. a prompt longer than the server's
-context) is not retried: that prompt gets `finish_reason="error"`.
+context) is not retried: that prompt gets `finish_reason="error"`, no tokens, and an
+`error` naming the backend, the URL, the status and the server's message (the rollout
+ends that episode with the error recorded; it never becomes an empty action).
+
+Replies are not trusted. An answer is refused with EngineError (naming the backend,
+the URL and what is wrong; never retried) when: a token id is not an integer in
+`[0, vocab_size)` (`vocab_size` defaults to `len(tokenizer)`), it holds more than
+`max_tokens` tokens, a logprob is not a finite number, or the body is larger than
+`max_response_bytes` (read in chunks, so an oversized body is never held whole).
+Only `http://` and `https://` base URLs are accepted, and redirects to any other
+scheme are refused.
 
 Weights: a server's weights belong to the server. `sync_weights` raises EngineError
 by default (`on_sync="ignore"` makes it a no-op for evaluation with a fixed policy).
@@ -38,9 +48,11 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import math
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal
@@ -48,6 +60,9 @@ from typing import Any, Literal
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 
 _RETRY_STATUSES = range(500, 600)
+_SCHEMES = ("http", "https")
+_CHUNK = 1 << 16
+DEFAULT_MAX_RESPONSE_BYTES = 16 << 20
 
 
 class _Retryable(Exception):
@@ -56,6 +71,36 @@ class _Retryable(Exception):
 
 class _RequestRejected(Exception):
     """HTTP 4xx: the server understood the request and refused it."""
+
+
+class _Fatal(Exception):
+    """A failure that retrying cannot fix (oversized body, redirect off http/https)."""
+
+
+class _BadAnswer(ValueError):
+    """A well-formed reply whose content cannot be right (ids, length, logprobs)."""
+
+
+def _check_url(url: str) -> None:
+    """ValueError unless `url` is an http:// or https:// URL with a host."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme.lower() not in _SCHEMES or not parts.netloc:
+        raise ValueError(
+            f"server URL must start with http:// or https:// and name a host (e.g. http://127.0.0.1:8000), "
+            f"got {url!r}"
+        )
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follow redirects only to http/https URLs (urllib would follow ftp:// too)."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: D102 (urllib hook)
+        if urllib.parse.urlsplit(newurl).scheme.lower() not in _SCHEMES:
+            raise _Fatal(f"HTTP {code} redirect to {newurl!r} refused: only http:// and https:// are followed")
+        return super().redirect_request(req, fp, code, msg, headers, newurl)
+
+
+_OPENER = urllib.request.build_opener(_HttpOnlyRedirects)
 
 
 class ServerEngine(GenerationEngine):
@@ -74,13 +119,29 @@ class ServerEngine(GenerationEngine):
         backoff: float = 0.5,
         max_concurrency: int = 64,
         on_sync: Literal["error", "ignore"] = "error",
+        vocab_size: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ):
-        """`model` is the served model name for vLLM (None: the first of /v1/models)."""
+        """`model` is the served model name for vLLM (None: the first of /v1/models).
+
+        `vocab_size` bounds the token ids a reply may hold (None: `len(tokenizer)`; no
+        upper bound when there is no tokenizer either). `max_response_bytes` caps the
+        size of one HTTP answer.
+        """
         super().__init__(tokenizer)
         if kind not in ("vllm", "sglang"):
             raise ValueError(f"kind must be 'vllm' or 'sglang', got {kind!r}")
         if on_sync not in ("error", "ignore"):
             raise ValueError(f"on_sync must be 'error' or 'ignore', got {on_sync!r}")
+        _check_url(str(base_url))
+        if int(max_response_bytes) < 1:
+            raise ValueError(f"max_response_bytes must be >= 1, got {max_response_bytes}")
+        if vocab_size is None and tokenizer is not None:
+            vocab_size = len(tokenizer) if hasattr(tokenizer, "__len__") else getattr(tokenizer, "vocab_size", None)
+        if vocab_size is not None and int(vocab_size) < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {vocab_size}")
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
+        self.max_response_bytes = int(max_response_bytes)
         self.base_url = base_url.rstrip("/")
         self.kind = kind
         self.model = model
@@ -99,20 +160,27 @@ class ServerEngine(GenerationEngine):
         return f"server backend ({self.kind} at {self.base_url})"
 
     def _http(self, method: str, path: str, body: dict | None = None, timeout: float | None = None) -> Any:
-        """One HTTP exchange; raises _Retryable or _RequestRejected."""
+        """One HTTP exchange; raises _Retryable, _RequestRejected or _Fatal."""
+        url = self.base_url + path
+        _check_url(url)
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
-            self.base_url + path, data=data, method=method,
+            url, data=data, method=method,
             headers={"Content-Type": "application/json", "Accept": "application/json"},
         )
         try:
-            with urllib.request.urlopen(req, timeout=timeout or self.timeout) as resp:
-                raw = resp.read()
+            with _OPENER.open(req, timeout=timeout or self.timeout) as resp:
+                raw = self._read_capped(resp, url, timeout or self.timeout)
         except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
+            try:
+                detail = exc.read(2000).decode(errors="replace")[:500]
+            except Exception:  # the error body is only for the message
+                detail = ""
             if exc.code in _RETRY_STATUSES:
-                raise _Retryable(f"HTTP {exc.code}: {detail}") from exc
-            raise _RequestRejected(f"HTTP {exc.code}: {detail}") from exc
+                raise _Retryable(f"HTTP {exc.code} from {method} {url}: {detail}") from exc
+            raise _RequestRejected(f"{method} {url} answered HTTP {exc.code}: {detail}") from exc
+        except _Fatal:
+            raise
         except urllib.error.URLError as exc:
             raise _Retryable(_describe(exc.reason)) from exc
         except (socket.timeout, TimeoutError) as exc:
@@ -121,8 +189,29 @@ class ServerEngine(GenerationEngine):
             raise _Retryable(_describe(exc)) from exc
         try:
             return json.loads(raw)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise _Retryable(f"invalid JSON in the answer: {raw[:200]!r}") from exc
+
+    def _read_capped(self, resp: Any, url: str, timeout: float) -> bytes:
+        """The body, read in chunks; _Fatal as soon as it exceeds `max_response_bytes`,
+        _Retryable when it is still incomplete `timeout` seconds after the headers came."""
+        cap, deadline = self.max_response_bytes, time.monotonic() + timeout
+        too_big = (f"the answer from {url} is larger than max_response_bytes={cap} bytes; a reply for "
+                   "max_tokens tokens should be far smaller (check the server), or raise max_response_bytes")
+        declared = resp.headers.get("Content-Length")
+        if declared is not None and declared.strip().isdigit() and int(declared) > cap:
+            raise _Fatal(f"{too_big} (Content-Length: {int(declared)})")
+        chunks, size = [], 0
+        while True:
+            chunk = resp.read(min(_CHUNK, cap + 1 - size))
+            if not chunk:
+                return b"".join(chunks)
+            size += len(chunk)
+            if size > cap:
+                raise _Fatal(too_big)
+            if time.monotonic() > deadline:
+                raise _Retryable(f"the answer from {url} was still incomplete after {timeout:g} s ({size} bytes)")
+            chunks.append(chunk)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:
         """`_http` with retries and exponential backoff; EngineError when they run out."""
@@ -136,14 +225,17 @@ class ServerEngine(GenerationEngine):
                 return self._http(method, path, body)
             except _Retryable as exc:
                 cause = str(exc)
+            except _Fatal as exc:
+                raise EngineError(f"{self._where()}: {exc}") from exc
         hint = " — is the server running?" if "refused" in cause or "closed" in cause or "reset" in cause else ""
         raise EngineError(f"{self._where()}: {cause} after {self.max_retries} retries{hint}")
 
     def health(self, timeout: float = 5.0) -> bool:
         """True when the server answers its health endpoint (no retries)."""
         try:
+            _check_url(self.base_url)
             req = urllib.request.Request(self.base_url + "/health", method="GET")
-            with urllib.request.urlopen(req, timeout=timeout) as resp:
+            with _OPENER.open(req, timeout=timeout) as resp:
                 return 200 <= resp.status < 300
         except Exception:
             return False
@@ -206,9 +298,30 @@ class ServerEngine(GenerationEngine):
         except _RequestRejected as exc:
             return GenerationResult([], [], "error", error=f"{self._where()}: {exc}")
         try:
-            return self._parse_vllm(answer) if self.kind == "vllm" else self._parse_sglang(answer)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise EngineError(f"{self._where()}: unexpected answer ({exc!r}): {json.dumps(answer)[:300]}") from exc
+            result = self._parse_vllm(answer) if self.kind == "vllm" else self._parse_sglang(answer)
+            self._check_result(result, params)
+        except _BadAnswer as exc:
+            raise EngineError(f"{self._where()}: refused the answer to {path}: {exc}") from exc
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
+            raise EngineError(f"{self._where()}: unexpected answer ({exc!r}): {_preview(answer)}") from exc
+        return result
+
+    def _check_result(self, result: GenerationResult, params: SamplingParams) -> None:
+        """_BadAnswer unless ids are in the vocabulary, at most max_tokens, logprobs finite."""
+        ids, logprobs = result.token_ids, result.logprobs
+        if len(ids) > params.max_tokens:
+            raise _BadAnswer(f"{len(ids)} tokens for max_tokens={params.max_tokens}; the server ignored the "
+                             "token limit (check that it honours max_tokens / max_new_tokens)")
+        top = self.vocab_size
+        for pos, t in enumerate(ids):
+            if t < 0 or (top is not None and t >= top):
+                bound = f"[0, {top})" if top is not None else ">= 0"
+                raise _BadAnswer(f"token id {t} at position {pos} is outside the vocabulary {bound}; does the "
+                                 "server serve the model this tokenizer belongs to? (or pass vocab_size=)")
+        for pos, lp in enumerate(logprobs):
+            if not math.isfinite(lp):
+                raise _BadAnswer(f"logprob {lp} at position {pos} is not a finite number; the server's numerics "
+                                 "broke (check its dtype and --logprobs-mode raw_logprobs)")
 
     def _vllm_body(self, prompt: list[int], params: SamplingParams, seed: int | None) -> dict:
         greedy = params.temperature == 0
@@ -242,10 +355,10 @@ class ServerEngine(GenerationEngine):
             if label_ids is None:
                 raise ValueError("the answer has neither token_ids nor token-id logprob labels")
             ids = label_ids
-        ids = [int(t) for t in ids]
+        ids = [_token_id(t) for t in ids]
         if label_ids is not None and label_ids != ids:
-            raise ValueError(f"token_ids {ids} disagree with the logprob labels {label_ids}")
-        logprobs = [float(x) for x in lp.get("token_logprobs") or []]
+            raise ValueError(f"token_ids {ids[:20]} disagree with the logprob labels {label_ids[:20]}")
+        logprobs = [_logprob(x) for x in lp.get("token_logprobs") or []]
         if len(logprobs) != len(ids):
             raise ValueError(f"{len(ids)} tokens but {len(logprobs)} logprobs (send logprobs=0)")
         usage = answer.get("usage") or {}
@@ -277,11 +390,11 @@ class ServerEngine(GenerationEngine):
             answer = answer[0]
         meta = answer["meta_info"]
         triples = meta["output_token_logprobs"]
-        ids = [int(t[1]) for t in triples]
-        logprobs = [float(t[0]) for t in triples]
+        ids = [_token_id(t[1]) for t in triples]
+        logprobs = [_logprob(t[0]) for t in triples]
         out_ids = answer.get("output_ids")
-        if out_ids is not None and [int(t) for t in out_ids][: len(ids)] != ids:
-            raise ValueError(f"output_ids {out_ids} disagree with output_token_logprobs ids {ids}")
+        if out_ids is not None and [_token_id(t) for t in out_ids[: len(ids)]] != ids:
+            raise ValueError(f"output_ids {out_ids[:20]} disagree with output_token_logprobs ids {ids[:20]}")
         finish = meta.get("finish_reason")
         kind = finish.get("type") if isinstance(finish, dict) else finish
         cached = int(meta.get("cached_tokens") or 0)
@@ -309,6 +422,27 @@ class ServerEngine(GenerationEngine):
 
     def __repr__(self) -> str:
         return f"ServerEngine(kind={self.kind!r}, base_url={self.base_url!r})"
+
+
+def _token_id(value: Any) -> int:
+    """A token id from JSON: an int (not a bool, not a float such as 1e9)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _BadAnswer(f"token id {value!r} is not an integer")
+    return value
+
+
+def _logprob(value: Any) -> float:
+    """A logprob from JSON: a number (not a string or bool); finiteness is checked later."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise _BadAnswer(f"logprob {value!r} is not a number")
+    return float(value)
+
+
+def _preview(answer: Any) -> str:
+    try:
+        return json.dumps(answer)[:300]
+    except (TypeError, ValueError, RecursionError):
+        return repr(answer)[:300]
 
 
 def _describe(reason: Any) -> str:

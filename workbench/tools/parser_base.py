@@ -2,13 +2,22 @@
 
 Also holds the helpers the concrete parsers in :mod:`workbench.tools.parsers`
 share (argument normalisation, example arguments for prompts, JSON error
-text) and :func:`resolve_raw_arguments`, which maps a bare argument value onto
-a tool's single parameter.
+text, bounded JSON decoding) and :func:`resolve_raw_arguments`, which maps a
+bare argument value onto a tool's single parameter.
+
+Model output is untrusted input. Every JSON value the parsers decode goes through
+:func:`decode_json` / :func:`loads_json`: an iterative pre-scan refuses nesting
+deeper than :data:`MAX_JSON_DEPTH` before the (recursive) standard decoder runs,
+and every decoding failure -- including numbers too long for ``int`` -- is a
+:class:`json.JSONDecodeError` with a position, never a ``RecursionError`` or a
+bare ``ValueError``. Text longer than a parser's ``max_chars`` is not scanned at
+all; it is a parse error that tells the model to write less.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -16,7 +25,75 @@ from typing import Any, Iterable
 
 from .base import Tool, ToolDefinition
 
-__all__ = ["ToolCall", "ParseResult", "ActionParser", "example_arguments", "resolve_raw_arguments"]
+__all__ = ["ToolCall", "ParseResult", "ActionParser", "example_arguments", "resolve_raw_arguments",
+           "decode_json", "loads_json", "MAX_JSON_DEPTH", "DEFAULT_MAX_CHARS"]
+
+MAX_JSON_DEPTH = 64
+"""Deepest JSON nesting (objects and arrays) a parser decodes; deeper is a parse error."""
+
+DEFAULT_MAX_CHARS = 1_000_000
+"""Longest model output a parser scans; longer output is a parse error (no scanning)."""
+
+_DECODER = json.JSONDecoder()
+# One token of a JSON-ish scan: a string (closing quote optional, so an unterminated
+# string ends the scan instead of backtracking) or a bracket. Linear: the string
+# pattern is the unrolled loop "[^"\\]*(\\.[^"\\]*)*", whose pieces cannot overlap.
+_SCAN_RE = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.S)
+_WS_RE = re.compile(r"[ \t\n\r]*")
+
+
+def _too_deep_at(text: str, start: int, max_depth: int = MAX_JSON_DEPTH) -> int:
+    """Position where the JSON value at ``start`` nests deeper than ``max_depth``, or -1.
+
+    Iterative and linear: stops at the bracket that closes the value at ``start`` (or
+    the end of the text). Brackets inside strings are not counted.
+    """
+    depth = 0
+    for m in _SCAN_RE.finditer(text, start):
+        c = text[m.start()]
+        if c == '"':
+            if depth == 0:
+                return -1  # a bare string value
+            continue
+        if c in "{[":
+            depth += 1
+            if depth > max_depth:
+                return m.start()
+        else:
+            depth -= 1
+            if depth <= 0:
+                return -1
+    return -1
+
+
+def decode_json(text: str, start: int = 0) -> tuple[Any, int]:
+    """``json.JSONDecoder().raw_decode(text, start)`` made safe for untrusted text.
+
+    Returns (value, end). Raises :class:`json.JSONDecodeError` (with a position) for
+    invalid JSON, nesting deeper than :data:`MAX_JSON_DEPTH`, and numbers too long
+    to convert; nothing else.
+    """
+    deep = _too_deep_at(text, start) if text[start:start + 1] in ("{", "[") else -1
+    if deep >= 0:
+        raise json.JSONDecodeError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels", text, deep)
+    try:
+        return _DECODER.raw_decode(text, start)
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:  # the caller's own stack was already deep
+        raise json.JSONDecodeError("JSON nested too deeply", text, start) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise json.JSONDecodeError(f"JSON value cannot be converted ({str(exc)[:80]})", text, start) from None
+
+
+def loads_json(text: str) -> Any:
+    """``json.loads`` for untrusted text, with the guarantees of :func:`decode_json`."""
+    begin = _WS_RE.match(text).end()
+    value, end = decode_json(text, begin)
+    end = _WS_RE.match(text, end).end()
+    if end != len(text):
+        raise json.JSONDecodeError("Extra data", text, end)
+    return value
 
 
 def _new_call_id() -> str:
@@ -128,7 +205,7 @@ def _coerce_arguments(value: Any, where: str) -> tuple[dict[str, Any] | None, bo
         stripped = value.strip()
         if stripped.startswith("{"):
             try:
-                decoded = json.loads(stripped)
+                decoded = loads_json(stripped)
             except json.JSONDecodeError as exc:
                 return None, False, f"{where}: 'arguments' string is not valid JSON: {_json_error(exc)}"
             if isinstance(decoded, dict):
@@ -162,7 +239,7 @@ def resolve_raw_arguments(call: ToolCall, definition: ToolDefinition | None) -> 
     target_type = definition.properties.get(target, {}).get("type")
     if isinstance(value, str) and target_type not in (None, "string"):
         try:
-            value = json.loads(value)
+            value = loads_json(value)
         except json.JSONDecodeError:
             pass
     elif not isinstance(value, str) and target_type == "string":
@@ -174,10 +251,29 @@ class ActionParser(ABC):
     """Base class: ``parse(text) -> ParseResult`` plus prompt instructions for the format."""
 
     name: str = ""
+    max_chars: int = DEFAULT_MAX_CHARS
+    """Longest text :meth:`parse` scans; longer text is a parse error."""
 
     @abstractmethod
     def parse(self, text: str) -> ParseResult:
-        """Extract tool calls, free text and a final answer from ``text``."""
+        """Extract tool calls, free text and a final answer from ``text``.
+
+        Never raises for any ``str``: format problems (including text longer than
+        ``max_chars`` and JSON nested deeper than :data:`MAX_JSON_DEPTH`) are
+        ``ParseResult.error``. Raises TypeError when ``text`` is not a ``str``.
+        """
+
+    def _refuse(self, text: Any) -> ParseResult | None:
+        """The parse error for text that must not be scanned (too long), else None."""
+        if not isinstance(text, str):
+            raise TypeError(f"{type(self).__name__}.parse expects the model output as str, got {type(text).__name__}")
+        if len(text) > self.max_chars:
+            return ParseResult(
+                content=text,
+                error=(f"the reply is {len(text)} characters long; at most {self.max_chars} are read. "
+                       "Write a shorter reply with just the call"),
+            )
+        return None
 
     @abstractmethod
     def format_instructions(self, tools: Iterable[ToolDefinition | Tool] | None = None) -> str:

@@ -13,6 +13,15 @@ Three formats are supported, each with matching prompt instructions:
 Every parser returns a :class:`ParseResult`. When ``error`` is set the result
 holds no tool calls at all, so a broken turn is never half-executed.
 
+Model output is untrusted: for any ``str`` the parsers return a result (they raise
+only TypeError for a non-``str``), in time linear in its length. Text longer than
+``max_chars`` (default :data:`~workbench.tools.parser_base.DEFAULT_MAX_CHARS`) is
+an error without being scanned; JSON is decoded with a nesting cap
+(:func:`~workbench.tools.parser_base.decode_json`), so 10,000 nested brackets are
+a parse error the model can read, not a ``RecursionError``; the regular
+expressions have no overlapping adjacent quantifiers (no backtracking blow-up),
+and the JSON scan stops at the first broken object.
+
 Raw (non-JSON-object) arguments, as in ``Action Input: left``, are stored as
 ``{"input": value}`` with ``ToolCall.raw_arguments = True``;
 :func:`resolve_raw_arguments` maps them onto the tool's single parameter.
@@ -26,6 +35,7 @@ from typing import Any, Iterable
 
 from .base import Tool, ToolDefinition
 from .parser_base import (
+    DEFAULT_MAX_CHARS,
     ActionParser,
     ParseResult,
     ToolCall,
@@ -36,7 +46,9 @@ from .parser_base import (
     _names,
     _new_call_id,
     _tool_list,
+    decode_json,
     example_arguments,
+    loads_json,
     resolve_raw_arguments,
 )
 
@@ -68,13 +80,22 @@ class JSONActionParser(ActionParser):
     Also accepted: ``{"name": ..., "arguments": ...}``, ``{"action": ..., "action_input": ...}``
     (LangChain style; ``"action": "Final Answer"`` sets ``final_answer``) and
     ``{"final_answer": "..."}``. Several objects in one output give several calls.
-    Broken JSON that starts like an object gives ``error`` with the position.
+    Broken JSON that starts like an object (``{"``, ``{'`` or ``{}``) gives ``error``
+    with the position; the text after it is not scanned.
+
+    Args:
+        max_chars: Longest text scanned; longer text is a parse error.
     """
 
     name = "json"
 
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self.max_chars = int(max_chars)
+
     def parse(self, text: str) -> ParseResult:
-        decoder = json.JSONDecoder()
+        refused = self._refuse(text)
+        if refused is not None:
+            return refused
         calls: list[ToolCall] = []
         spans: list[tuple[int, int]] = []
         final_answer: str | None = None
@@ -85,13 +106,14 @@ class JSONActionParser(ActionParser):
             start = text.find("{", pos)
             if start < 0:
                 break
-            try:
-                obj, end = decoder.raw_decode(text, start)
-            except json.JSONDecodeError as exc:
-                if broken is None and _JSON_ATTEMPT_RE.match(text, start):
-                    broken = f"Invalid JSON: {_json_error(exc)}"
-                pos = start + 1
+            if not _JSON_ATTEMPT_RE.match(text, start):
+                pos = start + 1  # "{x", "{{", "{1": no JSON object starts here (decoding would fail at once)
                 continue
+            try:
+                obj, end = decode_json(text, start)
+            except json.JSONDecodeError as exc:
+                broken = f"Invalid JSON: {_json_error(exc)}"
+                break  # the turn is an error now; scanning on could only cost time
             pos = end
             raw = text[start:end]
             call, answer, problem = self._interpret(obj, raw, len(calls) + 1)
@@ -187,12 +209,17 @@ class JSONActionParser(ActionParser):
 # ReAct
 # ---------------------------------------------------------------------------
 
-_LABEL = r"^[ \t]*\**[ \t]*{label}[ \t]*\**[ \t]*:[ \t]*\**[ \t]*"
-_ACTION_RE = re.compile(_LABEL.format(label=r"Action(?:[ \t]*\d+)?") + r"(.*?)[ \t]*$", re.M | re.I)
+# A label line such as "**Action:**": spaces, tabs and markdown stars around the label and
+# its colon. The runs are atomic ("(?>...)"), so a long run of spaces cannot be split two
+# ways between adjacent quantifiers (which made the old pattern quadratic).
+_LABEL = r"^(?>[ \t*]*){label}(?>[ \t*]*):(?>[ \t*]*)"
+_ACTION_RE = re.compile(_LABEL.format(label=r"Action(?:[ \t]*\d+)?") + r"([^\n]*)", re.M | re.I)
 _INPUT_RE = re.compile(_LABEL.format(label=r"Action[ \t]*Input(?:[ \t]*\d+)?"), re.M | re.I)
 _FINAL_RE = re.compile(_LABEL.format(label=r"Final[ \t]*Answer"), re.M | re.I)
 _STOP_RE = re.compile(_LABEL.format(label=r"(?:Observation|Thought|Action|Final[ \t]*Answer)"), re.M | re.I)
 _THOUGHT_RE = re.compile(_LABEL.format(label="Thought"), re.M | re.I)
+_OBSERVATION_RE = re.compile(r"^[ \t]*Observation[ \t]*:", re.M | re.I)
+_FENCE_OPEN_RE = re.compile(r"```[A-Za-z]*\s*")
 
 
 class ReActActionParser(ActionParser):
@@ -204,16 +231,25 @@ class ReActActionParser(ActionParser):
     with ``raw_arguments=True`` (see :func:`resolve_raw_arguments`). Input that
     starts with ``{`` but is not valid JSON is a parse error. ``content`` is the
     thought text before the action (without the ``Thought:`` label).
+
+    Args:
+        max_chars: Longest text scanned; longer text is a parse error.
     """
 
     name = "react"
 
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+        self.max_chars = int(max_chars)
+
     def parse(self, text: str) -> ParseResult:
+        refused = self._refuse(text)
+        if refused is not None:
+            return refused
         action = _ACTION_RE.search(text)
         final = _FINAL_RE.search(text)
         if final is not None and (action is None or final.start() < action.start()):
             answer = text[final.end():]
-            observation = re.search(r"^[ \t]*Observation[ \t]*:", answer, re.M | re.I)
+            observation = _OBSERVATION_RE.search(answer)
             if observation:
                 answer = answer[: observation.start()]
             return ParseResult(content=self._thought(text[: final.start()]), final_answer=answer.strip())
@@ -246,8 +282,9 @@ class ReActActionParser(ActionParser):
     @staticmethod
     def _strip_fence(value: str) -> str:
         if value.startswith("```"):
-            value = re.sub(r"^```[A-Za-z]*\s*", "", value)
-            value = re.sub(r"\s*```\s*$", "", value)
+            value = value[_FENCE_OPEN_RE.match(value).end():].rstrip()
+            if value.endswith("```"):
+                value = value[:-3]
         elif len(value) >= 2 and value[0] == value[-1] == "`":
             value = value[1:-1]
         return value.strip()
@@ -256,7 +293,7 @@ class ReActActionParser(ActionParser):
     def _decode_input(raw_input: str) -> tuple[dict[str, Any], bool, str | None]:
         if raw_input.startswith(("{", "[", '"')):
             try:
-                value, _ = json.JSONDecoder().raw_decode(raw_input)
+                value, _ = decode_json(raw_input)
             except json.JSONDecodeError as exc:
                 return {}, False, f"Invalid JSON in Action Input: {_json_error(exc)}"
             if isinstance(value, dict):
@@ -314,14 +351,19 @@ class FunctionCallingParser(ActionParser):
         allow_unclosed: Accept a final ``<tool_call>`` without ``</tool_call>``
             (useful when the closing tag is a generation stop string that the
             engine strips). Off by default.
+        max_chars: Longest text scanned; longer text is a parse error.
     """
 
     name = "function_calling"
 
-    def __init__(self, allow_unclosed: bool = False) -> None:
+    def __init__(self, allow_unclosed: bool = False, max_chars: int = DEFAULT_MAX_CHARS) -> None:
         self.allow_unclosed = allow_unclosed
+        self.max_chars = int(max_chars)
 
     def parse(self, text: str) -> ParseResult:
+        refused = self._refuse(text)
+        if refused is not None:
+            return refused
         calls: list[ToolCall] = []
         outside: list[str] = []
         pos = 0
@@ -363,7 +405,7 @@ class FunctionCallingParser(ActionParser):
         if not body:
             return None, f"{where} is empty"
         try:
-            obj = json.loads(body)
+            obj = loads_json(body)
         except json.JSONDecodeError as exc:
             return None, f"{where} is not valid JSON: {_json_error(exc)}"
         if not isinstance(obj, dict):
