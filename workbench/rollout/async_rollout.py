@@ -119,6 +119,9 @@ class AsyncRollout(Rollout):
         self._engine_error = None
         in_flight = 0
         clean = False
+        from workbench.training.progress import EpisodeBar  # lazy: workbench.training imports this module
+
+        bar = EpisodeBar(self.slots, self.progress, self.progress_desc, self.progress_leave)
         try:
             for i in live:
                 in_flight += self._request_turn(i, events, turns_left)
@@ -129,10 +132,12 @@ class AsyncRollout(Rollout):
                     in_flight += self._on_generated(i, payload, pool, events)
                 else:
                     self._on_stepped(i, payload)
+                    bar.refresh()
                     if not self.slots[i].episode.done and self._engine_error is None:
                         in_flight += self._request_turn(i, events, turns_left)
             clean = True
         finally:
+            bar.__exit__(None, None, None)
             pool.shutdown(wait=clean, cancel_futures=not clean)
             self.turn_counter = max((len(s.episode.turns) for s in self.slots), default=0)
         if self._engine_error is not None:
@@ -198,6 +203,10 @@ class AsyncRollout(Rollout):
                 self._engine_error = exc
             return 0
         self._event("generated", index, turn, len(result.token_ids))
+        if result.finish_reason == "error":  # as in Rollout.step: the episode ends, no empty action
+            self._fail(slot, f"{self.engine.name} engine: {result.error or 'generation failed'}")
+            self._event("done", index, turn)
+            return 0
         text = self.renderer.action_text(result.token_ids)
         manager = slot.manager
 

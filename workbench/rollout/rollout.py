@@ -89,6 +89,9 @@ class Rollout:
         step_timeout: seconds each `env.reset`/`env.step` may take before its episode
             ends with a timeout error (None: no limit). Default: each environment's
             `config.step_timeout` (`EnvironmentConfig`, 60 s), else 60 s.
+        progress: a `tqdm.auto` bar over ended episodes during `run()`: True, False, or
+            None for automatic (`workbench.training.progress.progress_enabled`); its label
+            is `self.progress_desc`, and `self.progress_leave=False` clears it when done.
     """
 
     def __init__(
@@ -109,6 +112,7 @@ class Rollout:
         check_alignment: bool = True,
         initial_prompt: str | None = None,
         step_timeout: Any = _FROM_ENV,
+        progress: bool | None = None,
     ):
         if not environments:
             raise ValueError("Rollout needs at least one environment")
@@ -116,6 +120,7 @@ class Rollout:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         n = len(environments)
         self.engine = engine
+        self.progress, self.progress_desc, self.progress_leave = progress, "rollout", True
         self.tokenizer = engine.tokenizer
         self.renderer = ChatRenderer(self.tokenizer)
         self.environments = list(environments)
@@ -282,7 +287,10 @@ class Rollout:
             advanced.append(i)
         model_idx = [i for i in self.live if i not in human_actions]
         for i, result in self._generate(model_idx):
-            self._apply_action(self.slots[i], result.token_ids, result.logprobs, result.finish_reason)
+            if result.finish_reason == "error":  # no usable turn: end the episode, never step an empty action
+                self._fail(self.slots[i], f"{self.engine.name} engine: {result.error or 'generation failed'}")
+            else:
+                self._apply_action(self.slots[i], result.token_ids, result.logprobs, result.finish_reason)
             advanced.append(i)
         self.turn_counter += 1
         return sorted(advanced)
@@ -292,9 +300,13 @@ class Rollout:
         if not self.slots:
             self.reset()
         steps = 0
-        while self.live and (max_steps is None or steps < max_steps):
-            self.step()
-            steps += 1
+        from workbench.training.progress import EpisodeBar  # lazy: workbench.training imports this module
+
+        with EpisodeBar(self.slots, self.progress, self.progress_desc, self.progress_leave) as bar:
+            while self.live and (max_steps is None or steps < max_steps):
+                self.step()
+                steps += 1
+                bar.refresh()
         batch = self.batch
         batch.meta.update({k: v for k, v in self.fault_metrics().items() if v})
         return batch

@@ -5,7 +5,7 @@
     batch = trainer.score(batch)           # token_level_scores / rewards, episode.score
     batch = trainer.compute_advantages(batch)   # old/ref logprobs, KL, values, advantages
     metrics = trainer.update(batch)        # PPO/GRPO epochs; new logprobs, ratio, entropy
-    trainer.fit(num_epochs=2, num_iters_per_epoch=10)   # the same, looped, with checkpoints
+    trainer.fit(steps=20)                  # the same, looped, with checkpoints: 20 more steps
 
 The trainer is glue: numerics live in `workbench.algo`, token bookkeeping in
 `workbench.rollout`, models in `workbench.training.policy`. Every stage returns the
@@ -25,7 +25,7 @@ import gc
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import yaml
@@ -34,11 +34,14 @@ from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.engines import GenerationEngine, make_engine
 from workbench.env_registry import describe_env, make_env
+from workbench.data import EpisodeDataset, PromptEnvironment, episode_inputs
 from workbench.reward import RewardFn, token_level_scores
 from workbench.rollout.async_rollout import AsyncRollout
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
+from workbench.training.loggers import LoggerGroup
 from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
+from workbench.training.progress import fit_postfix, progress_bar
 from workbench.training.update import plan_update, update_actor, update_critic
 from workbench.trajectory import TrajectoryBatch
 
@@ -47,6 +50,10 @@ Callback = Callable[["Trainer", dict], None]
 #: Estimators whose advantages are rewards relative to the episode's group: a group
 #: with identical rewards contributes nothing to the update.
 GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+
+
+class FitTargetReachedWarning(UserWarning):
+    """`fit` was given an absolute target step the trainer has already reached: nothing trained."""
 
 
 class ZeroVarianceWarning(UserWarning):
@@ -64,8 +71,11 @@ class Trainer:
             (`describe_env`: the name that rebuilds it, `import_path`, params).
         reward_fn: `fn(trajectory)` or `fn(trajectory, environment)` -> float; None
             uses the environment's rewards.
-        dataset: optional iterable of environment seeds to draw episode groups from
-            (cycled); default: fresh seeds derived from `training.seed` and the step.
+        dataset: items to draw episode groups from (cycled): int environment seeds, or
+            dicts with `prompt` and/or `seed` / `params` (see `workbench.data`), as a list
+            or any map-style Dataset (indexed, never iterated); without an environment, a
+            prompt dataset runs single-turn episodes (`PromptEnvironment`). Default: fresh
+            seeds derived from `training.seed` and the step.
         tools: extra tools offered in every episode.
         parser: action parser for all episodes (default: each env's `action_parser`).
         engine: an already running generation engine to sample with instead of starting
@@ -75,7 +85,7 @@ class Trainer:
     """
 
     def __init__(self, config: ConfigStore, environment: Any = None, reward_fn: RewardFn | None = None,
-                 dataset: Iterable[int] | None = None, tools: Sequence[Any] = (), parser: Any = None,
+                 dataset: Any = None, tools: Sequence[Any] = (), parser: Any = None,
                  engine: GenerationEngine | None = None):
         self.config = config.validate()
         if config.ray.use_ray:
@@ -83,11 +93,13 @@ class Trainer:
                               "(scale generation with inference.backend='vllm' and model.tensor_parallel_size)")
         t = config.training
         torch.manual_seed(t.seed)
+        self.dataset = EpisodeDataset(dataset) if dataset is not None else None
+        if environment is None and self.dataset is not None and self.dataset.has_prompts:
+            environment = PromptEnvironment(config.environment)  # a prompt dataset: single-turn episodes
         self.environment = environment if environment is not None else _default_env(config)
         # Record what this run trains on (name that rebuilds it, class, params) in the config.
         self.config.environment = describe_env(self._make_env())
         self.reward_fn = reward_fn
-        self.dataset = list(dataset) if dataset is not None else None
         self.tools, self.parser = list(tools), parser
         self.policy = Policy(config.model)
         self.tokenizer = self.policy.tokenizer
@@ -136,15 +148,18 @@ class Trainer:
         """A `Rollout` over `group_size` episodes per seed with this run's settings
         (an `AsyncRollout` when `inference.async_rollout` is set)."""
         inf = self.config.inference
-        all_seeds = [s for s in seeds for _ in range(group_size)]
+        envs, all_seeds, group_ids = episode_inputs(self._make_env, [s for s in seeds for _ in range(group_size)])
         cls = AsyncRollout if inf.async_rollout else Rollout
-        return cls(
-            self.engine, [self._make_env() for _ in all_seeds], seeds=all_seeds,
+        rollout = cls(
+            self.engine, envs, seeds=all_seeds, group_ids=group_ids,
             max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
             temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
             top_k=inf.top_k, max_context_tokens=inf.max_context_tokens, seed=sampling_seed,
             parser=self.parser, tools=self.tools, step_timeout=self.config.environment.step_timeout,
+            progress=self.config.training.progress,
         )
+        rollout.progress_leave = not getattr(self, "_fitting", False)  # fit's own bar stays, step bars go
+        return rollout
 
     @torch.no_grad()
     def rollout(self) -> TrajectoryBatch:
@@ -305,8 +320,21 @@ class Trainer:
         return metrics
 
     def fit(self, num_epochs: int | None = None, num_iters_per_epoch: int | None = None,
-            callbacks: Sequence[Callback] = (), time_limit_s: float | None = None) -> list[dict[str, float]]:
-        """Train for `num_epochs` x `num_iters_per_epoch` steps, checkpointing as configured.
+            callbacks: Sequence[Callback] = (), time_limit_s: float | None = None, *,
+            steps: int | None = None, until_step: int | None = None) -> list[dict[str, float]]:
+        """Train in a loop, checkpointing and logging as configured; returns `metrics_history`.
+
+        How far (give one of them):
+            steps: N more steps from where the trainer is (after resuming), so running a
+                cell with `fit(steps=20)` again trains 20 more.
+            until_step: up to the absolute step `until_step` (`global_step == until_step`).
+            num_epochs, num_iters_per_epoch: the older form, also absolute: up to step
+                `num_epochs * num_iters_per_epoch` (either one defaults to `training.*`),
+                the same as `until_step=num_epochs * num_iters_per_epoch`; with none of
+                these, `until_step=training.num_epochs * training.num_iters_per_epoch`.
+                A run resumed from a checkpoint thus stops at the step it was meant to.
+        An absolute target the trainer has already reached trains nothing and warns
+        (`FitTargetReachedWarning`).
 
         With `time_limit_s`, training stops after the step that ends past that many seconds
         since `fit` began; `self.stop_reason` then says so (it is None after a full run),
@@ -316,35 +344,63 @@ class Trainer:
         Resumes (`resume`) from the newest valid checkpoint in `checkpoint.output_dir`
         when `checkpoint.resume` is set and no step was taken (or resumed) yet; the step
         counter continues from there.
+
+        Every step's metrics go to `training.loggers` (`workbench.training.loggers`), and
+        a progress bar counts steps up to the target (`training.progress`).
         """
         t, c = self.config.training, self.config.checkpoint
-        num_epochs = num_epochs or t.num_epochs
+        if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
+            raise ValueError("fit: give steps=N (N more steps) or an absolute target (until_step, or "
+                             "num_epochs/num_iters_per_epoch), not both")
         num_iters = num_iters_per_epoch or t.num_iters_per_epoch
-        total = num_epochs * num_iters
         if c.resume and self.global_step == 0 and not self._resume_tried:
             self.resume()
+        if steps is not None:
+            if not isinstance(steps, int) or steps < 0:
+                raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
+            total = self.global_step + steps
+        else:
+            total = until_step if until_step is not None else (num_epochs or t.num_epochs) * num_iters
+            if total <= self.global_step:
+                warnings.warn(f"fit: the trainer is at step {self.global_step}, already at the absolute target "
+                              f"step {total}, so nothing is trained; fit(steps=N) trains N more steps",
+                              FitTargetReachedWarning, stacklevel=2)
         deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.stop_reason: str | None = None
-        while self.global_step < total:
-            metrics = self.train_step()
-            metrics["epoch"] = (self.global_step - 1) // num_iters
-            if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
-                self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
-                                    f"of {total} steps")
-            for cb in callbacks:
-                cb(self, metrics)
-            if c.save_interval and (self.global_step % c.save_interval == 0 or self.stop_reason):
-                self.save_checkpoint(Path(c.output_dir) / ckpt.checkpoint_name(self.global_step))
-                ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
-            if self.stop_reason:
-                break
+        self.loggers = LoggerGroup(self.config)
+        bar = progress_bar(t.progress, total=total, initial=min(self.global_step, total), desc="fit", unit="step")
+        self._fitting = True
+        try:
+            self.loggers.open(self.global_step)
+            while self.global_step < total:
+                metrics = self.train_step()
+                metrics["epoch"] = (self.global_step - 1) // num_iters
+                if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
+                    self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
+                                        f"of {total} steps")
+                self.loggers.log_step(metrics, self.last_batch, self.global_step)
+                bar.update(1)
+                bar.set_postfix(fit_postfix(metrics))
+                for cb in callbacks:
+                    cb(self, metrics)
+                if c.save_interval and (self.global_step % c.save_interval == 0 or self.stop_reason):
+                    self.save_checkpoint(Path(c.output_dir) / ckpt.checkpoint_name(self.global_step))
+                    ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
+                if self.stop_reason:
+                    break
+        finally:
+            self._fitting = False
+            bar.close()
+            self.loggers.close()
         return self.metrics_history
 
     @torch.no_grad()
     def evaluate(self, seeds: Sequence[int], temperature: float = 0.0, group_size: int = 1) -> dict[str, float]:
         """Success rate and reward on given (e.g. held-out) seeds; greedy by default."""
         self.policy.model.eval()
-        batch = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0).run()
+        rollout = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0)
+        rollout.progress_desc = "eval"
+        batch = rollout.run()
         self.last_eval_batch = batch
         s = batch.summary()
         return {"eval/success_rate": s["env/success_rate"], "eval/reward_mean": s["reward/mean"],

@@ -1,0 +1,124 @@
+"""Progress bars for rollouts, evaluation and `Trainer.fit` (`tqdm.auto`).
+
+In Jupyter the bars are notebook widgets, in a terminal text bars (on stderr, tqdm's
+default). Whether they show is `progress_enabled(setting)`:
+
+    True   always
+    False  never
+    None   automatic: off when the environment variable `CI` is set (to anything but
+           "", "0" or "false"); otherwise on in a Jupyter kernel or when stderr is a
+           terminal, and off when it is not (pytest's capture, a log file, a pipe).
+
+`training.progress` is that setting for a `Trainer`; `Rollout(progress=...)` takes it
+directly.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any, Sequence
+
+#: Text of the fit bar's postfix: metric name -> short label.
+FIT_POSTFIX = {"reward/mean": "reward", "env/success_rate": "success"}
+
+
+def in_jupyter() -> bool:
+    """True inside a Jupyter kernel (IPython's ZMQ shell); IPython is not imported for it."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and type(shell).__name__ == "ZMQInteractiveShell"
+
+
+def running_in_ci() -> bool:
+    """True when `CI` is set to something other than "", "0" or "false"."""
+    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false")
+
+
+def progress_enabled(setting: bool | None) -> bool:
+    """Resolve a progress setting (see the module docstring)."""
+    if setting is not None:
+        return bool(setting)
+    if running_in_ci():
+        return False
+    if in_jupyter():
+        return True
+    isatty = getattr(sys.stderr, "isatty", None)
+    return bool(isatty and isatty())
+
+
+def progress_bar(setting: bool | None, total: int, desc: str, initial: int = 0, unit: str = "it",
+                 leave: bool = True) -> Any:
+    """A `tqdm.auto` bar, or a bar that does nothing when `progress_enabled(setting)` is False."""
+    if not progress_enabled(setting):
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, dynamic_ncols=True)
+
+
+class _NoBar:
+    """What `progress_bar` returns when bars are off: the tqdm methods used here, doing nothing."""
+
+    n = 0
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class EpisodeBar:
+    """A bar over a rollout's episodes: `refresh()` moves it to the number that have ended.
+
+        with EpisodeBar(rollout.slots, setting, "rollout") as bar:
+            while ...:
+                rollout.step()
+                bar.refresh()
+    """
+
+    def __init__(self, slots: Sequence[Any], setting: bool | None, desc: str, leave: bool = True):
+        self.slots = slots
+        self.bar = progress_bar(setting, total=len(slots), desc=desc, unit="episode", leave=leave,
+                                initial=self.done())
+
+    def done(self) -> int:
+        """Episodes of the rollout that have ended."""
+        return sum(1 for s in self.slots if s.episode.done)
+
+    def refresh(self) -> None:
+        """Advance the bar to the number of ended episodes."""
+        done = self.done()
+        if done > self.bar.n:
+            self.bar.update(done - self.bar.n)
+
+    def __enter__(self) -> "EpisodeBar":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.refresh()
+        self.bar.close()
+
+
+def fit_postfix(metrics: dict[str, Any]) -> dict[str, str]:
+    """The fit bar's postfix for one step's metrics (`FIT_POSTFIX`)."""
+    return {label: f"{metrics[name]:.3g}" for name, label in FIT_POSTFIX.items()
+            if isinstance(metrics.get(name), (int, float))}
+
+
+def write(text: str) -> None:
+    """Print a line without breaking an active terminal bar (`tqdm.write`)."""
+    from tqdm.auto import tqdm
+
+    tqdm.write(text, file=sys.stdout)
