@@ -128,6 +128,9 @@ class Episode:
     """"max_turns", "max_steps" or "context" when truncated."""
     error: str | None = None
     """Error that ended the episode (environment crash, engine failure), if any."""
+    weight_version: int | None = None
+    """Version of the policy weights this episode was sampled with (the trainer step after
+    which they were pushed; set by Ray rollout workers)."""
     warnings: list[str] = field(default_factory=list)
     """Problems found (e.g. token misalignment), kept with the episode."""
     score: float | None = None
@@ -138,6 +141,29 @@ class Episode:
     def total_reward(self) -> float:
         """Sum of environment rewards."""
         return float(sum(self.rewards))
+
+    @property
+    def outcome(self) -> float:
+        """The episode's outcome reward: `score` once scored (`workbench.reward.score_batch`),
+        else the summed environment rewards. Every summary, table and sort uses this."""
+        return float(self.score) if self.score is not None else self.total_reward
+
+    @property
+    def environment(self) -> Any:
+        """The environment instance that played this episode (the rollout's own per-episode
+        copy, in the state the episode left it), or None (episodes built by hand, loaded
+        from a file, unpickled or deep-copied). Not a field: `to_dict`/`save` and pickling
+        leave it out, so batches save and travel between processes as before."""
+        return self.__dict__.get("_environment")
+
+    @environment.setter
+    def environment(self, env: Any) -> None:
+        self.__dict__["_environment"] = env
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_environment", None)
+        return state
 
     @property
     def num_turns(self) -> int:
@@ -292,7 +318,7 @@ class TrajectoryBatch:
         """Batch-level numbers with fixed names (the dashboard reads these)."""
         eps = self.episodes
         n = max(len(eps), 1)
-        rewards = [e.score if e.score is not None else e.total_reward for e in eps]
+        rewards = [e.outcome for e in eps]
         mean = sum(rewards) / n
         std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
         return {
@@ -318,7 +344,7 @@ class TrajectoryBatch:
         advantage is 0. `reward/zero_std_group_rate` is their fraction (1.0 = a no-op step)."""
         groups: dict[int, list[float]] = {}
         for e in self.episodes:
-            groups.setdefault(e.group_id, []).append(e.score if e.score is not None else e.total_reward)
+            groups.setdefault(e.group_id, []).append(e.outcome)
         flat = sum(1 for rs in groups.values() if len(rs) > 1 and max(rs) == min(rs))
         return {"reward/groups": float(len(groups)),
                 "reward/zero_std_group_rate": flat / max(len(groups), 1)}

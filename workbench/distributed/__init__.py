@@ -1,4 +1,5 @@
 """Scaling out with Ray: data-parallel learners (`learners.py`) and rollout workers."""
 from workbench.distributed.learners import LearnerGroup, LearnerWorker, shard_model
+from workbench.distributed.rollout_workers import RolloutWorker, RolloutWorkerGroup, WorkerLostError
 
-__all__ = ["LearnerGroup", "LearnerWorker", "shard_model"]
+__all__ = ["LearnerGroup", "LearnerWorker", "RolloutWorker", "RolloutWorkerGroup", "WorkerLostError", "shard_model"]

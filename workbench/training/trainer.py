@@ -15,8 +15,9 @@ Reward placement: with a `reward_fn`, its score sits on the episode's last polic
 token; without one, each turn's environment reward sits on the last token of that
 turn (so GAE can credit turns separately; GRPO sums them either way).
 
-Simplified: single process (no Ray workers); `config.ray.use_ray` is rejected with
-an explanation. Multi-GPU generation goes through the vLLM backend's tensor parallelism.
+With `config.ray.use_ray=True` the rollout and update stages run on Ray rollout workers
+and FSDP2 learners (`workbench.distributed.controller`); this object stays the single
+controller and every stage returns the same objects as in one process.
 """
 from __future__ import annotations
 
@@ -34,8 +35,8 @@ from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.engines import GenerationEngine, make_engine
 from workbench.env_registry import describe_env, make_env
-from workbench.data import EpisodeDataset, PromptEnvironment, episode_inputs
-from workbench.reward import RewardFn, token_level_scores
+from workbench.data import EpisodeDataset, PromptEnvironment, episode_inputs, make_episode_env
+from workbench.reward import RewardFn, RewardManager, score_batch
 from workbench.rollout.async_rollout import AsyncRollout
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
@@ -88,15 +89,14 @@ class Trainer:
                  dataset: Any = None, tools: Sequence[Any] = (), parser: Any = None,
                  engine: GenerationEngine | None = None):
         self.config = config.validate()
-        if config.ray.use_ray:
-            raise ConfigError("ray.use_ray=True: this build trains in one process; set ray.use_ray=False "
-                              "(scale generation with inference.backend='vllm' and model.tensor_parallel_size)")
         t = config.training
         torch.manual_seed(t.seed)
         self.dataset = EpisodeDataset(dataset) if dataset is not None else None
         if environment is None and self.dataset is not None and self.dataset.has_prompts:
             environment = PromptEnvironment(config.environment)  # a prompt dataset: single-turn episodes
         self.environment = environment if environment is not None else _default_env(config)
+        if self.dataset is not None:
+            make_episode_env(self._make_env, self.dataset.first)  # a bad item fails here, not at every reset
         # Record what this run trains on (name that rebuilds it, class, params) in the config.
         self.config.environment = describe_env(self._make_env())
         self.reward_fn = reward_fn
@@ -119,6 +119,12 @@ class Trainer:
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
+        # ray.use_ray: rollout workers and FSDP2 learners as Ray actors (workbench.distributed.controller).
+        self.ray_stages = None
+        if config.ray.use_ray:
+            from workbench.distributed.controller import RayStages
+
+            self.ray_stages = RayStages(self)
 
     # -- seed-compatible attributes ---------------------------------------------------
     @property
@@ -168,7 +174,11 @@ class Trainer:
         base_seed = None if inf.seed is None else inf.seed * 7_919 + t.seed * 104_729 + self.global_step
         self.policy.model.eval()
         start = time.perf_counter()
-        batch = self.make_rollout(self._step_seeds(self.global_step), t.group_size, sampling_seed=base_seed).run()
+        seeds = self._step_seeds(self.global_step)
+        if self.ray_stages is not None:
+            batch = self.ray_stages.rollout(seeds, t.group_size, None, base_seed)
+        else:
+            batch = self.make_rollout(seeds, t.group_size, sampling_seed=base_seed).run()
         seconds = time.perf_counter() - start
         generated = sum(ep.response_length for ep in batch)
         batch.meta.update({"step": self.global_step, "rollout_seconds": seconds, "generated_tokens": generated})
@@ -177,18 +187,15 @@ class Trainer:
 
     # -- stage 2: score -------------------------------------------------------------------
     def score(self, batch: TrajectoryBatch, reward_fn: RewardFn | None = None) -> TrajectoryBatch:
-        """Place rewards on tokens: `token_level_scores` (and `token_level_rewards`).
+        """Place rewards on tokens: `token_level_scores` (and `token_level_rewards`), and set
+        each `episode.score`, with `workbench.reward.score_batch` (the CLI and the reward
+        tuner use the same function): the reward_fn, called with the environment copy that
+        played each episode, else the environment rewards shaped by `config.reward`.
 
-        All-or-nothing (`workbench.reward.token_level_scores`): a failing reward_fn or a
-        non-finite / float32-overflowing reward raises RewardError naming the episode, and
-        no episode's `score` changes."""
+        All-or-nothing: a failing reward_fn or a non-finite / float32-overflowing reward
+        raises RewardError naming the episode, and no episode's `score` changes."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
-        scores, outcome = token_level_scores(batch, fn, self.environment)  # (B, T), (B,)
-        for ep, value in zip(batch, outcome):
-            ep.score = value
-        batch.set("token_level_scores", scores)
-        batch.set("token_level_rewards", scores.clone())
-        return batch
+        return score_batch(batch, fn, self.environment, self.config.reward)
 
     # -- stage 3: advantages -------------------------------------------------------------
     def _lengths(self, batch: TrajectoryBatch) -> list[int]:
@@ -287,10 +294,13 @@ class Trainer:
         learners run)."""
         t = self.config.training
         start = time.perf_counter()
-        plan = plan_update(batch, t, self.global_step)
-        metrics = update_actor(self.policy.model, self.optimizer, batch, t, plan)
-        if self.critic is not None:
-            metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
+        if self.ray_stages is not None:
+            metrics = self.ray_stages.update(self, batch)
+        else:
+            plan = plan_update(batch, t, self.global_step)
+            metrics = update_actor(self.policy.model, self.optimizer, batch, t, plan)
+            if self.critic is not None:
+                metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
         metrics["perf/update_seconds"] = time.perf_counter() - start
         self.policy.model.eval()
         self.engine.sync_weights(self.policy.model)
@@ -428,8 +438,11 @@ class Trainer:
             "global_step": self.global_step, "metrics_history": self.metrics_history,
             "kl_coef": float(self.kl_ctrl.value),
             "policy_weights": "lora_adapters" if self.config.model.use_lora else "full_model"}
+        config = self.config.to_dict()
+        if isinstance(self.reward_fn, RewardManager):  # the weights the run actually scored with
+            config["reward"] = {**self.reward_fn.weights(), "max_steps": self.reward_fn.max_steps}
         return ckpt.write_checkpoint(path, tensors, json_files,
-                                     {"config.yaml": yaml.safe_dump(self.config.to_dict(), sort_keys=False)})
+                                     {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
 
     def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
         """Restore a checkpoint written by `save_checkpoint`.
@@ -461,6 +474,8 @@ class Trainer:
         self.global_step, self.metrics_history = state["global_step"], state["metrics_history"]
         self.kl_ctrl.value = state["kl_coef"]
         self.engine.sync_weights(self.policy.model)
+        if getattr(self, "ray_stages", None) is not None:
+            self.ray_stages.push(self)
 
     def resume(self, force: bool | None = None) -> Path | None:
         """Load the newest checkpoint in `checkpoint.output_dir` that is intact, skipping
@@ -484,6 +499,9 @@ class Trainer:
         """Release the engine (unless it was passed in) and models (frees accelerator memory)."""
         if self._owns_engine and self.engine is not None:
             self.engine.close()
+        if getattr(self, "ray_stages", None) is not None:
+            self.ray_stages.shutdown()
+            self.ray_stages = None
         for name in ("engine", "critic", "policy", "optimizer", "critic_optimizer"):
             setattr(self, name, None)
         gc.collect()

@@ -1,0 +1,87 @@
+"""`Trainer` with `ray.use_ray=True` (2 rollout workers + 2 FSDP2 learners on CPU, gloo)
+against the single-process `Trainer`: same batch, same metrics, same weights; checkpoints
+cross between the two; episodes record the weight version they were sampled with."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from envs import make_env
+from tests.test_trainer import tiny_config
+from workbench import Trainer
+
+pytestmark = pytest.mark.ray
+ray = pytest.importorskip("ray")
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
+    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=120 * 2**20, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+def _config(tiny_model_path, tmp_path, use_ray: bool):
+    c = tiny_config(tiny_model_path, tmp_path / ("ray" if use_ray else "one"))
+    c.inference.async_rollout = True  # per-episode sampling seeds: samples do not depend on the split
+    c.ray.use_ray, c.ray.num_actors, c.ray.num_learners = use_ray, 2, 2
+    return c.validate()
+
+
+def _weights(trainer):
+    return {k: v.clone() for k, v in trainer.policy.trainable_state_dict().items()}
+
+
+def _length_reward(trajectory) -> float:
+    """Differs within a group (the sampled ids differ), so GRPO has a gradient."""
+    return float(sum(trajectory.token_ids) % 7)
+
+
+def test_ray_trainer_equals_one_process_and_checkpoints_cross(ray_cluster, tiny_model_path, tmp_path):
+    env = make_env("guess_number")
+    one = Trainer(_config(tiny_model_path, tmp_path, False), environment=env, reward_fn=_length_reward)
+    dist = Trainer(_config(tiny_model_path, tmp_path, True), environment=env, reward_fn=_length_reward)
+    try:
+        assert torch.equal(torch.cat([v.flatten() for v in _weights(one).values()]),
+                           torch.cat([v.flatten() for v in _weights(dist).values()]))
+        w0 = _weights(one)
+        m_one, m_dist = one.train_step(), dist.train_step()
+        b_one, b_dist = one.last_batch, dist.last_batch
+        # Stage 1: the workers' batch is the single-process batch, token for token.
+        assert [e.token_ids for e in b_one] == [e.token_ids for e in b_dist]
+        assert [e.group_id for e in b_one] == [e.group_id for e in b_dist]
+        assert [e.weight_version for e in b_dist] == [0] * len(b_dist)
+        assert torch.allclose(b_one.rollout_logprobs, b_dist.rollout_logprobs, atol=1e-5)
+        assert b_one.summary()["reward/zero_std_group_rate"] < 1.0  # a real gradient
+        # Stage 4: the learners' update is the single-process update.
+        for k in ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "reward/mean"):
+            assert m_dist[k] == pytest.approx(m_one[k], rel=1e-5, abs=1e-5), k
+        w_one, w_dist = _weights(one), _weights(dist)
+        assert max(float((w_one[k] - w_dist[k]).abs().max()) for k in w_one) < 1e-5
+        assert any(not torch.equal(w_one[k], w0[k]) for k in w0)  # the step did move the weights
+        # Later steps sample with the pushed weights and say which version.
+        dist.train_step()
+        assert [e.weight_version for e in dist.last_batch] == [1] * len(dist.last_batch)
+        assert dist.global_step == 2
+        # A checkpoint of the Ray run loads into the single-process trainer, and back.
+        path = dist.save_checkpoint(tmp_path / "from_ray")
+        one.load_checkpoint(path, force=True)
+        assert one.global_step == 2
+        w_dist = _weights(dist)
+        assert all(torch.equal(w_dist[k], v) for k, v in _weights(one).items())
+        one.train_step()  # single process goes on from the Ray run's weights
+        path = one.save_checkpoint(tmp_path / "from_one")
+        dist.load_checkpoint(path, force=True)
+        assert dist.global_step == 3
+        assert dist.ray_stages.rollout_workers.version == 3  # pushed to the workers too
+        learner = dist.ray_stages.learners.state_dict()["policy"]
+        w_one = _weights(one)
+        assert all(torch.equal(learner[k], w_one[k]) for k in w_one)
+        dist.train_step()
+        assert [e.weight_version for e in dist.last_batch] == [3] * len(dist.last_batch)
+    finally:
+        dist.cleanup()
+        one.cleanup()

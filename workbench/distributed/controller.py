@@ -1,0 +1,88 @@
+"""`Trainer` with `ray.use_ray=True`: which stages go to Ray workers, and how weights flow.
+
+    config.ray.use_ray = True
+    config.ray.num_actors = 2        # rollout workers (each with its engine and env copies)
+    config.ray.num_learners = 2      # FSDP2 data-parallel learners (one torch.distributed group)
+    trainer = Trainer(config, environment=env)
+    batch = trainer.rollout()        # sampled by the rollout workers, merged in episode order
+    batch = trainer.compute_advantages(trainer.score(batch))   # on the controller
+    metrics = trainer.update(batch)  # the learners' update; weights come back and go out
+
+The notebook kernel (or the CLI) stays the single controller: it scores the batch and
+computes old/reference logprobs, values and advantages with its own copy of the policy,
+exactly as in one process, so every stage returns the same objects and every widget
+works on them. Only the two heavy stages move out:
+
+  * rollout: `RolloutWorkerGroup.run` splits the groups across `ray.num_actors` workers;
+  * update: `LearnerGroup.update` splits the batch by whole groups across
+    `ray.num_learners` ranks and returns the same metrics one process computes.
+
+Weights flow one way after each update: the learners' gathered trained weights are
+loaded into the controller's policy (and critic), then pushed to the rollout workers
+through Ray's object store, tagged with the new step as their version; every episode
+records the version it was sampled with (`Episode.weight_version`).
+
+Simplified: the controller keeps a full copy of the policy (a 7B model would want the
+old/ref logprob and value forwards on the learners too); the learners' Adam moments are
+not in checkpoints (a resumed run restarts them; weights, RNG and step are restored);
+episodes of a `dataset=` with per-item environment params are not supported with Ray
+yet (the workers receive the one prototype environment).
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+
+from workbench.trajectory import TrajectoryBatch
+
+
+class RayStages:
+    """The rollout workers and learners of one `Trainer` (built by the trainer itself)."""
+
+    def __init__(self, trainer: Any):
+        from workbench.distributed.learners import LearnerGroup
+        from workbench.distributed.rollout_workers import RolloutWorkerGroup
+
+        cfg = trainer.config
+        self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
+                                                  trainer.tools, trainer.parser)
+        self.learners = LearnerGroup(cfg, cfg.ray.num_learners)
+        self.push(trainer)
+
+    def _state(self, trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
+        state = {"policy": trainer.policy.trainable_state_dict()}
+        if trainer.critic is not None:
+            state["critic"] = trainer.critic.trainable_state_dict()
+        return state
+
+    def push(self, trainer: Any) -> None:
+        """Load the controller's weights into the learners (fresh optimizer moments) and the
+        rollout workers (version = the trainer's step): at start and after a checkpoint load."""
+        state = self._state(trainer)
+        self.learners.load_state_dict(state)
+        self.rollout_workers.sync_weights(state["policy"], trainer.global_step)
+
+    def rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None,
+                sampling_seed: int | None) -> TrajectoryBatch:
+        """Episodes from the rollout workers, laid out as `Trainer.make_rollout(...).run()` would."""
+        return self.rollout_workers.run(seeds, group_size, temperature=temperature, sampling_seed=sampling_seed)
+
+    def update(self, trainer: Any, batch: TrajectoryBatch) -> dict[str, float]:
+        """The learners' update of `batch`; then the new weights go to the controller's
+        policy (and critic) and to the rollout workers as version `global_step + 1`."""
+        metrics = self.learners.update(batch, trainer.global_step)
+        state = self.learners.state_dict()
+        trainer.policy.load_trainable_state_dict(state["policy"])
+        if trainer.critic is not None and "critic" in state:
+            trainer.critic.load_state_dict(state["critic"], strict=False)
+        self.rollout_workers.sync_weights(state["policy"], trainer.global_step + 1)
+        return metrics
+
+    def shutdown(self) -> None:
+        """End the workers and learners (the Ray cluster itself keeps running)."""
+        for group in (self.rollout_workers, self.learners):
+            try:
+                group.shutdown()
+            except Exception:  # noqa: BLE001 - best effort at teardown
+                pass
