@@ -364,3 +364,122 @@ def test_trajectory_table_selection_opens_linked_views(trained, tokenizer):
     with pytest.raises(IndexError):
         table.select(99)
     assert repr(table).startswith(f"TrajectoryTable({len(batch)}/{len(batch)} episodes")
+
+
+# -- findings of the "first hour" review: each test fails on the widgets before the fix -------
+
+
+def test_reward_tuner_efficiency_bonus_uses_the_episodes_environment(tokenizer):
+    plays = [(0, "expert"), (0, "linear"), (1, "expert"), (1, "linear")]
+    batch = scripted_batch(tokenizer, plays)
+    wins = [i for i, ep in enumerate(batch) if ep.success]
+    assert wins, "the expert wins"
+    tuner = RewardTuner(batch)  # environment from the registry: make_env("guess_number"), 6 guesses
+    assert [type(e).__name__ for e in tuner.environments] == [ep.env_name for ep in batch]
+    assert [e.max_steps for e in tuner.environments] == [6] * len(batch)
+    base = list(tuner.scores_after)
+    tuner.set_weights(efficiency_bonus=0.1)
+    for i, ep in enumerate(batch):
+        unused = 6 - ep.num_turns if ep.success else 0
+        assert tuner.scores_after[i] == pytest.approx(base[i] + 0.1 * unused)
+    assert any(tuner.scores_after[i] > base[i] + 0.05 for i in wins)  # the bonus is not 0
+    assert "step budget max_steps=6" in tuner._note.value
+
+    # the environment the episodes ran with wins over the registry default
+    ten = RewardTuner(batch, environment=make_env("guess_number", max_steps=10), weights={"efficiency_bonus": 0.1})
+    for i, ep in enumerate(batch):
+        unused = 10 - ep.num_turns if ep.success else 0
+        assert ten.scores_after[i] == pytest.approx(base[i] + 0.1 * unused)
+    factory = RewardTuner(batch, environment=lambda: make_env("guess_number", max_steps=10),
+                          weights={"efficiency_bonus": 0.1})
+    assert factory.scores_after == pytest.approx(ten.scores_after)
+    ten.apply()  # apply() scores with the same environment
+    assert [ep.score for ep in batch] == pytest.approx(ten.scores_after)
+
+
+def test_reward_tuner_histograms_share_bins_and_counts_read_right(tokenizer):
+    batch = scripted_batch(tokenizer, [(0, "expert"), (0, "linear"), (0, "sloppy")])
+    tuner = RewardTuner(batch, weights={"success_bonus": 5.0})
+    fig = tuner.figure
+    for before, after, cols in ((0, 1, ("score_before", "score_after")), (2, 3, ("adv_before", "adv_after"))):
+        b, a = fig.data[before], fig.data[after]
+        assert b.xbins.to_plotly_json() == a.xbins.to_plotly_json()
+        assert b.autobinx is False and a.autobinx is False
+        values = list(tuner.table[cols[0]]) + list(tuner.table[cols[1]])
+        assert b.xbins.start < min(values) and b.xbins.end > max(values)
+    # the summary sits below the sliders, not beside them (beside, it covered their readouts)
+    assert tuner.children[0] is tuner._controls and tuner.children[1] is tuner._note
+    assert all(s in tuner._controls.children for s in tuner.sliders.values())
+
+    one = RewardTuner(batch.select([0]) if hasattr(batch, "select") else TrajectoryBatch([batch[0]]))
+    assert "1 episode, 1 group" in one._note.value and "1 episodes" not in one._note.value
+    assert repr(one).startswith("RewardTuner(1 episode,")
+    assert "3 episodes, 1 group" in tuner._note.value
+
+
+def _with_advantages(batch, per_episode: list[float], tmp_path: Path) -> TrajectoryBatch:
+    """A copy of `batch` (first len(per_episode) episodes) with one advantage per episode and KL 0."""
+    batch = TrajectoryBatch.load(batch.select(list(range(len(per_episode)))).save(tmp_path / "copy.jsonl"))
+    mask = batch.tensors["loss_mask"].float()
+    batch.set("advantages", mask * torch.tensor(per_episode)[:, None])
+    batch.set("kl", torch.zeros_like(mask))
+    return batch
+
+
+def test_token_view_scale_is_per_episode_by_default_batch_on_request(trained, tokenizer, tmp_path):
+    batch = _with_advantages(trained[2], [0.1, 2.8], tmp_path)
+    assert all(ep.response_length for ep in batch)
+    view = TokenView(batch, tokenizer, field="advantages")
+    assert view.scale == "episode"
+    assert "+0.1" in view.html and "-0.1" in view.html and "2.8" not in view.html.split('<div class="wb-tokbox">')[0]
+    assert "colour scale: this episode" in view.html
+    view._scale.value = "batch"  # the toggle
+    assert view.scale == "batch"
+    legend = view.html.split('<div class="wb-tokbox">')[0]
+    assert "+2.8" in legend and "colour scale: whole batch" in legend
+    assert TokenView(batch, tokenizer, scale="batch").html == view.html
+
+
+def test_token_view_all_zero_field_reads_zero_and_controls_wrap(trained, tokenizer, tmp_path):
+    batch = _with_advantages(trained[2], [0.5], tmp_path)
+    view = TokenView(batch, tokenizer, field="kl")
+    legend = view.html.split('<div class="wb-tokbox">')[0]
+    assert "all 0" in legend and "e-08" not in legend and "e-8" not in legend
+    controls = view.children[0]
+    assert controls.layout.flex_flow == "row wrap"   # narrow column: wrap, not clip
+    assert view._field.layout.min_width == "230px" and view._field.style.description_width == "initial"
+
+
+def test_play_widget_enter_sends(tokenizer):
+    play = PlayWidget(make_env("guess_number"), tokenizer=tokenizer, seed=0)
+    play._text.value = "8"
+    play._text._handle_custom_msg({"event": "submit"}, [])  # what the browser sends on Enter
+    assert play.turn == 1 and play.episode.turns[0].action == "8" and play._text.value == ""
+    play._text._handle_custom_msg({"event": "something else"}, [])
+    assert play.turn == 1
+
+
+def test_trajectory_table_row_click_selects_episode(trained, tokenizer):
+    _, _, batch, _ = trained
+    conv, toks = ConversationView(batch), TokenView(batch, tokenizer)
+    table = TrajectoryTable(batch, conversation=conv, tokens=toks)
+    html = table.html
+    assert "wb-clickable" in html
+    assert all(f'data-key="{i}"' in html for i in range(len(batch)))
+    table._table.set_state({"selected": 3})  # the browser's message for a click on row 3
+    assert table.selected == 3 and conv.index == 3 and toks.index == 3 and table._list.value == 3
+    table.select(1)  # and the other way: a selection from code reaches the table's state
+    assert table._table.selected == 1 and 'class="wb-selected" data-key="1"' in table.html
+
+
+def test_dashboard_axes_titled_and_kl_sign_explained():
+    dash = TrainingDashboard([{"step": 0, "kl/mean": -0.002}, {"step": 1, "kl/mean": 0.001}])
+    layout = dash.figure.layout
+    assert layout.xaxis.title.text == "step" and layout.xaxis9.title.text == "step"
+    assert layout.yaxis.title.text == "score" and layout.yaxis3.title.text == "nats / token"
+    titles = [a.text for a in layout.annotations]
+    assert "KL to reference (estimate, can be < 0)" in titles
+    kl = dash.figure.data[dash.trace_index["kl/mean"]]
+    assert "negative" in kl.hovertemplate
+    assert "can be negative" in dash._note.value and "k3 (low_var_kl)" in dash._note.value
+    assert dash.layout.width == "100%" and "width: 100%" in dash._status.value

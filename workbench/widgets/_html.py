@@ -48,6 +48,8 @@ STYLE = """
 .wb-table th, .wb-table td { border-bottom: 1px solid #e5e5e5; padding: 2px 8px; text-align: right; }
 .wb-table th { background: #f5f5f5; }
 .wb-table tr.wb-selected td { background: #fff3c4; }
+.wb-table.wb-clickable tbody tr { cursor: pointer; }
+.wb-table.wb-clickable tbody tr:hover td { background: #f0f6ff; }
 </style>
 """.strip()
 
@@ -112,16 +114,22 @@ def gradient_css(kind: str) -> str:
 
 
 def html_table(rows: Sequence[dict], columns: Sequence[str], selected: int | None = None,
-               key: str | None = None, max_rows: int = 200) -> str:
-    """A small HTML table of dict rows (class `wb-table`); the row whose `key` equals `selected` is highlighted."""
+               key: str | None = None, max_rows: int = 200, clickable: bool = False) -> str:
+    """A small HTML table of dict rows (class `wb-table`); the row whose `key` equals `selected` is highlighted.
+
+    With `key`, each row carries its key in `data-key` (`clickable` adds the pointer
+    cursor; a widget listens for the clicks).
+    """
     head = "".join(f"<th>{esc(c)}</th>" for c in columns)
     body = []
     for row in list(rows)[:max_rows]:
         cls = ' class="wb-selected"' if key is not None and selected is not None and row.get(key) == selected else ""
+        data = f' data-key="{esc(row.get(key))}"' if key is not None else ""
         cells = "".join(f"<td>{esc(_cell(row.get(c)))}</td>" for c in columns)
-        body.append(f"<tr{cls}>{cells}</tr>")
+        body.append(f"<tr{cls}{data}>{cells}</tr>")
     more = f'<div class="wb-legend">… {len(rows) - max_rows} more rows</div>' if len(rows) > max_rows else ""
-    return f'<table class="wb-table"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{more}'
+    table_cls = "wb-table wb-clickable" if clickable else "wb-table"
+    return f'<table class="{table_cls}"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>{more}'
 
 
 def _cell(value: object) -> str:

@@ -39,7 +39,7 @@ def as_episodes(data: TrajectoryBatch | Episode | Sequence[Episode] | None) -> l
 
 def episode_reward(ep: Episode) -> float:
     """The episode's score when scored, else its summed environment reward."""
-    return float(ep.score) if ep.score is not None else ep.total_reward
+    return ep.outcome
 
 
 def episode_label(i: int, ep: Episode) -> str:

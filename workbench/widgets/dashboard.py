@@ -6,7 +6,8 @@
 
     TrainingDashboard(trainer.metrics_history)  # or draw a saved history (list of dicts / DataFrame)
 
-Panels: reward mean with a ± std band, success rate, KL (kl/mean and actor/ppo_kl),
+Panels (x: training step; y titled with its unit): reward mean with a ± std band,
+success rate, KL (kl/mean and actor/ppo_kl; see `KL_NOTE` for why they can be negative),
 KL coefficient, entropy, clip fraction, losses (policy, value), response length,
 tokens per second. Metric names are the trainer's fixed names (`PANELS`).
 
@@ -31,13 +32,13 @@ import traitlets
 
 from workbench.widgets._html import STYLE, esc
 
-__all__ = ["TrainingDashboard", "PANELS", "history_series", "as_history", "sync_figure_state"]
+__all__ = ["TrainingDashboard", "PANELS", "Y_TITLES", "KL_NOTE", "history_series", "as_history", "sync_figure_state"]
 
 #: (panel title, [(metric name, legend label), ...]); the reward panel also draws a ± reward/std band.
 PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("reward (mean ± std)", [("reward/mean", "reward")]),
     ("success rate", [("env/success_rate", "success")]),
-    ("KL to reference", [("kl/mean", "kl/mean"), ("actor/ppo_kl", "ppo_kl (old→new)")]),
+    ("KL to reference (estimate, can be < 0)", [("kl/mean", "kl/mean"), ("actor/ppo_kl", "ppo_kl (old→new)")]),
     ("KL coefficient", [("kl/coef", "kl coef")]),
     ("entropy", [("actor/entropy", "entropy")]),
     ("clip fraction", [("actor/pg_clipfrac", "clipfrac")]),
@@ -45,6 +46,19 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
     ("response length (tokens)", [("rollout/response_length_mean", "response length")]),
     ("throughput (tokens/s)", [("perf/tokens_per_s", "tokens/s")]),
 ]
+#: y-axis title of each panel (by position in PANELS); every panel's x axis is the training step.
+Y_TITLES = ["score", "share of episodes", "nats / token", "coefficient", "nats / token", "share of tokens",
+            "loss", "tokens", "tokens / s"]
+#: What the KL panel plots, shown under the figure and in the hover of its points.
+KL_NOTE = ("kl/mean is the mean over sampled tokens of the training.kl_penalty estimator of KL(policy ‖ reference). "
+           "The default k1 = logp − ref_logp is unbiased but a single token's value, and a mean over few tokens, "
+           "can be negative, though the KL itself is ≥ 0; k2 (mse), k3 (low_var_kl) and abs are never negative. "
+           "ppo_kl is the k1 estimate of KL(rollout policy ‖ updated policy), so it can be negative too.")
+_KL_HOVER = ("step %{x}<br>%{y:.4g}<br>mean k-estimate of KL to the reference:<br>"
+             "k1 (the default) can be negative<extra>%{fullData.name}</extra>")
+#: Stretch the figure to the output's full width (plotly sizes itself to its container).
+_WIDTH_CSS = ("<style>.wb-dashboard { width: 100%; } .wb-dashboard > .widget-html, .wb-dashboard > div "
+              "{ width: 100%; max-width: 100%; }</style>")
 COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf", "#7f7f7f"]
 
 
@@ -137,16 +151,22 @@ class TrainingDashboard(widgets.VBox):
                                             showlegend=False, name=key, row=r, col=c)
                     self.trace_index[key] = len(self.figure.data) - 1
             for name, label in metrics:
+                hover = _KL_HOVER if name in ("kl/mean", "actor/ppo_kl") else None
                 self.figure.add_scatter(x=[], y=[], mode="lines+markers", name=label,
                                         line=dict(color=next(color), width=2), marker=dict(size=4),
-                                        showlegend=len(metrics) > 1, row=r, col=c)
+                                        showlegend=len(metrics) > 1, hovertemplate=hover, row=r, col=c)
                 self.trace_index[name] = len(self.figure.data) - 1
-        self.figure.update_layout(height=height, margin=dict(l=40, r=10, t=40, b=30), template="plotly_white",
-                                  legend=dict(orientation="h", y=-0.06), font=dict(size=11))
-        self.figure.update_xaxes(title_text=None, tickformat="d", dtick=1)
+            self.figure.update_yaxes(title_text=Y_TITLES[p], title_standoff=4, row=r, col=c)
+            self.figure.update_xaxes(title_text="step", title_standoff=2, row=r, col=c)
+        self.figure.update_layout(height=height, autosize=True, margin=dict(l=60, r=10, t=40, b=40),
+                                  template="plotly_white", legend=dict(orientation="h", y=-0.08), font=dict(size=11))
+        self.figure.update_xaxes(tickformat="d", dtick=1)
         self._status = widgets.HTML()
         self._status.add_class("wb-dashboard-status")
-        super().__init__([self._status, self.figure], **kwargs)
+        self._note = widgets.HTML(f'{STYLE}<div class="wb-root wb-legend">{esc(KL_NOTE)}</div>')
+        self._note.add_class("wb-dashboard-note")
+        kwargs.setdefault("layout", widgets.Layout(width="100%"))
+        super().__init__([self._status, self.figure, self._note], **kwargs)
         self.add_class("wb-dashboard")
         if history is not None:
             self.set_history(history)
@@ -235,7 +255,7 @@ class TrainingDashboard(widgets.VBox):
 
     def _status_html(self) -> str:
         if not self.history:
-            return f'{STYLE}<div class="wb-root wb-head"><b>{esc(self.title)}</b> · no steps yet</div>'
+            return f'{STYLE}{_WIDTH_CSS}<div class="wb-root wb-head"><b>{esc(self.title)}</b> · no steps yet</div>'
         last = self.history[-1]
         bits = [f"<b>{esc(self.title)}</b>", f"step {esc(last.get('step', len(self.history)))}"]
         for key, label, pct in (("reward/mean", "reward", False), ("env/success_rate", "success", True),
@@ -243,7 +263,7 @@ class TrainingDashboard(widgets.VBox):
             v = _number(last.get(key))
             if v is not None:
                 bits.append(f"{label} {v:.0%}" if pct else f"{label} {v:.3g}")
-        return f'{STYLE}<div class="wb-root wb-head">{" · ".join(bits)}</div>'
+        return f'{STYLE}{_WIDTH_CSS}<div class="wb-root wb-head">{" · ".join(bits)}</div>'
 
     def __repr__(self) -> str:
         last = self.history[-1] if self.history else {}

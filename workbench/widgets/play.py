@@ -2,7 +2,7 @@
 
     play = PlayWidget(make_env("guess_number"), engine=engine, seed=0)
     display(play)
-    play.send("8")                 # same as typing 8 and clicking Send
+    play.send("8")                 # same as typing 8 and pressing Enter or clicking Send
     play.ask_model()               # fills the box with the model's suggestion
     play.batch                     # TrajectoryBatch with the played episode
 
@@ -106,6 +106,7 @@ class PlayWidget(widgets.VBox):
         super().__init__([self._header, self._transcript, self._status, controls])
         self.add_class("wb-play")
         self._send_btn.on_click(lambda _: self.send())
+        self._text.on_msg(self._on_text_msg)  # Enter in the box sends, like the Send button
         self._ask.on_click(lambda _: self.ask_model())
         self._model_turn.on_click(lambda _: self.model_step())
         self._new.on_click(lambda _: self.reset())
@@ -187,6 +188,11 @@ class PlayWidget(widgets.VBox):
         return self._header.value + self._transcript.value + self._status.value
 
     # -- internals -----------------------------------------------------------------------------
+    def _on_text_msg(self, widget: Any, content: Any, buffers: Any = None) -> None:
+        """The text box's frontend sends {"event": "submit"} when Enter is pressed."""
+        if isinstance(content, dict) and content.get("event") == "submit":
+            self.send()
+
     def _say(self, message: str) -> bool:
         self.message = message
         self._status.value = self._status_html()

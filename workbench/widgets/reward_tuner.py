@@ -7,7 +7,12 @@
 
 "Before" is the batch as stored (each episode's `score`, or its summed environment
 reward when unscored); "after" is `reward_fn(episode)` with the current weights.
-For both, GRPO advantages are computed with `workbench.algo.compute_grpo_advantage`
+The reward function gets the environment the episodes ran with (`environment=`:
+an environment, a zero-argument factory, or a dict env name -> environment; default:
+`workbench.env_registry.make_env(episode.env_name)`), so terms that need it (the
+efficiency bonus's step budget, `max_steps`) use the real one.
+For both, advantages of the configured estimator (`config=trainer.config` or
+`adv_estimator=`; default GRPO) are computed with `workbench.reward.episode_advantages`
 over the batch's groups (episodes sharing an environment seed), which is what the
 policy update would see. Histograms compare the distributions; the table lists
 episodes whose rank changed. The stored batch is not modified until `apply()`.
@@ -27,7 +32,8 @@ from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
 from workbench.widgets.dashboard import sync_figure_state
 
-__all__ = ["RewardTuner", "rescore_table", "grpo_advantages", "score_of", "SHAPING_WEIGHTS"]
+__all__ = ["RewardTuner", "rescore_table", "grpo_advantages", "score_of", "SHAPING_WEIGHTS", "episode_environments",
+           "shared_bins", "plural"]
 
 #: RewardManager arguments shown as sliders (when the class has them).
 SHAPING_WEIGHTS = ("success_bonus", "invalid_action_penalty", "efficiency_bonus", "step_reward_weight")
@@ -47,25 +53,119 @@ def score_of(result: Any) -> float:
 
 def stored_scores(batch: TrajectoryBatch) -> list[float]:
     """Scores as stored: `episode.score`, or the summed environment reward when unscored."""
-    return [float(e.score) if e.score is not None else e.total_reward for e in batch.episodes]
+    return [e.outcome for e in batch.episodes]
 
 
-def apply_reward_fn(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any]) -> list[float]:
-    """`reward_fn(episode)` for each episode, leaving each episode's stored score untouched.
+def plural(n: int, word: str) -> str:
+    """"1 episode", "2 episodes"."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
-    Functions taking `(trajectory, environment)` get `environment` (None here, as for a stored batch).
+
+def _as_env(obj: Any) -> Any:
+    """An environment from an environment or a zero-argument factory (as `Trainer.environment`)."""
+    if obj is None or hasattr(obj, "step") or not callable(obj):
+        return obj
+    return obj()
+
+
+def episode_environments(batch: TrajectoryBatch, environment: Any = None) -> list[Any]:
+    """The environment each episode is scored with.
+
+    `environment`: one environment (or zero-argument factory) for all episodes, a dict
+    env name -> environment, or None: the environment that played each episode
+    (`episode.environment`), else `make_env(episode.env_name)` from the registry (None
+    for an episode whose name does not build).
     """
-    from workbench.reward import _arity
-
-    two = _arity(reward_fn) >= 2
+    if environment is not None and not isinstance(environment, Mapping):
+        env = _as_env(environment)
+        return [env for _ in batch.episodes]
+    given = {k: _as_env(v) for k, v in (environment or {}).items()}
+    built: dict[str, Any] = {}
     out = []
     for ep in batch.episodes:
-        saved = ep.score
-        try:
-            out.append(score_of(reward_fn(ep, None) if two else reward_fn(ep)))
-        finally:
-            ep.score = saved
+        name = ep.env_name
+        if environment is None and ep.environment is not None:
+            out.append(ep.environment)
+            continue
+        if name in given:
+            out.append(given[name])
+            continue
+        if name not in built:
+            built[name] = _registry_env(name)
+        out.append(built[name])
     return out
+
+
+def _registry_env(name: str) -> Any:
+    """`make_env(name)`; `Rollout` records the class name (e.g. "GuessNumberEnv"), so a name that
+    is not registered is matched against the classes of the registered names. None if neither builds."""
+    if not name:
+        return None
+    try:
+        from workbench import env_registry
+    except ImportError:
+        return None
+    try:
+        return env_registry.make_env(name)
+    except Exception:
+        pass
+    for spec in env_registry.list_envs():
+        try:
+            target = env_registry.REGISTRY.resolve(spec) if hasattr(env_registry, "REGISTRY") else None
+        except Exception:
+            continue
+        if getattr(target, "__name__", None) == name:
+            try:
+                return env_registry.make_env(spec)
+            except Exception:
+                return None
+    return None
+
+
+def apply_reward_fn(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any],
+                    environments: Sequence[Any] | None = None) -> list[float]:
+    """`reward_fn(episode)` for each episode, leaving each episode's stored score untouched.
+
+    Functions taking `(trajectory, environment)` get the episode's entry of `environments`
+    (see `episode_environments`), else the environment that played it
+    (`episode.environment`): `workbench.reward.episode_scores`.
+    """
+    from workbench.reward import episode_scores  # the scoring the trainer and the CLI use
+
+    saved = [ep.score for ep in batch.episodes]
+    try:
+        return episode_scores(batch, reward_fn, list(environments) if environments is not None else None,
+                              own_first=False)
+    finally:
+        for ep, score in zip(batch.episodes, saved):
+            ep.score = score
+
+
+def takes_environment(fn: Callable[..., Any]) -> bool:
+    """Whether `fn` accepts a second positional argument (the environment), required or not.
+
+    `RewardManager.__call__(trajectory, environment=None)` does: counting only required
+    parameters would never pass it the environment.
+    """
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 2
+
+
+def shared_bins(*series: Sequence[float], nbins: int = 20) -> dict[str, float]:
+    """One plotly `xbins` (start, end, size) covering all series, so before/after bars line up."""
+    values = [float(v) for s in series for v in s]
+    if not values:
+        return dict(start=0.0, end=1.0, size=1.0)
+    lo, hi = min(values), max(values)
+    if hi - lo < 1e-9:
+        return dict(start=lo - 0.5, end=hi + 0.5, size=1.0)
+    size = (hi - lo) / nbins
+    return dict(start=lo - size / 2, end=hi + size / 2, size=size)
 
 
 def grpo_advantages(scores: Sequence[float], group_ids: Sequence[Any], epsilon: float = 1e-6,
@@ -82,10 +182,13 @@ def grpo_advantages(scores: Sequence[float], group_ids: Sequence[Any], epsilon: 
 
 
 def rescore_table(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any] | None = None,
-                  after: Sequence[float] | None = None, norm_adv_by_std: bool = True):
-    """DataFrame with one row per episode: score, rank (1 = best) and GRPO advantage before and after.
+                  after: Sequence[float] | None = None, norm_adv_by_std: bool = True,
+                  environments: Sequence[Any] | None = None, adv_estimator: str = "grpo"):
+    """DataFrame with one row per episode: score, rank (1 = best) and advantage before and after.
 
-    Give either `reward_fn` (applied to each episode) or the new scores `after`.
+    Give either `reward_fn` (applied to each episode, with `environments` as in
+    `apply_reward_fn`) or the new scores `after`. Advantages are those of `adv_estimator`
+    (`workbench.reward.episode_advantages`; `training.adv_estimator`, default GRPO).
     Columns: episode, group, score_before, score_after, rank_before, rank_after,
     rank_change (positive = moved up), adv_before, adv_after, success.
     """
@@ -95,7 +198,7 @@ def rescore_table(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any] | 
     if after is None:
         if reward_fn is None:
             raise ValueError("rescore_table needs reward_fn or after")
-        after = apply_reward_fn(batch, reward_fn)
+        after = apply_reward_fn(batch, reward_fn, environments)
     groups = [e.group_id or f"ep{i}" for i, e in enumerate(batch.episodes)]
     df = pd.DataFrame({
         "episode": list(range(len(batch))),
@@ -106,8 +209,10 @@ def rescore_table(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any] | 
     df["rank_before"] = df["score_before"].rank(ascending=False, method="min").astype(int)
     df["rank_after"] = df["score_after"].rank(ascending=False, method="min").astype(int)
     df["rank_change"] = df["rank_before"] - df["rank_after"]
-    df["adv_before"] = grpo_advantages(before, groups, norm_adv_by_std=norm_adv_by_std)
-    df["adv_after"] = grpo_advantages(list(after), groups, norm_adv_by_std=norm_adv_by_std)
+    from workbench.reward import episode_advantages
+
+    df["adv_before"] = episode_advantages(before, groups, adv_estimator, norm_adv_by_std_in_grpo=norm_adv_by_std)
+    df["adv_after"] = episode_advantages(list(after), groups, adv_estimator, norm_adv_by_std_in_grpo=norm_adv_by_std)
     df["success"] = [e.success for e in batch.episodes]
     return df
 
@@ -131,13 +236,22 @@ class RewardTuner(widgets.VBox):
             `workbench.reward.RewardManager`.
         weights: initial weights (default: the factory's defaults); their names are the sliders.
         norm_adv_by_std: GRPO (True) or Dr.GRPO (False) advantages.
+        environment: what reward functions taking `(trajectory, environment)` get for
+            episodes without their own (`episode.environment`, the copy that played it,
+            comes first): the environment the episodes ran with (e.g. `trainer.environment`),
+            a dict env name -> environment, or None for `make_env(episode.env_name)`.
+        config: a run's `ConfigStore` (e.g. `trainer.config`): the sliders start at its
+            `reward` weights and advantages follow its `training.adv_estimator`
+            (and `norm_adv_by_std_in_grpo`).
+        adv_estimator: the advantage estimator shown (default: the config's, else "grpo").
     """
 
     weights = traitlets.Dict(help="current slider values")
     custom = traitlets.Bool(False, help="a custom reward fn (set_reward_fn) replaces the sliders")
 
     def __init__(self, batch: TrajectoryBatch, reward_factory: Callable[..., Callable[[Episode], Any]] | None = None,
-                 weights: Mapping[str, float] | None = None, norm_adv_by_std: bool = True, **kwargs: Any):
+                 weights: Mapping[str, float] | None = None, norm_adv_by_std: bool = True,
+                 environment: Any = None, config: Any = None, adv_estimator: str | None = None, **kwargs: Any):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -148,15 +262,22 @@ class RewardTuner(widgets.VBox):
         self.batch = batch
         self.reward_factory = reward_factory
         self.norm_adv_by_std = norm_adv_by_std
+        training = getattr(config, "training", None)
+        if training is not None and norm_adv_by_std:
+            self.norm_adv_by_std = training.norm_adv_by_std_in_grpo
+        self.adv_estimator = adv_estimator or (training.adv_estimator if training is not None else "grpo")
+        self.environments = episode_environments(batch, environment)
         self._custom_fn: Callable[[Episode], Any] | None = None
         defaults = self.default_weights(reward_factory)
+        if getattr(config, "reward", None) is not None:  # start from the run's configured weights
+            defaults.update({k: float(getattr(config.reward, k)) for k in defaults if hasattr(config.reward, k)})
         defaults.update(weights or {})
         self.sliders: dict[str, widgets.FloatSlider] = {}
         for name, value in defaults.items():
             lo, hi = _slider_range(name, float(value))
             s = widgets.FloatSlider(value=float(value), min=lo, max=hi, step=0.01, description=name,
                                     continuous_update=False, readout_format=".2f",
-                                    style={"description_width": "170px"}, layout=widgets.Layout(width="460px"))
+                                    style={"description_width": "170px"}, layout=widgets.Layout(width="480px"))
             s.observe(self._on_slider, names="value")
             self.sliders[name] = s
         self._note = widgets.HTML()
@@ -164,7 +285,7 @@ class RewardTuner(widgets.VBox):
                                      tooltip="write the new scores into the batch (episode.score)")
         self._apply.on_click(lambda _: self.apply())
         self.figure = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=[
-            "episode reward", "GRPO advantage"]))
+            "episode reward", f"{self.adv_estimator} advantage"]))
         for col, what in ((1, "reward"), (2, "advantage")):
             for when, color in (("before", "#9e9e9e"), ("after", "#d62728")):
                 self.figure.add_histogram(x=[], name=f"{what} {when}", marker_color=color, opacity=0.6,
@@ -173,8 +294,12 @@ class RewardTuner(widgets.VBox):
                                   margin=dict(l=40, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.2))
         self._table = widgets.HTML()
         self._table.add_class("wb-tuner-table")
-        left = widgets.VBox(list(self.sliders.values()) + [self._apply])
-        super().__init__([widgets.HBox([left, self._note]), self.figure, self._table], **kwargs)
+        # Sliders in their own row, the summary below them: side by side, a narrow output
+        # area let the summary cover the sliders' readouts.
+        self._controls = widgets.VBox(list(self.sliders.values()) + [self._apply])
+        self._controls.add_class("wb-tuner-sliders")
+        self._note.add_class("wb-tuner-note")
+        super().__init__([self._controls, self._note, self.figure, self._table], **kwargs)
         self.add_class("wb-reward-tuner")
         self.table = None
         self.weights = dict(defaults)
@@ -238,7 +363,8 @@ class RewardTuner(widgets.VBox):
     def recompute(self) -> None:
         """Re-score the batch with the current reward function and redraw."""
         try:
-            self.table = rescore_table(self.batch, self.reward_fn, norm_adv_by_std=self.norm_adv_by_std)
+            self.table = rescore_table(self.batch, self.reward_fn, norm_adv_by_std=self.norm_adv_by_std,
+                                       environments=self.environments, adv_estimator=self.adv_estimator)
         except Exception as exc:  # a broken custom fn should not kill the widget
             self._note.value = f'{STYLE}<div class="wb-root wb-errline">reward fn failed: {esc(type(exc).__name__)}: {esc(exc)}</div>'
             raise
@@ -248,28 +374,51 @@ class RewardTuner(widgets.VBox):
             self.figure.data[1].x = t["score_after"].tolist()
             self.figure.data[2].x = t["adv_before"].tolist()
             self.figure.data[3].x = t["adv_after"].tolist()
+            for col, (a, b) in enumerate((("score_before", "score_after"), ("adv_before", "adv_after"))):
+                bins = shared_bins(t[a].tolist(), t[b].tolist())
+                for k in (2 * col, 2 * col + 1):  # before and after share their bins
+                    self.figure.data[k].xbins = bins
+                    self.figure.data[k].autobinx = False
         sync_figure_state(self.figure)
         self._note.value = self._note_html()
         self._table.value = self._table_html()
 
     def apply(self) -> TrajectoryBatch:
-        """Write the current scores into the stored batch (via `workbench.reward.rescore` when available)."""
-        try:
-            from workbench.reward import rescore
-        except ImportError:
-            rescore = None
-        if rescore is not None:
-            result = rescore(self.batch, self.reward_fn)
-            if isinstance(result, TrajectoryBatch):
-                self.batch = result
-        else:
-            for ep, s in zip(self.batch.episodes, self.scores_after):
-                ep.score = s
+        """Write the current scores into the stored batch with `workbench.reward.score_batch`
+        (the trainer's scoring): `episode.score` and the token rewards the next
+        `trainer.compute_advantages(batch)` uses."""
+        from workbench.reward import score_batch
+
+        self.batch = score_batch(self.batch, self.reward_fn, self.environments, own_first=False)
         self.recompute()
         return self.batch
 
     # -- internals ------------------------------------------------------------------------------
     _hold = False
+
+    def _with_environment(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """`fn` called with each episode's own environment (as `rescore_table` does)."""
+        if not takes_environment(fn):
+            return fn
+        env_of = {id(ep): env for ep, env in zip(self.batch.episodes, self.environments)}
+
+        def with_env(trajectory: Episode) -> Any:  # one argument: rescore calls it as fn(episode)
+            return fn(trajectory, env_of.get(id(trajectory)))
+        return with_env
+
+    def _budget_note(self) -> str:
+        """Where the efficiency bonus's step budget comes from (only when that weight exists)."""
+        if "efficiency_bonus" not in self.sliders or self.custom:
+            return ""
+        fixed = self.weights.get("max_steps") or getattr(self.reward_fn, "max_steps", None)
+        if fixed:
+            return f"<div>efficiency bonus: step budget max_steps={int(fixed)}</div>"
+        budgets = sorted({getattr(env, "max_steps", None) for env in self.environments}, key=str)
+        if budgets == [None]:
+            return ("<div>efficiency bonus: no environment with max_steps, so the budget is each episode's "
+                    "own turn count and the bonus is 0 (pass <code>environment=</code>)</div>")
+        return ("<div>efficiency bonus: step budget max_steps=" + ", ".join(esc(b) for b in budgets)
+                + " from the episodes' environment</div>")
 
     def _on_slider(self, change: dict) -> None:
         if self._hold:
@@ -284,10 +433,12 @@ class RewardTuner(widgets.VBox):
         n_moved = int((t["rank_change"] != 0).sum())
         sign_flips = int(((t["adv_before"] > 0) != (t["adv_after"] > 0)).sum())
         return (f'{STYLE}<div class="wb-root" style="padding-left:12px">'
-                f'<div><b>{len(t)}</b> episodes, {t["group"].nunique()} groups · scoring with <code>{esc(src)}</code></div>'
+                f'<div>{plural(len(t), "episode")}, {plural(t["group"].nunique(), "group")} · '
+                f'scoring with <code>{esc(src)}</code></div>'
                 f'<div>reward mean {t["score_before"].mean():+.3g} → <b>{t["score_after"].mean():+.3g}</b> · '
                 f'std {t["score_before"].std(ddof=0):.3g} → <b>{t["score_after"].std(ddof=0):.3g}</b></div>'
-                f'<div><b>{n_moved}</b> episodes changed rank · <b>{sign_flips}</b> advantages changed sign</div></div>')
+                f'<div>{plural(n_moved, "episode")} changed rank · '
+                f'{plural(sign_flips, "advantage")} changed sign</div>{self._budget_note()}</div>')
 
     def _table_html(self) -> str:
         cols = ["episode", "group", "score_before", "score_after", "rank_before", "rank_after", "rank_change",
@@ -301,4 +452,4 @@ class RewardTuner(widgets.VBox):
 
     def __repr__(self) -> str:
         w = ", ".join(f"{k}={v:.2f}" for k, v in self.weights.items())
-        return f"RewardTuner({len(self.batch)} episodes, {'custom fn' if self.custom else w})"
+        return f"RewardTuner({plural(len(self.batch), 'episode')}, {'custom fn' if self.custom else w})"

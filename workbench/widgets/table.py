@@ -9,7 +9,9 @@
 Columns are `batch.to_pandas("episode")` plus `index` (position in the batch),
 `reward` (score, or env reward when unscored), `human_turns`, `parse_errors`, and
 `adv_mean` (mean advantage over trained tokens) when the batch has advantages.
-A bad query is shown in red and leaves the list unfiltered.
+A bad query is shown in red and leaves the list unfiltered. Clicking a row of the
+HTML table (or an entry of the list above it) selects that episode: the table is a
+small anywidget whose `selected` trait the browser sets on a click.
 
 `episode_frame(batch)` and `filter_sort(df, query, sort_by, ascending)` are the plain
 functions behind it.
@@ -24,7 +26,37 @@ import traitlets
 from workbench.trajectory import TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
 
-__all__ = ["TrajectoryTable", "episode_frame", "filter_sort"]
+__all__ = ["TrajectoryTable", "ClickableTable", "episode_frame", "filter_sort"]
+
+_CLICK_ESM = """
+function render({ model, el }) {
+  const draw = () => { el.innerHTML = model.get("value"); };
+  el.addEventListener("click", (event) => {
+    const row = event.target.closest("tr[data-key]");
+    if (!row || !el.contains(row)) return;
+    const key = parseInt(row.dataset.key, 10);
+    if (Number.isNaN(key)) return;
+    model.set("selected", key);
+    model.save_changes();
+  });
+  model.on("change:value", draw);
+  draw();
+}
+export default { render };
+"""
+
+try:
+    import anywidget
+
+    class ClickableTable(anywidget.AnyWidget):
+        """HTML (`value`) whose rows with `data-key` set `selected` when clicked in the browser."""
+
+        _esm = _CLICK_ESM
+        value = traitlets.Unicode("").tag(sync=True)
+        selected = traitlets.Int(None, allow_none=True).tag(sync=True)
+except ImportError:  # anywidget missing: rows are drawn but not clickable (the list still is)
+    class ClickableTable(widgets.HTML):  # type: ignore[no-redef]
+        selected = traitlets.Int(None, allow_none=True)
 
 SHOWN = ["index", "group_id", "seed", "turns", "tokens", "trained_tokens", "reward", "env_reward", "success",
          "truncated", "error", "tool_calls", "parse_errors", "human_turns", "adv_mean"]
@@ -34,7 +66,7 @@ def episode_frame(batch: TrajectoryBatch):
     """One row per episode with the columns the table sorts and filters on."""
     df = batch.to_pandas("episode")
     df.insert(0, "index", range(len(batch)))
-    df["reward"] = [float(e.score) if e.score is not None else e.total_reward for e in batch.episodes]
+    df["reward"] = [e.outcome for e in batch.episodes]
     df["human_turns"] = [sum(t.source == "human" for t in e.turns) for e in batch.episodes]
     df["parse_errors"] = [sum(bool(t.parse_error) for t in e.turns) for e in batch.episodes]
     if batch.has("advantages"):
@@ -97,8 +129,9 @@ class TrajectoryTable(widgets.VBox):
         self._list = widgets.Select(options=[], rows=8, layout=widgets.Layout(width="640px"))
         self._list.add_class("wb-table-select")
         self._msg = widgets.HTML()
-        self._table = widgets.HTML()
+        self._table = ClickableTable()
         self._table.add_class("wb-table-html")
+        self._table.observe(self._on_row_click, names="selected")
         super().__init__([widgets.HBox([self._sort, self._order, self._filter]), self._msg, self._list,
                           self._table], **kwargs)
         self.add_class("wb-trajectory-table")
@@ -158,6 +191,11 @@ class TrajectoryTable(widgets.VBox):
             self._list.value = i
         self._table.value = self._table_html()
 
+    def _on_row_click(self, change: dict) -> None:
+        i = change["new"]
+        if i is not None and i != self.selected and 0 <= i < len(self.batch):
+            self.selected = i
+
     def _on_list(self, change: dict) -> None:
         if self._updating:
             return
@@ -180,13 +218,16 @@ class TrajectoryTable(widgets.VBox):
         if self.error:
             self._msg.value = f'{STYLE}<div class="wb-root wb-errline">bad filter: {esc(self.error)}</div>'
         else:
-            self._msg.value = f'{STYLE}<div class="wb-root wb-legend">{n} of {total} episodes · click one to open it</div>'
+            self._msg.value = f'{STYLE}<div class="wb-root wb-legend">{n} of {total} episodes · click a row to open it below</div>'
         self._table.value = self._table_html()
 
     def _table_html(self) -> str:
         cols = [c for c in SHOWN if c in self.rows.columns]
+        if self._table.selected != self.selected:
+            self._table.selected = self.selected
         return STYLE + '<div class="wb-root">' + html_table(self.rows.to_dict("records"), cols, self.selected,
-                                                            key="index", max_rows=self.max_rows) + "</div>"
+                                                            key="index", max_rows=self.max_rows,
+                                                            clickable=True) + "</div>"
 
     def __repr__(self) -> str:
         return (f"TrajectoryTable({len(self.rows)}/{len(self.df)} episodes, sort={self.sort_by!r}"

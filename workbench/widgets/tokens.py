@@ -7,8 +7,11 @@
 Signed quantities (advantages, kl, ratio around 1, values, returns, rewards) use a
 blue-white-red scale centred on their neutral value; logprobs use white (likely)
 to purple (unlikely); entropy white (sure) to purple (unsure); `loss_mask` marks
-trained tokens green. The scale is shared by all episodes of the batch (robust
-max over trained tokens), so colours compare across episodes. Tokens the policy
+trained tokens green. By default the scale is the shown episode's own (robust max
+over its trained tokens), so one episode is never washed out by another's extreme
+values; `scale="batch"` (or the "scale" toggle) shares one scale across the batch so
+colours compare across episodes. The legend prints the scale's ends; a field that is
+0 on every trained token reads "all 0". Tokens the policy
 did not sample (prompt, observations, tool results, template glue, human turns)
 are grey and italic. Hover a token to read its position, id, text and value.
 
@@ -30,7 +33,7 @@ from workbench.widgets._html import (
 from workbench.widgets.conversation import episode_label
 
 __all__ = ["TokenView", "render_tokens_html", "available_fields", "field_scale", "decode_tokens",
-           "FIELD_KINDS"]
+           "FIELD_KINDS", "SCALES"]
 
 #: How each per-token field is coloured: (kind, neutral value). Order = dropdown order.
 FIELD_KINDS: dict[str, tuple[str, float]] = {
@@ -58,10 +61,15 @@ def available_fields(batch: TrajectoryBatch) -> list[str]:
     return known + extra
 
 
-def field_scale(batch: TrajectoryBatch, field: str) -> tuple[str, float, float]:
-    """(kind, low, high) of the colour scale of `field` over the batch's trained tokens.
+SCALES = ("episode", "batch")
 
-    diverging: (centre - s, centre + s) with s the 98th percentile of |v - centre|;
+
+def field_scale(batch: TrajectoryBatch, field: str, index: int | None = None) -> tuple[str, float, float]:
+    """(kind, low, high) of the colour scale of `field` over trained tokens.
+
+    Over the whole batch, or over episode `index` only when given.
+    diverging: (centre - s, centre + s) with s the 98th percentile of |v - centre|
+    (low == high == centre when every value is the centre: nothing to colour);
     logprob: (2nd percentile, 0); sequential: (0, 98th percentile); mask: (0, 1).
     """
     kind, center = FIELD_KINDS.get(field, ("diverging", 0.0))
@@ -69,7 +77,11 @@ def field_scale(batch: TrajectoryBatch, field: str) -> tuple[str, float, float]:
         return kind, 0.0, 1.0
     values = batch.tensors[field].float()
     mask = batch.tensors["loss_mask"] > 0
-    if not mask.any():
+    if index is not None:
+        values, mask = values[index:index + 1], mask[index:index + 1]
+        if not mask.any():
+            mask = batch.tensors["attention_mask"][index:index + 1] > 0
+    elif not mask.any():
         mask = batch.tensors["attention_mask"] > 0
     v = values[mask]
     v = v[torch.isfinite(v)]
@@ -77,7 +89,7 @@ def field_scale(batch: TrajectoryBatch, field: str) -> tuple[str, float, float]:
         return kind, center - 1.0, center + 1.0
     if kind == "diverging":
         s = float(torch.quantile((v - center).abs(), 0.98)) if v.numel() > 1 else float((v - center).abs().max())
-        s = s if s > 1e-8 else max(float((v - center).abs().max()), 1e-8)
+        s = s if s > 0 else float((v - center).abs().max())
         return kind, center - s, center + s
     if kind == "logprob":
         low = float(torch.quantile(v, 0.02)) if v.numel() > 1 else float(v.min())
@@ -127,6 +139,9 @@ def legend_html(field: str, kind: str, low: float, high: float) -> str:
         return (f'<div class="wb-legend"><b>{esc(field)}</b>: {desc} · '
                 '<i style="color:#8a8a8a">grey italic</i> = not trained (prompt, observations, tool results, '
                 'template, human turns)</div>')
+    if kind == "diverging" and high <= low:  # every trained token sits at the centre
+        return (f'<div class="wb-legend"><b>{esc(field)}</b>: all {low:g} on the trained tokens (no colour) · '
+                '<i style="color:#8a8a8a">grey italic</i> = not trained</div>')
     lo_txt, hi_txt = f"{low:+.3g}", f"{high:+.3g}"
     note = {"diverging": "blue below, red above " + f"{(low + high) / 2:g}",
             "logprob": "purple = unlikely token", "sequential": "purple = high"}[kind]
@@ -137,12 +152,21 @@ def legend_html(field: str, kind: str, low: float, high: float) -> str:
 
 
 def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer: Any = None,
-                       scale: tuple[str, float, float] | None = None, texts: list[str] | None = None,
+                       scale: tuple[str, float, float] | str | None = None, texts: list[str] | None = None,
                        style: bool = True) -> str:
-    """HTML of episode `index`'s tokens coloured by `field` (one span per token, value in its title)."""
+    """HTML of episode `index`'s tokens coloured by `field` (one span per token, value in its title).
+
+    `scale`: "episode" (default: this episode's own range), "batch" (the whole batch's),
+    or an explicit (kind, low, high).
+    """
     batch.require(field)
     ep = batch.episodes[index]
-    kind, low, high = scale if scale is not None else field_scale(batch, field)
+    which = scale if isinstance(scale, str) else ("episode" if scale is None else "")
+    if scale is None or isinstance(scale, str):
+        if scale not in (None, *SCALES):
+            raise ValueError(f"scale must be one of {SCALES} or (kind, low, high), not {scale!r}")
+        scale = field_scale(batch, field, None if scale == "batch" else index)
+    kind, low, high = scale
     values = batch.token_values(index, field)
     texts = texts if texts is not None else decode_tokens(tokenizer, ep.token_ids)
     spans = []
@@ -158,6 +182,9 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
     css = STYLE if style else ""
     head = (f'<div class="wb-head">episode {ep.episode_id} · {ep.num_tokens} tokens · '
             f'{ep.response_length} trained</div>')
+    if which and kind != "mask":
+        head += (f'<div class="wb-legend">colour scale: {"this episode" if which == "episode" else "whole batch"}'
+                 '</div>')
     return (f'{css}<div class="wb-root wb-tokens-body">{head}{legend_html(field, kind, low, high)}'
             f'<div class="wb-tokbox">{"".join(spans)}</div></div>')
 
@@ -170,22 +197,41 @@ class TokenView(widgets.VBox):
         tokenizer: decodes the ids (without it tokens show as ⟨id⟩).
         field: quantity shown first; defaults to "advantages" if present, else the first available.
         index: episode shown first.
+        scale: "episode" (each episode coloured on its own range) or "batch" (one range
+            for the whole batch, so colours compare across episodes).
     """
 
     index = traitlets.Int(0, help="position of the shown episode in the batch")
     field = traitlets.Unicode("", help="per-token field used for the colours")
+    scale = traitlets.Enum(SCALES, default_value="episode", help="colour range: this episode's or the batch's")
 
     def __init__(self, batch: TrajectoryBatch | Episode, tokenizer: Any = None, field: str | None = None,
-                 index: int = 0, **kwargs: Any):
+                 index: int = 0, scale: str = "episode", **kwargs: Any):
         self.tokenizer = tokenizer
-        self._pick = widgets.Dropdown(options=[], description="episode", layout=widgets.Layout(width="430px"))
-        self._field = widgets.Dropdown(options=[], description="colour by", layout=widgets.Layout(width="260px"))
+        # The controls wrap onto a second line in a narrow column (e.g. two views side by
+        # side) instead of being clipped.
+        narrow = {"description_width": "initial"}
+        self._pick = widgets.Dropdown(options=[], description="episode", style=narrow,
+                                      layout=widgets.Layout(width="auto", min_width="200px", max_width="430px",
+                                                            flex="1 1 260px"))
+        self._field = widgets.Dropdown(options=[], description="colour by", style=narrow,
+                                       layout=widgets.Layout(width="230px", min_width="230px"))
+        self._scale = widgets.ToggleButtons(options=[("episode scale", "episode"), ("batch scale", "batch")],
+                                            value=scale, style={"button_width": "100px"},
+                                            tooltips=["colours span this episode's values",
+                                                      "colours span the whole batch's values"])
         self._body = widgets.HTML()
         self._body.add_class("wb-tokens-html")
-        super().__init__([widgets.HBox([self._pick, self._field]), self._body], **kwargs)
+        controls = widgets.HBox([self._pick, self._field, self._scale],
+                                layout=widgets.Layout(flex_flow="row wrap", width="100%"))
+        controls.add_class("wb-tokens-controls")
+        super().__init__([controls, self._body], **kwargs)
         self.add_class("wb-tokens")
+        self._ready = False
+        self.scale = scale
         self._pick.observe(lambda c: self._set_index(c["new"]), names="value")
         self._field.observe(lambda c: c["new"] and setattr(self, "field", c["new"]), names="value")
+        self._scale.observe(lambda c: setattr(self, "scale", c["new"]), names="value")
         self._ready = False
         self.set_batch(batch, field=field, index=index)
 
@@ -205,7 +251,6 @@ class TokenView(widgets.VBox):
             batch = TrajectoryBatch([batch])
         self.batch = batch
         self._texts: dict[int, list[str]] = {}
-        self._scales: dict[str, tuple[str, float, float]] = {}
         self._fields = available_fields(batch)
         want = field or (self.field if self.field in self._fields else None) or (
             "advantages" if "advantages" in self._fields else self._fields[0])
@@ -238,7 +283,7 @@ class TokenView(widgets.VBox):
             raise traitlets.TraitError(f"field {value!r} is not in this batch; available: {self._fields}")
         return value
 
-    @traitlets.observe("index", "field")
+    @traitlets.observe("index", "field", "scale")
     def _on_change(self, change: dict) -> None:
         if self._ready:
             self._render()
@@ -248,15 +293,15 @@ class TokenView(widgets.VBox):
             self._body.value = "<i>empty batch</i>"
             return
         i, f = self.index, self.field
-        if f not in self._scales:
-            self._scales[f] = field_scale(self.batch, f)
         if i not in self._texts:
             self._texts[i] = decode_tokens(self.tokenizer, self.batch.episodes[i].token_ids)
-        self._body.value = render_tokens_html(self.batch, i, f, self.tokenizer, self._scales[f], self._texts[i])
+        self._body.value = render_tokens_html(self.batch, i, f, self.tokenizer, self.scale, self._texts[i])
+        if self._scale.value != self.scale:
+            self._scale.value = self.scale
         if self._field.value != f:
             self._field.value = f
         if self._pick.value != i:
             self._pick.value = i
 
     def __repr__(self) -> str:
-        return f"TokenView(episode {self.index}/{len(self.batch)}, field={self.field!r}, fields={self._fields})"
+        return f"TokenView(episode {self.index}/{len(self.batch)}, field={self.field!r}, scale={self.scale!r}, fields={self._fields})"
