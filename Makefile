@@ -1,4 +1,5 @@
 # make demo  - roll out and train the embedded SmolLM2-135M (on the GPU when torch sees one, else CPU)
+# make lab   - JupyterLab on 127.0.0.1, opened on notebooks/01_quickstart
 # make test  - the whole test suite (unit, vLLM, notebooks, browser)
 # Both create or reuse .venv here. CPU torch goes in first: a plain `torch`
 # requirement with no torch installed would pull a multi-GB CUDA build.
@@ -11,7 +12,7 @@ export WORKBENCH_CACHE ?= $(HOME)/.cache/workbench
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo test test-unit test-notebooks bench clean
+.PHONY: install demo lab test test-unit test-notebooks bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -31,6 +32,10 @@ install: $(STAMP)
 demo: install
 	$(BIN)/python -m workbench demo --output runs/demo
 
+# JupyterLab from the venv on 127.0.0.1 (works as root), opened on the quickstart.
+lab: install
+	cd notebooks && ../$(BIN)/jupyter lab --ip=127.0.0.1 --allow-root 01_quickstart.ipynb
+
 test: install
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/ -q -p no:cacheprovider --timeout=900
@@ -39,6 +44,7 @@ test-unit: install
 	$(BIN)/python -m pytest tests -q -m "not vllm and not browser"
 
 bench: install
+	$(BIN)/pip install -q -e ".[bench]"  # TRL (and datasets) for update.py's comparison
 	$(BIN)/python benchmarks/rollout.py
 	$(BIN)/python benchmarks/update.py
 	$(BIN)/python benchmarks/learning.py

@@ -56,16 +56,16 @@ def test_jsonl_and_tensorboard_hold_every_steps_metrics(tiny_model_path, tmp_pat
 
     trainer = trained(tiny_model_path, tmp_path, loggers=["jsonl", "tensorboard"], log_episodes_every=2)
     history = trainer.metrics_history
-    # jsonl: next to checkpoint.output_dir (tmp_path/ckpt), one line per step, the same values.
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # jsonl: in checkpoint.output_dir (tmp_path/ckpt), one line per step, the same values.
+    lines = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in lines] == [0, 1]
     for row, metrics in zip(lines, history):
         assert row.keys() == {k for k, v in metrics.items() if isinstance(v, (int, float, str))}
         assert all(same(row[k], metrics[k]) for k in row)
-    episodes = [json.loads(line) for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    episodes = [json.loads(line) for line in (tmp_path / "ckpt" / "episodes.jsonl").read_text().splitlines()]
     check_rows(episodes, trainer.last_batch, step=1)  # every 2 steps: after the 2nd step (step 1)
 
-    acc = EventAccumulator(str(tmp_path / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
+    acc = EventAccumulator(str(tmp_path / "ckpt" / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     expected = [scalar_metrics(m) for m in history]
     assert set(acc.Tags()["scalars"]) == set(expected[0]) | set(expected[1])
@@ -88,10 +88,10 @@ def test_jsonl_after_resume_has_each_step_once(tiny_model_path, tmp_path):
     first.fit(steps=3)  # checkpoint at step 2; the log has steps 0, 1, 2
     resumed = Trainer(tiny_config(tiny_model_path, tmp_path, log_episodes_every=1), environment=make_env("guess_number"))
     resumed.fit(until_step=4)  # resumes at 2, redoes step 2, then 3
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    lines = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in lines] == [0, 1, 2, 3]
     assert lines[2]["perf/step_seconds"] == resumed.metrics_history[2]["perf/step_seconds"]  # the redone step
-    episode_steps = [json.loads(line)["step"] for line in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    episode_steps = [json.loads(line)["step"] for line in (tmp_path / "ckpt" / "episodes.jsonl").read_text().splitlines()]
     assert episode_steps == [0] * 4 + [1] * 4 + [2] * 4 + [3] * 4
 
 
@@ -172,7 +172,7 @@ def test_wandb_offline_run_holds_every_steps_metrics(tiny_model_path, tmp_path, 
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     trainer = trained(tiny_model_path, tmp_path, loggers=["wandb"], log_episodes_every=2)
-    (run_file,) = (tmp_path / "wandb").glob("offline-run-*/run-*.wandb")
+    (run_file,) = (tmp_path / "ckpt" / "wandb").glob("offline-run-*/run-*.wandb")
     history = {}
     for record in wandb_records(run_file):
         if record.WhichOneof("record_type") == "history":

@@ -9,7 +9,8 @@
 Every field has a docstring directly below it. Sections and field names follow the
 seeds' Configuration Reference (model, inference, training, checkpoint, environment,
 ray); fields added here are the ones a verl/TRL user expects (group size, KL loss,
-LoRA, micro-batches).
+LoRA, micro-batches), and a `reward` section with the seeds' `RewardManager` shaping
+weights (saved with every checkpoint; `--reward-param K=V` on the command line).
 """
 from __future__ import annotations
 
@@ -156,7 +157,11 @@ class InferenceConfig:
     """Episode token budget (prompt + all turns); an episode that would exceed it is
     truncated with reason "context"."""
     stop: list[str] = field(default_factory=list)
-    """Extra stop strings besides the tokenizer's end-of-turn token."""
+    """Extra stop strings besides the tokenizer's end-of-turn token: a reply ends at the
+    sampled token that completes the first of them in its decoded text (hf, vllm and
+    server engines alike). Its ids are kept as sampled up to and including that token,
+    so the stop text stays in the reply (vLLM's `include_stop_str_in_output=True`;
+    see `workbench.engines.base.StopStrings`). Empty strings are ignored."""
     seed: int | None = 0
     """Sampling seed for reproducible rollouts; None draws a fresh one."""
     server_url: str = "http://127.0.0.1:8000"
@@ -272,8 +277,8 @@ class TrainingConfig:
     """Every this many steps `fit` also logs a table of the step's best and worst episodes
     (by score, with their text) to the loggers; 0 = never."""
     log_dir: str | None = None
-    """Folder for the loggers' files; None = the parent of `checkpoint.output_dir` (the CLI's
-    output folder, since it puts checkpoints in OUTPUT/checkpoints)."""
+    """Folder for the loggers' files; None = `checkpoint.output_dir` (the CLI sets this to
+    its output folder)."""
     run_name: str | None = None
     """Run name for trackio and wandb (project "workbench"); None = the log folder's name."""
 
@@ -283,7 +288,10 @@ class CheckpointConfig:
     output_dir: str = "./checkpoints"
     """Folder for checkpoints (`step_000010/` ...)."""
     save_interval: int = 5
-    """Save every N training steps during `fit()`; 0 disables."""
+    """Save every N training steps during `fit()` (when `global_step % N == 0`, and at a
+    `time_limit_s` stop); 0 disables. Counted in steps, not in epochs as the seeds' "save
+    every N epochs" reads: to save every E epochs set E * `training.num_iters_per_epoch`
+    (an epoch is `num_iters_per_epoch` steps)."""
     keep_last_n: int = 3
     """Keep only the newest N checkpoints; 0 keeps all."""
     resume: bool | typing.Literal["force"] = True
@@ -332,6 +340,24 @@ class EnvironmentConfig:
 
 
 @dataclass
+class RewardConfig:
+    """Shaping of environment rewards (`workbench.reward.RewardManager`'s weights): the
+    outcome score of an episode when the trainer has no `reward_fn`. The defaults leave
+    environment rewards unchanged. Saved with every checkpoint's config."""
+
+    step_reward_weight: float = 1.0
+    """Weight of the summed environment rewards (each turn's reward stays on its turn)."""
+    success_bonus: float = 0.0
+    """Added when the episode succeeded (`info["success"]`); the seeds use 5.0."""
+    invalid_action_penalty: float = 0.0
+    """Subtracted per turn whose info has `invalid_action`; the seeds use 0.5."""
+    efficiency_bonus: float = 0.0
+    """Added per unused step (max_steps - turns) when the episode succeeded; the seeds use 0.1."""
+    max_steps: int | None = None
+    """Step budget of the efficiency bonus; None: the environment's `max_steps`."""
+
+
+@dataclass
 class RayConfig:
     use_ray: bool = False
     """Distribute rollout workers with Ray (needs `pip install ray`)."""
@@ -352,6 +378,7 @@ SECTIONS = {
     "checkpoint": CheckpointConfig,
     "environment": EnvironmentConfig,
     "ray": RayConfig,
+    "reward": RewardConfig,
 }
 
 
@@ -371,6 +398,8 @@ class ConfigStore:
     """The environment episodes run in."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Distributed rollout workers."""
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    """Shaping of environment rewards (`RewardManager` weights)."""
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -381,6 +410,10 @@ class ConfigStore:
     def from_dict(cls, data: Mapping[str, Any]) -> "ConfigStore":
         """Build from a nested dict; unknown sections or fields raise ConfigError.
 
+        A verl-style config (sections trainer, data, actor_rollout_ref, critic, algorithm)
+        goes through `workbench.verl_config.from_verl` (one mapping table; keys it does not
+        map are named in a warning).
+
         Numbers written as strings (YAML 1.1 reads `1e-4` as a string) are converted for
         float fields; a string that is not a number is an error naming the field.
         """
@@ -389,6 +422,10 @@ class ConfigStore:
         if not isinstance(data, Mapping):
             raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)}), "
                               f"got {type(data).__name__}: {_short(data)}")
+        from workbench.verl_config import from_verl, is_verl_config
+
+        if is_verl_config(data):  # verl's trainer/data/actor_rollout_ref/critic/algorithm sections
+            return from_verl(data)
         out = cls()
         for section, values in data.items():
             if section not in SECTIONS:
@@ -509,6 +546,11 @@ class ConfigStore:
         if not isinstance(e.params, dict):
             raise ConfigError(f"environment.params must be a dict, got {type(e.params).__name__}")
         _positive_int("ray.num_actors", r.num_actors)
+        for name in ("step_reward_weight", "success_bonus", "invalid_action_penalty", "efficiency_bonus"):
+            if not math.isfinite(getattr(self.reward, name)):
+                raise ConfigError(f"reward.{name} must be a finite number, got {getattr(self.reward, name)!r}")
+        if self.reward.max_steps is not None:
+            _positive_int("reward.max_steps", self.reward.max_steps)
         return self
 
     def __repr__(self) -> str:

@@ -20,8 +20,9 @@ every `training.log_episodes_every` steps a table of that step's best and worst 
                  otherwise (`wandb sync` uploads it later). Episodes as a `wandb.Table`
                  under "episode_table".
 
-`log_dir` is `training.log_dir`, else the parent of `checkpoint.output_dir` (the CLI's
-output folder). Every package is imported only when its logger is asked for.
+`log_dir` is `training.log_dir` (the CLI sets its output folder), else
+`checkpoint.output_dir`, so a run's logs sit with its checkpoints and nothing is written
+into the working directory. Every package is imported only when its logger is asked for.
 """
 from __future__ import annotations
 
@@ -45,10 +46,10 @@ EPISODE_COLUMNS = ("step", "rank", "episode_id", "env_seed", "score", "success",
 
 
 def log_dir(config: ConfigStore) -> Path:
-    """Where the loggers write: `training.log_dir`, else `checkpoint.output_dir`'s parent."""
+    """Where the loggers write: `training.log_dir`, else `checkpoint.output_dir`."""
     if config.training.log_dir is not None:
         return Path(config.training.log_dir)
-    return Path(config.checkpoint.output_dir).resolve().parent
+    return Path(config.checkpoint.output_dir).resolve()
 
 
 def run_name(config: ConfigStore) -> str:
@@ -72,7 +73,7 @@ def episode_rows(batch: Any, step: int, per_end: int = EPISODES_PER_END) -> list
     by score (the total environment reward where an episode has no score); an episode is
     listed once even when it is among both."""
     def score(ep: Any) -> float:
-        return float(ep.score if ep.score is not None else ep.total_reward)
+        return ep.outcome
 
     ranked = sorted(batch, key=score, reverse=True)
     picked: list[tuple[str, Any]] = [(f"best {i + 1}", ep) for i, ep in enumerate(ranked[:per_end])]
