@@ -85,7 +85,25 @@ def build_config(args: argparse.Namespace) -> ConfigStore:
         if args.output_given or not given.get("config"):  # else the file's checkpoint.output_dir stays
             config.checkpoint.output_dir = str(Path(args.output) / "checkpoints")
     resolve_env_args(config, given.get("env_param") or [])
+    if given.get("reward_param"):
+        config.update("reward", parse_key_values(given["reward_param"], "--reward-param", "success_bonus=5"))
     return config.validate()
+
+
+def parse_key_values(pairs: Sequence[str], flag: str, example: str) -> dict[str, Any]:
+    """`["a=1", "b=x"]` -> {"a": 1, "b": "x"}: each value is read as YAML."""
+    import yaml
+
+    values: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{flag} {pair!r}: write it as KEY=VALUE, e.g. {flag} {example}")
+        try:
+            values[key.strip()] = yaml.safe_load(value) if value.strip() else ""
+        except yaml.YAMLError:
+            values[key.strip()] = value
+    return values
 
 
 def parse_env_params(pairs: Sequence[str]) -> dict[str, Any]:
@@ -140,7 +158,7 @@ def episode_transcript(ep: Episode, title: str) -> str:
 
 
 def write_transcript(batch: TrajectoryBatch, path: Path, heading: str) -> Path:
-    eps = sorted(batch, key=lambda e: (e.score if e.score is not None else e.total_reward))
+    eps = sorted(batch, key=lambda e: e.outcome)
     parts = [f"# {heading}", ""]
     if eps:
         parts.append(episode_transcript(eps[-1], "Best"))
@@ -203,7 +221,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from workbench.engines import make_engine
     from workbench.env_registry import make_env
     from workbench.models import load_model_and_tokenizer
-    from workbench.reward import rescore
+    from workbench.reward import score_batch
     from workbench.rollout import Rollout
 
     config = build_config(args)
@@ -219,7 +237,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
                           max_turns=config.inference.max_turns, max_tokens=config.inference.max_tokens,
                           temperature=config.inference.temperature, seed=config.inference.seed)
         start = time.perf_counter()
-        batch = rescore(rollout.run(), None)
+        batch = score_batch(rollout.run(), None, reward=config.reward)  # as the trainer scores
         seconds = time.perf_counter() - start
         slug = env_name.replace(":", "_").replace("/", "_")  # textarena:X / module:Class as a file name
         batch.save(out / f"rollout_{slug}.jsonl")
@@ -316,6 +334,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         sp.add_argument("--env-param", dest="env_param", action="append", default=unset, metavar="K=V",
                         help="environment setting, repeatable (e.g. --env-param high=32); the value is read "
                              "as YAML (32 -> int, true -> bool); added to environment.params")
+        sp.add_argument("--reward-param", dest="reward_param", action="append", default=unset, metavar="K=V",
+                        help="reward shaping weight, repeatable (e.g. --reward-param success_bonus=5); sets "
+                             "reward.K (step_reward_weight, success_bonus, invalid_action_penalty, "
+                             "efficiency_bonus, max_steps)")
         sp.add_argument("--model", default=unset, help=_help(cmd, "model", "hub id, local folder or the embedded model"))
         sp.add_argument("--device", default=unset,
                         help=_help(cmd, "device", '"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1"'))

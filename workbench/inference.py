@@ -106,7 +106,8 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
     """Build a text engine for `backend` ("hf", "vllm", "sglang", "server").
 
     `config` keys: dtype, device, max_model_len, tensor_parallel_size,
-    gpu_memory_utilization, server_url, server_kind. `dtype` and `device` default to
+    gpu_memory_utilization, server_url, server_kind, stop (stop strings every reply
+    ends at, as `inference.stop`). `dtype` and `device` default to
     "auto" (CUDA and bfloat16 when there is a GPU, else CPU and float32); for "vllm",
     `dtype` (or `vllm_dtype`) is the engine's dtype.
     """
@@ -124,7 +125,7 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
     store.inference.backend = backend
     if "max_model_len" in config:
         store.inference.max_context_tokens = config.pop("max_model_len")
-    for key in ("gpu_memory_utilization", "server_url", "server_kind"):
+    for key in ("gpu_memory_utilization", "server_url", "server_kind", "stop"):
         if key in config:
             setattr(store.inference, key, config.pop(key))
     if backend == "vllm":
@@ -138,7 +139,14 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
 
 
 class MultiTurnInferenceEngine:
-    """A conversation (or an environment episode) kept as token ids."""
+    """A conversation (or an environment episode) kept as token ids.
+
+    With `enable_tools=True`, `tool_manager` (a `MultiTurnManager`, or a `ToolRegistry`)
+    supplies the tools and action parser of `run_episode`: its tools are offered in the
+    episode (all but its `EnvironmentStepTool`, which `run_episode` binds to the
+    environment it is given) and model output is parsed with its parser. `step()`
+    stays plain chat (no tools are called there).
+    """
 
     def __init__(self, engine: InferenceEngine, max_turns: int = 5, system_prompt: str | None = None,
                  tool_manager: Any = None, enable_tools: bool = False):
@@ -187,8 +195,18 @@ class MultiTurnInferenceEngine:
         rollout = Rollout(self.engine.engine, [environment], seeds=[seed], max_turns=max_turns or self.max_turns,
                           max_tokens=max_tokens, temperature=temperature, top_p=top_p,
                           seed=seed, initial_prompt=initial_prompt,
-                          parser=getattr(self.tool_manager, "parser", None))
+                          parser=getattr(self.tool_manager, "parser", None), tools=self.tools())
         return rollout.run()[0]
+
+    def tools(self) -> list[Any]:
+        """The tools `run_episode` offers: those of `tool_manager` (when tools are enabled)
+        but its environment-step tool, which the episode binds to its own environment."""
+        from workbench.tools.builtin import EnvironmentStepTool
+
+        if self.tool_manager is None:
+            return []
+        registry = getattr(self.tool_manager, "registry", self.tool_manager)
+        return [t for t in registry.tools() if not isinstance(t, EnvironmentStepTool)]
 
 
 class BatchInferenceManager:

@@ -1,17 +1,27 @@
-"""Rewards: the seeds' `RewardManager` shaping, reward-function calling, re-scoring.
+"""Rewards, in one home: the seeds' `RewardManager` shaping, reward-function calling,
+and `score_batch`, the one scoring function the trainer, the CLI and the reward tuner use.
 
 A reward function takes `(trajectory)` or `(trajectory, environment)` and returns a
-float, the episode's outcome score. Without one, the environment's per-turn rewards
-are used as they are. `RewardManager` is the seeds' shaping, with weights:
+float, the episode's outcome score; the environment it gets is the copy that played
+that episode (`Episode.environment`), else the one passed in (e.g. the trainer's
+prototype, for episodes loaded from a file). Without a reward function, the episode's
+environment rewards are shaped by the `reward` config section (`RewardConfig`, the
+`RewardManager` weights; the defaults leave them as they are):
 
     score = step_reward_weight * sum(env rewards)
           + success_bonus * [episode succeeded]
           - invalid_action_penalty * (#turns with info["invalid_action"])
           + efficiency_bonus * (max_steps - #turns)        (only when it succeeded)
 
-`rescore(batch, reward_fn)` recomputes scores on a stored batch without rolling
-out again (the reward tuner uses it); `token_level_scores` places them on tokens for
-training (`Trainer.score`).
+On tokens (`token_level_scores`): without a reward function each turn's weighted
+environment reward sits on that turn's last policy token and the shaping terms on the
+episode's last policy token (so the token sum is the score); with one, its score sits
+on the last policy token. A reward function replaces the shaping: with both, the
+`reward` section is not applied and `score_batch` warns.
+
+`score_batch(batch, ...)` sets `episode.score` and the token fields; `rescore` sets
+only `episode.score` (a stored batch, no new rollout); `episode_advantages` gives the
+per-episode advantages of a configured estimator (the reward tuner shows them).
 
 Every reward is checked before anything is stored: a reward function's return value
 and every environment turn reward must be a finite float that a float32 tensor can
@@ -23,8 +33,8 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+import warnings
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
@@ -40,66 +50,164 @@ class RewardError(RuntimeError):
     """A reward function failed or returned something unusable; names the episode."""
 
 
-@dataclass
+#: The shaping weights of `RewardManager` (and the `reward` config section), with the
+#: values that leave environment rewards unchanged.
+SHAPING_DEFAULTS: dict[str, float] = {"step_reward_weight": 1.0, "success_bonus": 0.0,
+                                      "invalid_action_penalty": 0.0, "efficiency_bonus": 0.0}
+
+
 class RewardManager:
-    """The seeds' trajectory reward with tunable weights (see module docstring)."""
+    """The seeds' trajectory reward with tunable weights (see module docstring).
 
-    step_reward_weight: float = 1.0
-    """Weight of the summed environment rewards."""
-    success_bonus: float = 0.0
-    """Added when the episode succeeded (the seeds use 5.0)."""
-    invalid_action_penalty: float = 0.0
-    """Subtracted per turn flagged invalid_action (the seeds use 0.5)."""
-    efficiency_bonus: float = 0.0
-    """Per unused step, added on success (the seeds use 0.1)."""
-    max_steps: int | None = None
-    """Step budget for the efficiency bonus; defaults to the environment's max_steps."""
+        RewardManager(environment)                          # seed 000: weights at their defaults
+        RewardManager(environment, success_bonus=5.0, invalid_action_penalty=0.5, efficiency_bonus=0.1)
+        RewardManager.from_config(config.reward, environment)
+        manager.compute_trajectory_reward(trajectory)      # float
+        manager.compute_batch_rewards(trajectories)        # tensor (B,) float32
 
-    def __call__(self, trajectory: Episode, environment: Any = None) -> float:
+    Args:
+        environment: the environment (its `max_steps` is the efficiency bonus's budget);
+            optional. Weights are keyword-only, so an environment is never taken for one.
+        step_reward_weight: weight of the summed environment rewards.
+        success_bonus: added when the episode succeeded (the seeds use 5.0).
+        invalid_action_penalty: subtracted per turn flagged `invalid_action` (the seeds use 0.5).
+        efficiency_bonus: per unused step, added on success (the seeds use 0.1).
+        max_steps: step budget for the efficiency bonus; default: the environment's `max_steps`.
+
+    Trajectories are `Episode`s or the seeds' dicts (`rewards`, `infos`, optional
+    `num_turns` and `success`).
+    """
+
+    def __init__(self, environment: Any = None, *, step_reward_weight: float = 1.0, success_bonus: float = 0.0,
+                 invalid_action_penalty: float = 0.0, efficiency_bonus: float = 0.0, max_steps: int | None = None):
+        if isinstance(environment, (int, float)) and not isinstance(environment, bool):
+            raise TypeError(f"RewardManager's first argument is the environment, got the number {environment!r}; "
+                            "pass weights by keyword, e.g. RewardManager(env, step_reward_weight=1.0)")
+        weights = {"step_reward_weight": step_reward_weight, "success_bonus": success_bonus,
+                   "invalid_action_penalty": invalid_action_penalty, "efficiency_bonus": efficiency_bonus}
+        for name, value in weights.items():
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise TypeError(f"RewardManager {name} must be a finite number, got {value!r}")
+        if max_steps is not None and (isinstance(max_steps, bool) or not isinstance(max_steps, int)
+                                      or max_steps < 1):
+            raise TypeError(f"RewardManager max_steps must be an integer >= 1 or None, got {max_steps!r}")
+        self.environment = environment
+        self.step_reward_weight = float(step_reward_weight)
+        self.success_bonus = float(success_bonus)
+        self.invalid_action_penalty = float(invalid_action_penalty)
+        self.efficiency_bonus = float(efficiency_bonus)
+        self.max_steps = max_steps
+
+    @classmethod
+    def from_config(cls, reward: Any = None, environment: Any = None) -> "RewardManager":
+        """A manager with the weights of a `reward` config section (`RewardConfig`), a
+        mapping of them, or another manager; None: the defaults."""
+        if reward is None:
+            return cls(environment)
+        if isinstance(reward, RewardManager):
+            return cls(environment if environment is not None else reward.environment,
+                       max_steps=reward.max_steps, **reward.weights())
+        values = dict(reward) if isinstance(reward, Mapping) else {
+            k: getattr(reward, k) for k in (*SHAPING_DEFAULTS, "max_steps") if hasattr(reward, k)}
+        return cls(environment, **values)
+
+    def __call__(self, trajectory: Any, environment: Any = None) -> float:
         return self.compute_trajectory_reward(trajectory, environment)
 
-    def compute_trajectory_reward(self, trajectory: Episode, environment: Any = None) -> float:
-        """The shaped score of one episode."""
-        score = self.step_reward_weight * sum(trajectory.rewards)
-        if trajectory.success:
+    def compute_trajectory_reward(self, trajectory: Any, environment: Any = None) -> float:
+        """The shaped score of one episode (an `Episode` or the seeds' dict)."""
+        rewards, infos, turns, success = _parts(trajectory)
+        score = self.step_reward_weight * math.fsum(rewards)
+        if success:
             score += self.success_bonus
-            budget = self.max_steps or getattr(environment, "max_steps", None) or len(trajectory.turns)
-            score += self.efficiency_bonus * max(0, budget - len(trajectory.turns))
-        invalid = sum(1 for info in trajectory.infos if info.get("invalid_action"))
+            env = environment if environment is not None else self.environment
+            if env is None:
+                env = getattr(trajectory, "environment", None)
+            budget = self.max_steps or getattr(env, "max_steps", None) or turns
+            score += self.efficiency_bonus * max(0, budget - turns)
+        invalid = sum(1 for info in infos if (info or {}).get("invalid_action"))
         score -= self.invalid_action_penalty * invalid
         return float(score)
 
-    def compute_batch_rewards(self, trajectories: Sequence[Episode], environment: Any = None) -> list[float]:
-        return [self.compute_trajectory_reward(t, environment) for t in trajectories]
+    def compute_batch_rewards(self, trajectories: Sequence[Any], environment: Any = None) -> torch.Tensor:
+        """Scores of the trajectories (a `TrajectoryBatch` or a list): tensor (B,) float32."""
+        return torch.tensor([self.compute_trajectory_reward(t, environment) for t in trajectories],
+                            dtype=torch.float32)  # (B,)
 
     def weights(self) -> dict[str, float]:
-        return {"step_reward_weight": self.step_reward_weight, "success_bonus": self.success_bonus,
-                "invalid_action_penalty": self.invalid_action_penalty, "efficiency_bonus": self.efficiency_bonus}
+        """The four shaping weights."""
+        return {name: getattr(self, name) for name in SHAPING_DEFAULTS}
+
+    @property
+    def is_identity(self) -> bool:
+        """True when the weights leave environment rewards unchanged (the defaults)."""
+        return self.weights() == SHAPING_DEFAULTS
+
+    def __repr__(self) -> str:
+        env = type(self.environment).__name__ if self.environment is not None else None
+        args = ", ".join(f"{k}={v:g}" for k, v in self.weights().items())
+        return f"RewardManager({env}, {args}, max_steps={self.max_steps})"
 
 
-def _arity(fn: RewardFn) -> int:
+def _parts(trajectory: Any) -> tuple[list[float], list[dict], int, bool]:
+    """(rewards, infos, number of turns, success) of an `Episode` or a seeds'-style dict."""
+    if isinstance(trajectory, Mapping):
+        rewards = [float(r) for r in trajectory.get("rewards", [])]
+        infos = list(trajectory.get("infos", []) or [])
+        turns = int(trajectory.get("num_turns", len(rewards)))
+        success = trajectory.get("success")
+        if success is None:
+            success = bool(infos and (infos[-1] or {}).get("success", False))
+        return rewards, infos, turns, bool(success)
+    return ([float(r) for r in trajectory.rewards], list(trajectory.infos), len(trajectory.turns),
+            bool(trajectory.success))
+
+
+def takes_environment(fn: RewardFn) -> bool:
+    """Whether `fn` is called as `fn(trajectory, environment)`: it accepts a second
+    positional argument, required or not (`RewardManager.__call__(trajectory,
+    environment=None)` does), or `*args`. Otherwise it is called as `fn(trajectory)`."""
     try:
-        params = [p for p in inspect.signature(fn).parameters.values()
-                  if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty]
-        return len(params)
+        params = list(inspect.signature(fn).parameters.values())
     except (TypeError, ValueError):
-        return 1
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return True
+    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 2
 
 
-def call_reward_fn(fn: RewardFn, episode: Episode, environment: Any = None) -> float:
-    """Call `fn(trajectory)` or `fn(trajectory, environment)`; errors name the episode."""
+def _as_float(value: Any) -> float:
+    """A reward function's result as a float: a number, a mapping with "score"/"reward"/
+    "total", or an object with `.score`."""
+    if isinstance(value, Mapping):
+        for key in ("score", "reward", "total"):
+            if key in value:
+                return float(value[key])
+        raise TypeError(f"a dict without 'score'/'reward' ({sorted(value)})")
+    if hasattr(value, "score") and not isinstance(value, (int, float)):
+        return float(value.score)
+    return float(value)
+
+
+def call_reward_fn(fn: RewardFn, episode: Episode, environment: Any = None, own_first: bool = True) -> float:
+    """Call `fn(trajectory)` or `fn(trajectory, environment)`; errors name the episode.
+
+    The environment is the episode's own (`episode.environment`, the copy that played
+    it) when it has one, else `environment` (`own_first=False`: `environment` unless
+    it is None)."""
+    env = _pick(episode, environment, own_first)
     try:
-        value = fn(episode, environment) if _arity(fn) >= 2 else fn(episode)
+        value = fn(episode, env) if takes_environment(fn) else fn(episode)
     except Exception as exc:
         raise RewardError(
             f"reward_fn raised {type(exc).__name__} on episode {episode.episode_id} "
             f"(group {episode.group_id!r}, env seed {episode.env_seed}): {exc}"
         ) from exc
     try:
-        value = float(value)
+        value = _as_float(value)
     except (TypeError, ValueError) as exc:
         raise RewardError(
-            f"reward_fn returned {type(value).__name__} for episode {episode.episode_id}; return a float"
+            f"reward_fn returned {type(value).__name__} for episode {episode.episode_id}; return a float ({exc})"
         ) from exc
     if not math.isfinite(value):
         raise RewardError(f"reward_fn returned {value} for episode {episode.episode_id}; return a finite float")
@@ -135,44 +243,79 @@ def check_env_rewards(episode: Episode) -> None:
     _check_fits(total, f"environment rewards of {_where(episode)} sum to {total!r}")
 
 
-def episode_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None) -> list[float]:
-    """Outcome score per episode: reward_fn if given, else the summed env rewards.
+def _environments(batch: TrajectoryBatch, environment: Any) -> list[Any]:
+    """The environment argument per episode: one for all, or a list with one per episode."""
+    if isinstance(environment, (list, tuple)):
+        if len(environment) != len(batch):
+            raise ValueError(f"{len(environment)} environments for {len(batch)} episodes")
+        return list(environment)
+    return [environment] * len(batch)
 
-    Environment rewards are checked either way (`check_env_rewards`); nothing is stored.
+
+def _pick(episode: Episode, environment: Any, own_first: bool) -> Any:
+    own = episode.environment
+    if own_first:
+        return own if own is not None else environment
+    return environment if environment is not None else own
+
+
+def _shaping(reward: Any) -> RewardManager:
+    return reward if isinstance(reward, RewardManager) else RewardManager.from_config(reward)
+
+
+def episode_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,
+                   reward: Any = None, own_first: bool = True) -> list[float]:
+    """Outcome score per episode: `reward_fn` if given, else the environment rewards
+    shaped by `reward` (a `RewardConfig`, `RewardManager` or mapping of its weights;
+    None: unshaped). Nothing is stored.
+
+    `environment`: one environment for every episode, or a list with one per episode;
+    an episode's own `environment` (the copy that played it) comes first (with
+    `own_first=False`, a given one does: the reward tuner's explicit `environment=`).
+    Environment rewards are checked either way (`check_env_rewards`).
     """
     for ep in batch:
         check_env_rewards(ep)
+    envs = _environments(batch, environment)
     if reward_fn is None:
-        return [ep.total_reward for ep in batch]
-    return [call_reward_fn(reward_fn, ep, environment) for ep in batch]
+        manager = _shaping(reward)
+        return [manager.compute_trajectory_reward(ep, _pick(ep, env, own_first)) for ep, env in zip(batch, envs)]
+    if reward is not None and not _shaping(reward).is_identity:
+        warnings.warn("a reward_fn is given, so the reward shaping weights (the `reward` config section: "
+                      f"{_shaping(reward).weights()}) are not applied; shape inside the reward_fn, or drop it "
+                      "to use the weights", UserWarning, stacklevel=3)
+    return [call_reward_fn(reward_fn, ep, env, own_first) for ep, env in zip(batch, envs)]
 
 
-def rescore(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None) -> TrajectoryBatch:
+def rescore(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,
+            reward: Any = None) -> TrajectoryBatch:
     """Set `episode.score` for every episode of a stored batch (no new rollout).
 
     All-or-nothing: every score is computed (and checked) first; if the reward function
     fails on one episode, `RewardError` names it and no episode's score changes.
     """
-    scores = episode_scores(batch, reward_fn, environment)
+    scores = episode_scores(batch, reward_fn, environment, reward)
     for ep, s in zip(batch, scores):
         ep.score = s
     return batch
 
 
-def token_level_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None,
-                       environment: Any = None) -> tuple[torch.Tensor, list[float]]:
+def token_level_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,
+                       reward: Any = None, own_first: bool = True) -> tuple[torch.Tensor, list[float]]:
     """Rewards placed on tokens, and the outcome score per episode; nothing is stored.
 
     With `reward_fn`, its score sits on the episode's last policy token; without, each
-    turn's environment reward sits on that turn's last policy token (the episode's last
-    policy token for a turn with none, e.g. a typed one). Episodes without policy tokens
-    get no token reward.
+    turn's environment reward times `step_reward_weight` sits on that turn's last policy
+    token (the episode's last policy token for a turn with none, e.g. a typed one), and
+    the other shaping terms of `reward` on the episode's last policy token, so the
+    tokens sum to the score. Episodes without policy tokens get no token reward.
 
     Returns:
         (scores (B, T) float32, outcome score per episode). Raises `RewardError` naming
         the episode for a failing reward function or an unusable reward.
     """
-    outcome = episode_scores(batch, reward_fn, environment)  # checks every reward first
+    outcome = episode_scores(batch, reward_fn, environment, reward, own_first)  # checks every reward first
+    weight = _shaping(reward).step_reward_weight
     scores = torch.zeros_like(batch.loss_mask, dtype=torch.float32)  # (B, T)
     for b, ep in enumerate(batch):
         policy_pos = [i for i, m in enumerate(ep.loss_mask) if m]
@@ -184,8 +327,47 @@ def token_level_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None,
             ends = [i for i in range(turn.token_start, turn.token_end) if ep.loss_mask[i]]
             pos = ends[-1] if ends else (policy_pos[-1] if policy_pos else None)
             if pos is not None:
-                scores[b, pos] += turn.reward
+                scores[b, pos] += weight * turn.reward
+        extra = outcome[b] - weight * math.fsum(float(r) for r in ep.rewards)  # the shaping terms
+        if extra and policy_pos:
+            scores[b, policy_pos[-1]] += extra
         if not bool(torch.isfinite(scores[b]).all()):  # float32 sums of in-range rewards can overflow
             raise RewardError(f"environment rewards of {_where(ep)} overflow float32 when added on one token; "
                               "rescale the reward")
     return scores, outcome
+
+
+def score_batch(batch: TrajectoryBatch, reward_fn: RewardFn | None = None, environment: Any = None,
+                reward: Any = None, own_first: bool = True) -> TrajectoryBatch:
+    """The scoring function (`Trainer.score`, the CLI and `RewardTuner.apply` use it).
+
+    Sets `episode.score` (the outcome) of every episode and the batch's
+    `token_level_scores` and `token_level_rewards` (a copy, before any KL penalty); see
+    `token_level_scores` for the placement. All-or-nothing: a failing reward function or
+    an unusable reward raises `RewardError` naming the episode, and nothing changes.
+    """
+    scores, outcome = token_level_scores(batch, reward_fn, environment, reward, own_first)  # (B, T), (B,)
+    for ep, value in zip(batch, outcome):
+        ep.score = value
+    batch.set("token_level_scores", scores)
+    batch.set("token_level_rewards", scores.clone())
+    return batch
+
+
+def episode_advantages(scores: Sequence[float], group_ids: Sequence[Any], adv_estimator: str = "grpo",
+                       norm_adv_by_std_in_grpo: bool = True, gamma: float = 1.0, lam: float = 1.0) -> list[float]:
+    """Per-episode advantage of outcome scores under a registered estimator
+    (`training.adv_estimator`): each score as a one-token episode's reward, grouped by
+    `group_ids`. "gae" has no critic here: values are taken as 0, so its advantage is the
+    (whitened) score itself. This is what the update sees on an episode's last token."""
+    from workbench import algo
+
+    if not len(scores):
+        return []
+    rewards = torch.tensor([float(s) for s in scores], dtype=torch.float32)[:, None]  # (B, 1)
+    mask = torch.ones_like(rewards)
+    estimator = algo.get_advantage_estimator(adv_estimator)
+    adv, _ = estimator(token_level_rewards=rewards, response_mask=mask, index=list(group_ids),
+                       values=torch.zeros_like(rewards), gamma=gamma, lam=lam,
+                       norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo)
+    return adv[:, 0].tolist()

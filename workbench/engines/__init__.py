@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams, StopStrings
 from workbench.engines.hf import HFEngine
 
 
@@ -22,7 +22,16 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
             weights when it is None).
         tokenizer: the policy's tokenizer.
         model_path: folder the vllm engine loads its initial weights from.
+
+    The engine's `stop` is set to `config.inference.stop`: every reply ends at its first
+    stop string (`workbench.engines.base.StopStrings`).
     """
+    engine = _make_engine(config, model, tokenizer, model_path)
+    engine.stop = list(config.inference.stop)  # every call of the engine honours inference.stop
+    return engine
+
+
+def _make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> GenerationEngine:
     inf = config.inference
     if inf.backend == "hf":
         return HFEngine(model, tokenizer)
@@ -52,4 +61,5 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
     raise EngineError(f"unknown inference.backend {inf.backend!r}; use hf, vllm, sglang or server")
 
 
-__all__ = ["EngineError", "GenerationEngine", "GenerationResult", "HFEngine", "SamplingParams", "make_engine"]
+__all__ = ["EngineError", "GenerationEngine", "GenerationResult", "HFEngine", "SamplingParams", "StopStrings",
+           "make_engine"]

@@ -44,6 +44,9 @@ class SamplingParams:
     """Top-k cut-off; -1 disables."""
     stop_token_ids: list[int] = field(default_factory=list)
     """Generation ends after any of these ids (the id is kept in the output)."""
+    stop: list[str] = field(default_factory=list)
+    """Stop strings, added to the engine's own (`GenerationEngine.stop`, from
+    `inference.stop`); see `StopStrings` for where a reply ends."""
     seed: int | None = None
     """Seed for this call; None = engine's own random state."""
 
@@ -54,6 +57,8 @@ class SamplingParams:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) for s in self.stop):
+            raise ValueError(f"stop must be a list of strings, got {self.stop!r}")
 
 
 @dataclass
@@ -82,8 +87,17 @@ class GenerationEngine(ABC):
     #: Backend name as used in `config.inference.backend`.
     name: str = "base"
 
+    #: Stop strings every call of this engine honours (`make_engine` sets them from
+    #: `inference.stop`); a call's `SamplingParams.stop` adds to them.
+    stop: list[str] = []
+
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
+
+    def stop_strings(self, params: SamplingParams) -> "StopStrings | None":
+        """The stop strings of one call (the engine's and `params.stop`), None when there are none."""
+        stops = [s for s in dict.fromkeys([*self.stop, *params.stop]) if s]  # "" would stop at once: ignored
+        return StopStrings(self.tokenizer, stops) if stops else None
 
     @abstractmethod
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
@@ -147,6 +161,59 @@ class GenerationEngine(ABC):
 _POOL_LOCK = threading.Lock()
 
 
+class StopStrings:
+    """Where a reply ends on a stop string, decided on token ids as sampled.
+
+    A reply ends at the first sampled token that completes one of `stops` in the
+    decoded reply text (special tokens skipped, as vLLM does). The ids are kept as
+    sampled up to and including that token and nothing after it, so the stop text is
+    included in the output (vLLM's `include_stop_str_in_output=True`): the kept ids
+    are never cut inside a token nor decoded and re-encoded, and the reply's text may
+    even go on past the stop string to the end of that last token (e.g. stop "e" and a
+    last token "es"). The finish reason is "stop". Stop *ids* (end of turn) are
+    separate: `SamplingParams.stop_token_ids`.
+    """
+
+    def __init__(self, tokenizer: Any, stops: list[str]):
+        if isinstance(stops, str) or not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(f"stop strings must be a list of non-empty strings, got {stops!r}")
+        self.tokenizer = tokenizer
+        self.stops = list(stops)
+        # A stop of L characters is at most 4L bytes, so it lies within the last 4L
+        # byte-level tokens (each token holds at least one byte); +2 for safety.
+        self.window = 4 * max(len(s) for s in self.stops) + 2
+
+    def completes(self, ids: list[int]) -> bool:
+        """True when the last `window` ids of the reply hold a stop string.
+
+        Meant to be asked after every sampled token, from the first on: the first time it
+        is True, the last token is the one that completed the stop string. Only the last
+        `window` ids are decoded, so the check costs the same at any reply length."""
+        if not ids:
+            return False
+        tail = self.tokenizer.decode(ids[-self.window:], skip_special_tokens=True)
+        return any(s in tail for s in self.stops)
+
+    def end(self, ids: list[int]) -> int | None:
+        """Number of ids to keep: one past the first token that completes a stop string
+        (None when the reply holds none). Scans the reply token by token."""
+        for n in range(1, len(ids) + 1):
+            if self.completes(ids[:n]):
+                return n
+        return None
+
+    def cut(self, result: "GenerationResult") -> "GenerationResult":
+        """`result` ending at its first stop string (ids and logprobs cut alike, finish
+        reason "stop"); unchanged when it holds none (or is an error)."""
+        if result.finish_reason == "error":
+            return result
+        n = self.end(result.token_ids)
+        if n is None:
+            return result
+        return dataclasses.replace(result, token_ids=result.token_ids[:n], logprobs=result.logprobs[:n],
+                                   finish_reason="stop")
+
+
 def with_seed(params: SamplingParams, seed: int | None) -> SamplingParams:
     """A copy of `params` with another seed."""
-    return dataclasses.replace(params, seed=seed, stop_token_ids=list(params.stop_token_ids))
+    return dataclasses.replace(params, seed=seed, stop_token_ids=list(params.stop_token_ids), stop=list(params.stop))

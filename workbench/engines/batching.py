@@ -28,7 +28,8 @@ RunBatch = Callable[[list[list[int]], list[SamplingParams]], list[GenerationResu
 
 
 def _group_key(params: SamplingParams) -> tuple:
-    return (params.max_tokens, params.temperature, params.top_p, params.top_k, tuple(params.stop_token_ids))
+    return (params.max_tokens, params.temperature, params.top_p, params.top_k, tuple(params.stop_token_ids),
+            tuple(params.stop))
 
 
 class DynamicBatcher:

@@ -2,8 +2,10 @@
 
 One call samples every prompt together: prompts are left-padded into one (B, T)
 batch, prefilled once, then decoded token by token with the KV cache. Rows that
-hit a stop id leave the batch (the cache is compacted), so short answers don't pay
-for long ones. The loop is ours rather than `model.generate` so that the raw-model
+hit a stop id, or complete a stop string (`SamplingParams.stop`, the engine's `stop`
+from `inference.stop`; see `base.StopStrings`: the ids are kept as sampled up to and
+including the token that completes it), leave the batch (the cache is compacted), so
+short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the raw-model
 logprob of each sampled id comes out of the same forward that sampled it, without
 storing (B, V) logits per step.
 
@@ -195,6 +197,7 @@ class HFEngine(GenerationEngine):
         self._prompt_tokens += sum(len(p) for p in prompts)
 
         stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=device)
+        stop_strings = self.stop_strings(params)  # checked per row after every sampled token
         out_ids: list[list[int]] = [[] for _ in range(B)]
         out_lp: list[list[float]] = [[] for _ in range(B)]
         finish: list[str] = ["length"] * B
@@ -228,6 +231,9 @@ class HFEngine(GenerationEngine):
             for j, row in enumerate(alive.tolist()):
                 out_ids[row].append(tok_list[j])
                 out_lp[row].append(lp_list[j])
+                if stop_strings is not None and not done_list[j] and stop_strings.completes(out_ids[row]):
+                    done_list[j] = True  # this token completed a stop string: the reply ends with it
+                    done_mask[j] = True
                 if done_list[j]:
                     finish[row] = "stop"
                 if (done_list[j] or last_step) and self.prefix_cache is not None:

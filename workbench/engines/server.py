@@ -10,14 +10,15 @@ vLLM (`kind="vllm"`, e.g. `vllm serve <model folder> --port 8001`):
   POST {base_url}/v1/completions with `prompt` = list of ids, `logprobs=0` (sampled
   token only), `return_token_ids=true` (ids in `choices[0].token_ids`) and
   `return_tokens_as_token_ids=true` (the logprob entries are labelled "token_id:<id>",
-  which is checked against the ids), `stop_token_ids`, `ignore_eos=true`. Logprobs
+  which is checked against the ids), `stop_token_ids`, `ignore_eos=true`, and stop
+  strings as `stop` with `include_stop_str_in_output=true`. Logprobs
   are raw (temperature-1) as long as the server runs with its default
   `--logprobs-mode raw_logprobs`. Start it with `--enable-prompt-tokens-details` to
   get prefix-cache hits back in `num_cached_tokens`.
 
 SGLang (`kind="sglang"`, `python -m sglang.launch_server --model-path ... --port 30000`):
   POST {base_url}/generate with `input_ids`, `sampling_params` {max_new_tokens,
-  temperature, top_p, top_k, stop_token_ids, ignore_eos, no_stop_trim,
+  temperature, top_p, top_k, stop_token_ids, ignore_eos, no_stop_trim, stop,
   sampling_seed}, `return_logprob=true`; ids and logprobs are read from
   `meta_info.output_token_logprobs` ([logprob, token_id, text] triples), the reason
   from `meta_info.finish_reason`, cache hits from `meta_info.cached_tokens`. SGLang
@@ -39,6 +40,12 @@ the URL and what is wrong; never retried) when: a token id is not an integer in
 `max_response_bytes` (read in chunks, so an oversized body is never held whole).
 Only `http://` and `https://` base URLs are accepted, and redirects to any other
 scheme are refused.
+
+Stop strings (the engine's `stop`, from `inference.stop`, plus `SamplingParams.stop`)
+are sent to the server, and the answer is then cut by `base.StopStrings` too: the
+reply ends at the token that completes the first stop string, ids and logprobs kept
+as sampled up to it, the stop text included -- the same place as with the hf engine,
+even if a server ignores or trims stop strings.
 
 Weights: a server's weights belong to the server. `sync_weights` raises EngineError
 by default (`on_sync="ignore"` makes it a no-op for evaluation with a fixed policy).
@@ -300,6 +307,9 @@ class ServerEngine(GenerationEngine):
         try:
             result = self._parse_vllm(answer) if self.kind == "vllm" else self._parse_sglang(answer)
             self._check_result(result, params)
+            stops = self.stop_strings(params)
+            if stops is not None:  # the reply ends at its first stop string, whatever the server did
+                result = stops.cut(result)
         except _BadAnswer as exc:
             raise EngineError(f"{self._where()}: refused the answer to {path}: {exc}") from exc
         except (KeyError, IndexError, TypeError, ValueError, AttributeError) as exc:
@@ -340,6 +350,10 @@ class ServerEngine(GenerationEngine):
             "skip_special_tokens": False,
             "stream": False,
         }
+        stops = self.stop_strings(params)
+        if stops is not None:
+            body["stop"] = stops.stops
+            body["include_stop_str_in_output"] = True
         if seed is not None:
             body["seed"] = seed
         return body
@@ -380,6 +394,9 @@ class ServerEngine(GenerationEngine):
             "skip_special_tokens": False,
             "no_stop_trim": True,
         }
+        stops = self.stop_strings(params)
+        if stops is not None:
+            sampling["stop"] = stops.stops  # no_stop_trim keeps the stop text, as vLLM's include_stop_str_in_output
         if seed is not None:
             sampling["sampling_seed"] = seed
         return {"input_ids": prompt, "sampling_params": sampling, "return_logprob": True, "logprob_start_len": -1}

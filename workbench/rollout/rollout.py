@@ -166,6 +166,7 @@ class Rollout:
         self.turn_counter = 0
         for i, env in enumerate(self.environments):
             ep = Episode(episode_id=i, group_id=self.group_ids[i], env_name=type(env).__name__, env_seed=self.seeds[i])
+            ep.environment = env  # the copy that plays it (reward_fn gets it; not saved or pickled)
             registry = ToolRegistry()
             for tool in self.tools:
                 registry.register(tool)

@@ -40,15 +40,11 @@ SHAPING_WEIGHTS = ("success_bonus", "invalid_action_penalty", "efficiency_bonus"
 
 
 def score_of(result: Any) -> float:
-    """A reward function's result as a float (number, dict with score/reward, or object with .score)."""
-    if isinstance(result, Mapping):
-        for key in ("score", "reward", "total"):
-            if key in result:
-                return float(result[key])
-        raise TypeError(f"reward function returned a dict without 'score'/'reward': {sorted(result)}")
-    if hasattr(result, "score") and not isinstance(result, (int, float)):
-        return float(result.score)
-    return float(result)
+    """A reward function's result as a float (number, dict with score/reward, or object with
+    .score): `workbench.reward`'s rule, which the trainer applies too."""
+    from workbench.reward import _as_float
+
+    return _as_float(result)
 
 
 def stored_scores(batch: TrajectoryBatch) -> list[float]:
@@ -142,18 +138,10 @@ def apply_reward_fn(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any],
 
 
 def takes_environment(fn: Callable[..., Any]) -> bool:
-    """Whether `fn` accepts a second positional argument (the environment), required or not.
+    """Whether `fn` gets the environment: `workbench.reward.takes_environment` (the trainer's rule)."""
+    from workbench.reward import takes_environment as rule
 
-    `RewardManager.__call__(trajectory, environment=None)` does: counting only required
-    parameters would never pass it the environment.
-    """
-    try:
-        params = list(inspect.signature(fn).parameters.values())
-    except (TypeError, ValueError):
-        return False
-    if any(p.kind is p.VAR_POSITIONAL for p in params):
-        return True
-    return sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params) >= 2
+    return rule(fn)
 
 
 def shared_bins(*series: Sequence[float], nbins: int = 20) -> dict[str, float]:
@@ -395,16 +383,6 @@ class RewardTuner(widgets.VBox):
 
     # -- internals ------------------------------------------------------------------------------
     _hold = False
-
-    def _with_environment(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        """`fn` called with each episode's own environment (as `rescore_table` does)."""
-        if not takes_environment(fn):
-            return fn
-        env_of = {id(ep): env for ep, env in zip(self.batch.episodes, self.environments)}
-
-        def with_env(trajectory: Episode) -> Any:  # one argument: rescore calls it as fn(episode)
-            return fn(trajectory, env_of.get(id(trajectory)))
-        return with_env
 
     def _budget_note(self) -> str:
         """Where the efficiency bonus's step budget comes from (only when that weight exists)."""
