@@ -24,8 +24,7 @@ from workbench.env_registry import (  # noqa: E402
 from workbench.environment import BaseEnvironment
 from workbench.gym_adapter import GymTextEnvironment
 from workbench.inference import (
-    BatchInferenceManager, GenerationOutput, InferenceEngine, MultiTurnInferenceEngine,
-    create_inference_engine,
+    BatchInferenceManager, GenerationOutput, MultiTurnInferenceEngine, create_inference_engine,
 )
 from workbench.reward import RewardError, RewardManager, rescore
 from workbench.rollout import Rollout, check_token_alignment
@@ -33,7 +32,17 @@ from workbench.tools import (
     ActionParser, CalculatorTool, EnvironmentStepTool, FunctionCallingParser, JSONActionParser,
     MultiTurnManager, ReActActionParser, Tool, ToolDefinition, ToolRegistry,
 )
-from workbench.training import RayPPOTrainer, Trainer
+from workbench.training import Trainer
 from workbench.trajectory import Episode, RolloutData, Trajectory, TrajectoryBatch, Turn
+# The seeds' remaining names: seed 000's pipeline, verl's data shapes and trainer form (seeds 002/003).
+from workbench.data import DataProto, PromptEnvironment, RLHFDataset, collate_fn
+from workbench.seed_api import (
+    CustomGameEnvironment, InferenceEngine, MultiTurnChatHarness, PPOTrainer, SimpleGameEnvironment,
+)
+from workbench.verl_compat import (
+    CustomEnvironmentDataset, EnvironmentRewardWrapper, RayPPOTrainer, ResourcePoolManager, Role,
+    create_trainer,
+)
+from workbench.verl_config import from_verl
 
 __version__ = "0.1.0"

@@ -167,6 +167,7 @@ class RolloutWorker:
     def run(self, indices: list[int], seeds: list[int], temperature: float | None, sampling_seed: int | None):
         """Roll out episodes `indices` of the batch (env seeds `seeds`); yields
         ("episode", index, Episode) as each ends, then ("meta", batch meta)."""
+        from workbench.data import episode_inputs
         from workbench.rollout.async_rollout import AsyncRollout
         from workbench.rollout.rollout import Rollout
 
@@ -175,8 +176,10 @@ class RolloutWorker:
         seed = sampling_seed
         if seed is not None and not inf.async_rollout:
             seed = sampling_seed + indices[0]  # see the module docstring
+        # int seeds, or `dataset=` items (workbench.data.EpisodeSpec: seed, prompt, params per episode)
+        envs, seeds, group_ids = episode_inputs(lambda: make_environment(self.environment), list(seeds))
         rollout = cls(
-            self.engine, [make_environment(self.environment) for _ in seeds], seeds=list(seeds),
+            self.engine, envs, seeds=seeds, group_ids=group_ids,
             max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
             temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
             top_k=inf.top_k, max_context_tokens=inf.max_context_tokens, seed=seed,

@@ -108,6 +108,7 @@ class Trainer:
             self.engine = make_engine(config, self.policy.model, self.tokenizer)
         else:
             self.engine = engine
+            self.engine.stop = list(config.inference.stop)  # this trainer's stop strings
             self.engine.sync_weights(self.policy.model)
         self.critic = Critic(config.model) if t.adv_estimator == "gae" else None
         self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.learning_rate,
