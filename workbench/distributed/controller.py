@@ -25,8 +25,7 @@ records the version it was sampled with (`Episode.weight_version`).
 Simplified: the controller keeps a full copy of the policy (a 7B model would want the
 old/ref logprob and value forwards on the learners too); the learners' Adam moments are
 not in checkpoints (a resumed run restarts them; weights, RNG and step are restored);
-episodes of a `dataset=` with per-item environment params are not supported with Ray
-yet (the workers receive the one prototype environment).
+`dataset=` items reach the workers as they are, but no test covers that path with Ray yet.
 """
 from __future__ import annotations
 
