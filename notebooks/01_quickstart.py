@@ -177,13 +177,14 @@ VBox([table, conv, toks])
 # %% [markdown]
 # ## 7. Train with a live dashboard
 #
-# `trainer.fit` repeats rollout → score → advantages → update. The dashboard's `callback` receives
+# `trainer.fit(steps=N)` repeats rollout → score → advantages → update N more times (run the cell
+# again and it trains N more). The dashboard's `callback` receives
 # each step's metrics and redraws (at most twice a second, so it never slows training down).
 
 # %%
 dash = TrainingDashboard(title="GRPO on guess_number")
 display(dash)
-history = trainer.fit(num_epochs=1, num_iters_per_epoch=2 if SMOKE else 8, callbacks=[dash.callback])
+history = trainer.fit(steps=2 if SMOKE else 8, callbacks=[dash.callback])
 dash.flush()
 
 # %%

@@ -82,7 +82,7 @@ for section in a:
 
 # %%
 grpo = Trainer(make_config("grpo"))
-grpo.fit(num_epochs=1, num_iters_per_epoch=1 if SMOKE else 2)
+grpo.fit(steps=1 if SMOKE else 2)
 ppo = Trainer(make_config("gae"))
 ppo.policy.load_trainable_state_dict(grpo.policy.trainable_state_dict())
 ppo.engine.sync_weights(ppo.policy.model)

@@ -4,12 +4,15 @@
 # Everything in the previous notebooks ran with the `hf` engine: transformers on the CPU, sampling
 # from the very module being trained. Moving to a GPU, a faster sampler or several GPUs changes
 # **configuration only**: the trainer, environments, reward functions and widgets stay the same.
-# This notebook prints and validates the configs (cheap cells; nothing is started).
+# Most cells print and validate configs; one starts a real local Ray cluster on this CPU.
 
 # %%
 # NBVAL_CHECK_OUTPUT
+import tempfile
+
 from workbench import ConfigStore
 from workbench.config import ConfigError
+from workbench.training import Trainer
 
 
 def changes(base, other):
@@ -124,18 +127,63 @@ try_config(training__adv_estimator="ppo")
 try_config(model__tensor_parallel_size=0)
 
 # %% [markdown]
-# Ray workers are not part of this build; the trainer says what to use instead (before loading any model):
+# ## Ray: rollout workers and data-parallel learners
+#
+# With `ray.use_ray = True` the same `Trainer` becomes a controller: `rollout()` is sampled by
+# `ray.num_actors` rollout workers (each with its own engine and environment copies), and
+# `update()` runs on `ray.num_learners` learners that form one `torch.distributed` group and shard
+# the policy with FSDP2. Scoring and advantages stay here, so every cell and widget works as
+# before. Here: a real local Ray cluster on this CPU, 2 rollout workers and 2 learners (gloo).
+
+# %%
+import os
+
+import ray as ray_lib
+from envs import make_env
+
+SMOKE = os.environ.get("WORKBENCH_SMOKE") == "1"
+ray_lib.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+
+local = ConfigStore.from_dict(cpu.to_dict())
+local.ray.use_ray, local.ray.num_actors, local.ray.num_learners = True, 2, 2
+local.inference.async_rollout = True          # per-episode sampling seeds: the split does not matter
+local.inference.max_tokens, local.inference.max_turns = (8, 2) if SMOKE else (24, 4)
+local.training.batch_size, local.training.group_size = 4, 2
+local.checkpoint.output_dir = tempfile.mkdtemp()
+local.checkpoint.save_interval = 0
+trainer = Trainer(local, environment=make_env("guess_number"))
+for _ in range(1 if SMOKE else 3):
+    m = trainer.train_step()
+    print(f"step {m['step']}: reward {m['reward/mean']:.2f}, pg_loss {m['actor/pg_loss']:.4f}, "
+          f"sampled with weight versions {sorted({e.weight_version for e in trainer.last_batch})}")
+assert trainer.global_step == (1 if SMOKE else 3)
+trainer.cleanup()
+ray_lib.shutdown()
+
+# %% [markdown]
+# On GPUs the same code path is configuration: one rollout worker per GPU group (vLLM with tensor
+# parallelism inside it) and FSDP2 learners on the rest. `ray.address` joins a running cluster
+# (`ray start --head` on the first node, `ray start --address=...` on the others).
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from workbench.training import Trainer
+node8 = ConfigStore.from_dict(multi.to_dict())       # 1 node x 8 GPUs
+node8.ray.use_ray = True
+node8.ray.num_actors, node8.ray.num_gpus_per_actor = 2, 2.0   # 2 vLLM workers, TP=2 each: 4 GPUs
+node8.model.tensor_parallel_size = 2
+node8.ray.num_learners = 4                                     # 4 FSDP2 learners: the other 4 GPUs
+node8.validate()
+changes(multi, node8)
 
-ray = ConfigStore.from_dict(cpu.to_dict())
-ray.ray.use_ray = True
-try:
-    Trainer(ray)
-except ConfigError as err:
-    print("ConfigError:", err)
+# %%
+# NBVAL_CHECK_OUTPUT
+nodes2 = ConfigStore.from_dict(node8.to_dict())      # 2 nodes x 8 GPUs
+nodes2.ray.address = "auto"                          # the cluster started with `ray start`
+nodes2.ray.num_actors = 4                            # 4 x TP=2 = 8 GPUs of rollout
+nodes2.ray.num_learners = 8                          # 8 FSDP2 learners (nccl across both nodes)
+nodes2.training.batch_size = 512
+nodes2.validate()
+changes(node8, nodes2)
 
 # %% [markdown]
 # ## Save it, run it from the command line
@@ -145,7 +193,6 @@ except ConfigError as err:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-import tempfile
 from pathlib import Path
 
 import yaml

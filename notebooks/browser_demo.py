@@ -38,7 +38,7 @@ config.checkpoint.save_interval, config.checkpoint.resume = 0, False
 config.training.progress = False
 config.checkpoint.output_dir = tempfile.mkdtemp()
 trainer = Trainer(config)
-history = trainer.fit(num_epochs=1, num_iters_per_epoch=2)
+history = trainer.fit(steps=2)
 batch = trainer.rollout()
 trainer.score(batch)
 trainer.compute_advantages(batch)
