@@ -14,7 +14,7 @@ exactly, so the step is skipped and the run goes on from the weights it had.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -36,17 +36,20 @@ def all_finite(params: Sequence[torch.Tensor]) -> bool:
 
 
 @torch.no_grad()
-def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor]) -> bool:
+def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor],
+                 finite: Callable[[list[torch.Tensor]], bool] = all_finite) -> bool:
     """`optimizer.step()`, undone when it leaves any of `params` non-finite.
 
-    Returns True when the step was kept, False when parameters and optimizer state
-    were restored to what they were before the step.
+    `finite(params)` decides after the step (a data-parallel learner passes one that
+    checks its shards and agrees with the other ranks). Returns True when the step was
+    kept, False when parameters and optimizer state were restored to what they were
+    before the step.
     """
     params = [p for p in params if p.requires_grad]
     saved_params = [p.detach().clone() for p in params]
     saved_state = _snapshot_state(optimizer, params)
     optimizer.step()
-    if all_finite(params):
+    if finite(params):
         return True
     for p, old, state in zip(params, saved_params, saved_state):
         p.copy_(old)

@@ -45,7 +45,7 @@ import torch.distributed as dist
 
 from workbench import algo
 from workbench.config import TrainingConfig
-from workbench.training.guards import guarded_step
+from workbench.training.guards import all_finite, guarded_step
 from workbench.training.policy import forward_logprobs, micro_batches
 from workbench.trajectory import TrajectoryBatch
 
@@ -228,26 +228,11 @@ def _full(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-@torch.no_grad()
 def _guarded_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], distributed: bool) -> bool:
     """`guarded_step`; in a group each rank checks its shards and all agree to keep or undo."""
     if not distributed:
         return guarded_step(optimizer, params)
-    params = [p for p in params if p.requires_grad]
-    saved = [p.detach().clone() for p in params]
-    state = [{k: (v.detach().clone() if torch.is_tensor(v) else v) for k, v in optimizer.state.get(p, {}).items()}
-             for p in params]
-    optimizer.step()
-    ok = bool(torch.stack([torch.isfinite(_local(p)).all() for p in params]).all()) if params else True
-    if _all_ranks(ok, True):
-        return True
-    for p, old, s in zip(params, saved, state):
-        p.copy_(old)
-        if s:
-            optimizer.state[p] = s
-        else:
-            optimizer.state.pop(p, None)
-    return False
+    return guarded_step(optimizer, params, finite=lambda ps: _all_ranks(all_finite([_local(p) for p in ps]), True))
 
 
 def _pad_row(batch: TrajectoryBatch, lengths: list[int]) -> int:
