@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from pathlib import Path
 from typing import Any, Iterator
 
 import torch
@@ -71,6 +72,26 @@ class Policy:
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} trained weights, e.g. {missing[:3]}")
         self.model.load_state_dict(state, strict=False)
+
+    def export_merged(self, path: str | Path) -> Path:
+        """Write the policy as a plain Hugging Face model folder (LoRA merged into the
+        weights, safetensors, with the tokenizer): what `from_pretrained`, vLLM or another
+        trainer loads without peft. The trained model itself is not modified."""
+        from transformers import AutoModelForCausalLM
+
+        from workbench.engines.weights import hf_weight_items, is_peft_model
+
+        path = Path(path)
+        base = self.model.get_base_model() if is_peft_model(self.model) else self.model
+        with torch.device("meta"):
+            plain = AutoModelForCausalLM.from_config(base.config)
+        weights = {name: t.detach().to("cpu") for name, t in hf_weight_items(self.model)}
+        plain.load_state_dict(weights, strict=True, assign=True)
+        if getattr(base.config, "tie_word_embeddings", False):
+            plain.tie_weights()
+        plain.save_pretrained(path, safe_serialization=True)
+        self.tokenizer.save_pretrained(path)
+        return path
 
     @contextlib.contextmanager
     def reference(self) -> Iterator[nn.Module]:

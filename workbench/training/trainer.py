@@ -445,6 +445,11 @@ class Trainer:
         return ckpt.write_checkpoint(path, tensors, json_files,
                                      {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
 
+    def export_merged(self, path: str | Path) -> Path:
+        """The current policy as a plain Hugging Face model folder (LoRA merged, with the
+        tokenizer), loadable without peft; see `Policy.export_merged`."""
+        return self.policy.export_merged(path)
+
     def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
         """Restore a checkpoint written by `save_checkpoint`.
 
