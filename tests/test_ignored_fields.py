@@ -277,3 +277,13 @@ def test_inference_stop_ends_vllm_replies_like_hf(vllm_tiny_engine):
         else:
             assert c.token_ids == f.token_ids
     assert stopped >= 3
+
+
+def test_create_inference_engine_rejects_unknown_config_keys(tiny_model_path):
+    from workbench import create_inference_engine
+    from workbench.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"unknown config keys \['max_length', 'temprature'\]"):
+        create_inference_engine(str(tiny_model_path), "hf", config={"temprature": 0.5, "max_length": 9})
+    engine = create_inference_engine(str(tiny_model_path), "hf", config={"dtype": "float32", "device": "cpu"})
+    assert engine.engine.name == "hf"

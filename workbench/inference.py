@@ -107,11 +107,11 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
 
     `config` keys: dtype, device, max_model_len, tensor_parallel_size,
     gpu_memory_utilization, server_url, server_kind, stop (stop strings every reply
-    ends at, as `inference.stop`). `dtype` and `device` default to
+    ends at, as `inference.stop`), vllm_dtype; any other key is a ConfigError. `dtype` and `device` default to
     "auto" (CUDA and bfloat16 when there is a GPU, else CPU and float32); for "vllm",
     `dtype` (or `vllm_dtype`) is the engine's dtype.
     """
-    from workbench.config import ConfigStore
+    from workbench.config import ConfigError, ConfigStore
     from workbench.engines import make_engine
     from workbench.models.loading import load_model, load_tokenizer
 
@@ -128,8 +128,14 @@ def create_inference_engine(model_path: str, backend: str = "hf", config: dict[s
     for key in ("gpu_memory_utilization", "server_url", "server_kind", "stop"):
         if key in config:
             setattr(store.inference, key, config.pop(key))
+    vllm_dtype = config.pop("vllm_dtype", dtype)
     if backend == "vllm":
-        store.inference.vllm_dtype = config.pop("vllm_dtype", dtype)
+        store.inference.vllm_dtype = vllm_dtype
+    if config:
+        raise ConfigError(
+            f"create_inference_engine: unknown config keys {sorted(config)}; valid: ['device', 'dtype', "
+            "'gpu_memory_utilization', 'max_model_len', 'server_kind', 'server_url', 'stop', "
+            "'tensor_parallel_size', 'vllm_dtype']")
     store.validate()
     if backend == "hf":
         store.model.resolved_device()  # an unusable device fails here, before anything loads
