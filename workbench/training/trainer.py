@@ -43,7 +43,7 @@ from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
 from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
 from workbench.training.progress import fit_postfix, progress_bar
-from workbench.training.update import plan_update, update_actor, update_critic
+from workbench.training.update import plan_update, set_kl, update_actor, update_critic
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
@@ -258,8 +258,7 @@ class Trainer:
         self.compute_logprobs(batch, old_logprobs=old_logprobs)
         mask = batch.loss_mask
         if batch.has("ref_logprobs") and batch.has("old_logprobs"):
-            kl = algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, t.kl_penalty) * mask  # (B, T)
-            batch.set("kl", kl)
+            set_kl(batch, t)  # (B, T), by the estimator the run trains with
             if t.use_kl_in_reward:
                 rewards, kl_value = algo.apply_kl_penalty(
                     batch.token_level_scores, batch.old_logprobs, batch.ref_logprobs, mask,

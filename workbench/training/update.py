@@ -167,6 +167,20 @@ def rows_of(batch: TrajectoryBatch, rows: Sequence[int]) -> TrajectoryBatch:
     return sub
 
 
+def kl_estimator(t: TrainingConfig) -> str:
+    """The KL estimator behind the batch's `kl` view: the one the run trains with (the KL
+    loss's `kl_loss_type` when only the KL loss is on, else the reward penalty's `kl_penalty`)."""
+    return t.kl_loss_type if t.use_kl_loss and not t.use_kl_in_reward else t.kl_penalty
+
+
+def set_kl(batch: TrajectoryBatch, t: TrainingConfig) -> None:
+    """`kl` (B, T) = per-token KL(old policy || reference) on trained tokens, by `kl_estimator(t)`,
+    recorded in `batch.meta["kl_estimator"]` so views can say which estimate they show."""
+    name = kl_estimator(t)
+    batch.set("kl", algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, name) * batch.loss_mask)
+    batch.meta["kl_estimator"] = name
+
+
 def set_actor_fields(batch: TrajectoryBatch, new_lp: torch.Tensor, ent: torch.Tensor, old_from_update: bool,
                      t: TrainingConfig) -> None:
     """new_logprobs, ratio, entropy (and old_logprobs / kl when the update supplied them)."""
@@ -174,7 +188,7 @@ def set_actor_fields(batch: TrajectoryBatch, new_lp: torch.Tensor, ent: torch.Te
     if old_from_update:
         batch.set("old_logprobs", new_lp * mask)
         if batch.has("ref_logprobs"):
-            batch.set("kl", algo.kl_penalty(batch.old_logprobs, batch.ref_logprobs, t.kl_penalty) * mask)
+            set_kl(batch, t)
     batch.set("new_logprobs", new_lp * mask)
     batch.set("ratio", torch.exp(new_lp - batch.old_logprobs) * mask)
     batch.set("entropy", ent * mask)

@@ -185,7 +185,10 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
     if which and kind != "mask":
         head += (f'<div class="wb-legend">colour scale: {"this episode" if which == "episode" else "whole batch"}'
                  '</div>')
-    return (f'{css}<div class="wb-root wb-tokens-body">{head}{legend_html(field, kind, low, high)}'
+    label = field
+    if field == "kl" and batch.meta.get("kl_estimator"):
+        label = f"kl ({batch.meta['kl_estimator']} estimate)"  # which estimator produced these numbers
+    return (f'{css}<div class="wb-root wb-tokens-body">{head}{legend_html(label, kind, low, high)}'
             f'<div class="wb-tokbox">{"".join(spans)}</div></div>')
 
 
