@@ -85,3 +85,31 @@ def test_ray_trainer_equals_one_process_and_checkpoints_cross(ray_cluster, tiny_
     finally:
         dist.cleanup()
         one.cleanup()
+
+
+def test_killed_learner_is_named_and_the_run_resumes_from_its_checkpoint(ray_cluster, tiny_model_path, tmp_path):
+    from workbench.distributed import LearnerLostError
+    from workbench.training import checkpoint as ckpt
+
+    env = make_env("guess_number")
+    config = _config(tiny_model_path, tmp_path, True)
+    trainer = Trainer(config, environment=env, reward_fn=_length_reward)
+    try:
+        trainer.train_step()
+        saved = trainer.save_checkpoint(tmp_path / "ray" / "ckpt" / ckpt.checkpoint_name(1))
+        weights = _weights(trainer)
+        ray.kill(trainer.ray_stages.learners.workers[1])
+        with pytest.raises(LearnerLostError, match=r"learner rank 1 of 2 died during update.*resume\(\)"):
+            trainer.train_step()  # rank 0 would wait in a collective forever without the check
+    finally:
+        trainer.cleanup()
+    assert ckpt.latest_checkpoint(config.checkpoint.output_dir) == saved
+    again = Trainer(_config(tiny_model_path, tmp_path, True), environment=env, reward_fn=_length_reward)
+    try:
+        assert again.resume() == saved and again.global_step == 1
+        assert all(torch.equal(weights[k], v) for k, v in _weights(again).items())
+        again.train_step()
+        assert again.global_step == 2
+        assert [e.weight_version for e in again.last_batch] == [1] * len(again.last_batch)
+    finally:
+        again.cleanup()

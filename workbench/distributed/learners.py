@@ -211,6 +211,10 @@ class LearnerWorker:
             dist.destroy_process_group()
 
 
+class LearnerLostError(RuntimeError):
+    """A learner died; the group was ended (the last checkpoint is intact: resume from it)."""
+
+
 class LearnerGroup:
     """`num_learners` Ray actors training one sharded policy (and critic) together.
 
@@ -242,6 +246,26 @@ class LearnerGroup:
     def _ray(self):
         return _require_ray()
 
+    def _gather(self, refs: list[Any], what: str) -> list[Any]:
+        """Results of one call on every rank. If a rank dies, the others would wait in a
+        collective for it forever: end the whole group and raise `LearnerLostError` naming
+        the rank (nothing has been written, so the last checkpoint is intact)."""
+        ray = self._ray()
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            try:
+                ray.get(ready[0])
+            except ray.exceptions.RayActorError as exc:
+                rank = refs.index(ready[0])
+                for w in self.workers:
+                    ray.kill(w)
+                raise LearnerLostError(
+                    f"learner rank {rank} of {self.num_learners} died during {what} ({type(exc).__name__}); the "
+                    "learner group is shut down. The last checkpoint in checkpoint.output_dir is intact: start "
+                    "a new Trainer and call resume() (fit() resumes by itself)") from exc
+        return ray.get(refs)
+
     def update(self, batch: TrajectoryBatch, step: int = 0) -> dict[str, float]:
         """One update (all PPO epochs) of the batch, split by whole groups over the ranks.
 
@@ -251,7 +275,6 @@ class LearnerGroup:
         settings are read from `self.config.training` at each call (the optimizers' learning
         rates stay as built); the critic trains when `adv_estimator` is "gae".
         """
-        ray = self._ray()
         t = self.config.training
         start = time.perf_counter()
         old_from_update = not batch.has("old_logprobs")
@@ -259,7 +282,7 @@ class LearnerGroup:
         shards = split_groups(batch, self.num_learners)
         plans = shard_plan(plan, batch, shards, t)
         refs = [w.update.remote(self._part(batch, rows), p, t) for w, rows, p in zip(self.workers, shards, plans)]
-        results = ray.get(refs)
+        results = self._gather(refs, "update")
         B, T = batch.input_ids.shape  # (B, T)
         new_lp, ent = torch.zeros(B, T), torch.zeros(B, T)
         for rows, (_, fields) in zip(shards, results):
@@ -272,13 +295,13 @@ class LearnerGroup:
 
     def compute_log_probs(self, batch: TrajectoryBatch) -> torch.Tensor:
         """(B, T) logprobs of the batch under the group's policy (trained positions only)."""
-        ray = self._ray()
         t = self.config.training
         shards = split_groups(batch, self.num_learners)
         lengths, groups = lengths_of(batch), batch.group_ids
         steps = max(len(micro_batches([lengths[i] for i in rows], t.micro_batch_size, [groups[i] for i in rows]))
                     for rows in shards)
-        parts = ray.get([w.log_probs.remote(self._part(batch, rows), steps) for w, rows in zip(self.workers, shards)])
+        parts = self._gather([w.log_probs.remote(self._part(batch, rows), steps)
+                              for w, rows in zip(self.workers, shards)], "compute_log_probs")
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (B, T)
         for rows, lp in zip(shards, parts):
             out[rows] = lp
@@ -294,14 +317,13 @@ class LearnerGroup:
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         """{"policy": ..., "critic": ...}: full trained weights (what checkpoints and weight
         sync need), named as in `Policy.trainable_state_dict` / `Critic.trainable_state_dict`."""
-        ray = self._ray()
-        return ray.get([w.state_dict.remote() for w in self.workers])[0]
+        return self._gather([w.state_dict.remote() for w in self.workers], "state_dict")[0]
 
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
         """Load full trained weights on every rank (optimizer moments start fresh)."""
         ray = self._ray()
         ref = ray.put(state)
-        ray.get([w.load_state_dict.remote(ref) for w in self.workers])
+        self._gather([w.load_state_dict.remote(ref) for w in self.workers], "load_state_dict")
 
     def shutdown(self) -> None:
         """Leave the process group and end the actors."""
