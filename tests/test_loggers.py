@@ -9,6 +9,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -173,12 +174,21 @@ def test_wandb_offline_run_holds_every_steps_metrics(tiny_model_path, tmp_path, 
     monkeypatch.setenv("WANDB_SILENT", "true")
     trainer = trained(tiny_model_path, tmp_path, loggers=["wandb"], log_episodes_every=2)
     (run_file,) = (tmp_path / "ckpt" / "wandb").glob("offline-run-*/run-*.wandb")
-    history = {}
-    for record in wandb_records(run_file):
-        if record.WhichOneof("record_type") == "history":
-            items = {item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item}
-            history[items["_step"]] = items
-    assert sorted(history) == [0, 1]
+    # wandb's writer is a separate process: on a loaded machine its last blocks can land a
+    # moment after `finish()` returns, so read until both steps are there (at most 30 s).
+    deadline = time.monotonic() + 30
+    while True:
+        history, kinds = {}, []
+        for record in wandb_records(run_file):
+            kinds.append(record.WhichOneof("record_type"))
+            if kinds[-1] == "history":
+                items = {item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                         for item in record.history.item}
+                history[items["_step"]] = items
+        if sorted(history) == [0, 1] or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert sorted(history) == [0, 1], f"records in {run_file.name}: {kinds}"
     for step, metrics in enumerate(trainer.metrics_history):
         expected = scalar_metrics(metrics)
         assert all(same(float(history[step][k]), v) for k, v in expected.items() if math.isfinite(v))
