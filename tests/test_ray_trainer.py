@@ -11,6 +11,7 @@ import torch
 from envs import make_env
 from tests.test_trainer import tiny_config
 from workbench import Trainer
+from workbench.distributed.controller import optimizer_state_by_index, trained_names
 
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
@@ -33,6 +34,19 @@ def _config(tiny_model_path, tmp_path, use_ray: bool):
 
 def _weights(trainer):
     return {k: v.clone() for k, v in trainer.policy.trainable_state_dict().items()}
+
+
+def _adam(optimizer) -> dict:
+    return {"state": {i: {k: v.clone() for k, v in st.items()} for i, st in optimizer.state_dict()["state"].items()}}
+
+
+def _assert_adam_close(got: dict, want: dict, tol: float = 1e-5) -> None:
+    """Same parameters, same step counts, moments within `tol` (max abs)."""
+    assert sorted(got["state"]) == sorted(want["state"]) and want["state"]
+    for i, st in want["state"].items():
+        assert float(got["state"][i]["step"]) == float(st["step"])
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert float((got["state"][i][k] - st[k]).abs().max()) <= tol, (i, k)
 
 
 def _length_reward(trajectory) -> float:
@@ -66,10 +80,14 @@ def test_ray_trainer_equals_one_process_and_checkpoints_cross(ray_cluster, tiny_
         dist.train_step()
         assert [e.weight_version for e in dist.last_batch] == [1] * len(dist.last_batch)
         assert dist.global_step == 2
-        # A checkpoint of the Ray run loads into the single-process trainer, and back.
+        # A checkpoint of the Ray run loads into the single-process trainer, and back,
+        # Adam moments included (the learners' states are gathered before it is written).
+        one.train_step()
+        adam_one = _adam(one.optimizer)
         path = dist.save_checkpoint(tmp_path / "from_ray")
         one.load_checkpoint(path, force=True)
         assert one.global_step == 2
+        _assert_adam_close(_adam(one.optimizer), adam_one)
         w_dist = _weights(dist)
         assert all(torch.equal(w_dist[k], v) for k, v in _weights(one).items())
         one.train_step()  # single process goes on from the Ray run's weights
@@ -80,6 +98,9 @@ def test_ray_trainer_equals_one_process_and_checkpoints_cross(ray_cluster, tiny_
         learner = dist.ray_stages.learners.state_dict()["policy"]
         w_one = _weights(one)
         assert all(torch.equal(learner[k], w_one[k]) for k in w_one)
+        names = trained_names(one.policy.model)
+        on_learners = optimizer_state_by_index(dist.ray_stages.learners.optimizer_state()["optimizer"], names)
+        _assert_adam_close(on_learners, _adam(one.optimizer), tol=0.0)  # loaded exactly, 3 steps of moments
         dist.train_step()
         assert [e.weight_version for e in dist.last_batch] == [3] * len(dist.last_batch)
     finally:

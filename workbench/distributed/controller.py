@@ -22,16 +22,22 @@ loaded into the controller's policy (and critic), then pushed to the rollout wor
 through Ray's object store, tagged with the new step as their version; every episode
 records the version it was sampled with (`Episode.weight_version`).
 
+Checkpoints hold what a single-process run's hold: before `Trainer.save_checkpoint`
+writes, the learners' AdamW states are gathered into the controller's optimizers
+(`pull_optimizers`); after a checkpoint loads, weights and optimizer states go back to
+the learners (`push`). So a checkpoint saved with N learners resumes with 1 or M, Adam
+moments included.
+
 Simplified: the controller keeps a full copy of the policy (a 7B model would want the
-old/ref logprob and value forwards on the learners too); the learners' Adam moments are
-not in checkpoints (a resumed run restarts them; weights, RNG and step are restored);
-`dataset=` items reach the workers as they are, but no test covers that path with Ray yet.
+old/ref logprob and value forwards on the learners too); `dataset=` items reach the
+workers as they are, but no test covers that path with Ray yet.
 """
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 import torch
+import torch.nn as nn
 
 from workbench.trajectory import TrajectoryBatch
 
@@ -55,12 +61,30 @@ class RayStages:
             state["critic"] = trainer.critic.trainable_state_dict()
         return state
 
+    @staticmethod
+    def _optimizers(trainer: Any) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
+        pairs = [("optimizer", trainer.policy.model, trainer.optimizer)]
+        if trainer.critic is not None:
+            pairs.append(("critic_optimizer", trainer.critic, trainer.critic_optimizer))
+        return pairs
+
     def push(self, trainer: Any) -> None:
-        """Load the controller's weights into the learners (fresh optimizer moments) and the
-        rollout workers (version = the trainer's step): at start and after a checkpoint load."""
+        """Load the controller's weights and optimizer states into the learners and its
+        weights into the rollout workers (version = the trainer's step): at start and after
+        a checkpoint load."""
         state = self._state(trainer)
         self.learners.load_state_dict(state)
+        optim = {name: optimizer_state_by_name(opt.state_dict(), trained_names(module))
+                 for name, module, opt in self._optimizers(trainer)}
+        if any(s["state"] for s in optim.values()):  # a fresh trainer has none yet
+            self.learners.load_optimizer_state(optim)
         self.rollout_workers.sync_weights(state["policy"], trainer.global_step)
+
+    def pull_optimizers(self, trainer: Any) -> None:
+        """The learners' AdamW states into the controller's optimizers (before a checkpoint)."""
+        states = self.learners.optimizer_state()
+        for name, module, opt in self._optimizers(trainer):
+            opt.load_state_dict(optimizer_state_by_index(states[name], trained_names(module)))
 
     def rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None,
                 sampling_seed: int | None) -> TrajectoryBatch:
@@ -85,3 +109,27 @@ class RayStages:
                 group.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+
+
+def trained_names(module: nn.Module) -> list[str]:
+    """Names of the trained parameters, in the order the trainer's optimizer holds them."""
+    return [n for n, p in module.named_parameters() if p.requires_grad]
+
+
+def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """`torch.optim.Optimizer.state_dict()` (parameters numbered 0..n-1 in `names` order)
+    -> the name-keyed form of `torch.distributed.checkpoint.state_dict`."""
+    groups = [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]
+    return {"state": {names[i]: v for i, v in state["state"].items()}, "param_groups": groups}
+
+
+def optimizer_state_by_index(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
+    """The name-keyed form -> `Optimizer.load_state_dict`'s numbered form (inverse of
+    `optimizer_state_by_name`); a name the optimizer does not hold is an error."""
+    index = {n: i for i, n in enumerate(names)}
+    unknown = [n for g in state["param_groups"] for n in g["params"] if n not in index]
+    if unknown:
+        raise ValueError(f"optimizer state names {len(unknown)} parameters this model does not train, "
+                         f"e.g. {unknown[:3]}")
+    groups = [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]
+    return {"state": {index[n]: v for n, v in state["state"].items()}, "param_groups": groups}

@@ -23,8 +23,11 @@ GRPO groups (`split_groups`, balanced by tokens), and sends each rank only its r
 (full width T) and its share of the plan (`shard_plan`); it then puts the ranks'
 new logprobs and entropies back into the whole batch.
 
-Simplified: optimizer state is not part of `state_dict()` (loading weights starts fresh
-Adam moments); learners hold no reference model (reference logprobs come from the
+Optimizer state travels apart from weights: `load_state_dict` starts fresh AdamW
+moments, `optimizer_state()` / `load_optimizer_state()` gather and set the full states
+keyed by parameter name (the controller does this around checkpoints).
+
+Simplified: learners hold no reference model (reference logprobs come from the
 controller's `Trainer.compute_logprobs`); one learner per GPU, no tensor parallelism.
 """
 from __future__ import annotations
@@ -206,6 +209,37 @@ class LearnerWorker:
             set_model_state_dict(module, state[name], options=StateDictOptions(full_state_dict=True, strict=False))
         self._build_optimizers()
 
+    def _optimizers(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
+        pairs = [("optimizer", self.policy.model, self.optimizer)]
+        if self.critic is not None:
+            pairs.append(("critic_optimizer", self.critic, self.critic_optimizer))
+        return pairs
+
+    def optimizer_state(self) -> dict[str, dict[str, Any]] | None:
+        """Full optimizer states, keyed by parameter name (torch.distributed.checkpoint's
+        full form; gathered on rank 0, None on other ranks)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        out = {}
+        for name, module, opt in self._optimizers():
+            reshard(module)
+            out[name] = get_optimizer_state_dict(
+                module, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return out if self.rank == 0 else None
+
+    def load_optimizer_state(self, states: dict[str, dict[str, Any]]) -> None:
+        """Load full, name-keyed optimizer states (as `optimizer_state` returns) into the shards."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        for name, module, opt in self._optimizers():
+            if states.get(name, {}).get("state"):
+                reshard(module)
+                # torch builds the empty state it loads into with a zero-gradient step,
+                # which it skips while old gradients are still attached.
+                module.zero_grad(set_to_none=True)
+                set_optimizer_state_dict(module, opt, optim_state_dict=states[name],
+                                         options=StateDictOptions(full_state_dict=True))
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -320,10 +354,22 @@ class LearnerGroup:
         return self._gather([w.state_dict.remote() for w in self.workers], "state_dict")[0]
 
     def load_state_dict(self, state: dict[str, dict[str, torch.Tensor]]) -> None:
-        """Load full trained weights on every rank (optimizer moments start fresh)."""
+        """Load full trained weights on every rank (optimizer moments start fresh; see
+        `load_optimizer_state`)."""
         ray = self._ray()
         ref = ray.put(state)
         self._gather([w.load_state_dict.remote(ref) for w in self.workers], "load_state_dict")
+
+    def optimizer_state(self) -> dict[str, dict[str, Any]]:
+        """{"optimizer": ..., "critic_optimizer": ...}: full AdamW states keyed by parameter
+        name (`workbench.distributed.controller.optimizer_state_by_index` turns them into the
+        single-process `Trainer`'s form)."""
+        return self._gather([w.optimizer_state.remote() for w in self.workers], "optimizer_state")[0]
+
+    def load_optimizer_state(self, states: dict[str, dict[str, Any]]) -> None:
+        """Load name-keyed optimizer states (after `load_state_dict`, which starts fresh ones)."""
+        ref = self._ray().put(states)
+        self._gather([w.load_optimizer_state.remote(ref) for w in self.workers], "load_optimizer_state")
 
     def shutdown(self) -> None:
         """Leave the process group and end the actors."""

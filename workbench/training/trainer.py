@@ -425,6 +425,8 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> Path:
         """Weights, optimizer, RNG, config, step and metrics; written atomically, no pickles."""
+        if getattr(self, "ray_stages", None) is not None:
+            self.ray_stages.pull_optimizers(self)  # the learners' Adam moments, as one process holds them
         tensors: dict[str, Any] = {"policy": self.policy.trainable_state_dict()}
         json_files: dict[str, Any] = {}
         optimizers = {"optimizer": self.optimizer, "critic_optimizer": self.critic_optimizer}
