@@ -366,7 +366,9 @@ class RayConfig:
     num_learners: int = 1
     """Data-parallel learner ranks (`workbench.distributed.LearnerGroup`: FSDP2, one process group)."""
     num_gpus_per_actor: float = 0.0
-    """GPUs reserved per worker."""
+    """GPUs reserved per rollout worker (fractions share a GPU)."""
+    num_gpus_per_learner: float | None = None
+    """GPUs reserved per learner rank; None: 1 when CUDA is available, else 0."""
     address: str | None = None
     """Address of an existing Ray cluster; None starts a local one."""
 
@@ -546,6 +548,11 @@ class ConfigStore:
         if not isinstance(e.params, dict):
             raise ConfigError(f"environment.params must be a dict, got {type(e.params).__name__}")
         _positive_int("ray.num_actors", r.num_actors)
+        _positive_int("ray.num_learners", r.num_learners)
+        for name in ("num_gpus_per_actor", "num_gpus_per_learner"):
+            value = getattr(r, name)
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"ray.{name} must be a number >= 0 (a fraction shares a GPU), got {value!r}")
         for name in ("step_reward_weight", "success_bonus", "invalid_action_penalty", "efficiency_bonus"):
             if not math.isfinite(getattr(self.reward, name)):
                 raise ConfigError(f"reward.{name} must be a finite number, got {getattr(self.reward, name)!r}")

@@ -17,12 +17,26 @@ is verl's form when a tokenizer or `role_worker_mapping` is given). In verl's fo
   * `reward_fn(data: DataProto) -> Tensor` (B,) or (B, R) is called once per episode on
     a one-row `DataProto` (`workbench.data`), its sum is the episode's score;
   * `tokenizer` must tokenize like the model's own (checked); the rollout uses the model's;
-  * `role_worker_mapping` and `resource_pool_manager` are recorded; everything runs in
-    this process (Ray scheduling is `config.ray`, not this constructor);
+  * `role_worker_mapping` and `resource_pool_manager` set `config.ray`'s group sizes
+    (`ray_groups_from_pools`, table below); they take effect with `ray.use_ray=True`,
+    else everything runs in this process;
   * `train_dataset` is the trainer's `dataset=` (prompts -> single-turn episodes, or
     with `environment=` per-item seeds/params); `train_sampler` fixes the item order
     (read once); `collate_fn` is accepted and unused (items are read one by one);
     `val_dataset` is kept as `trainer.val_dataset`; `device_name` sets `model.device`.
+
+verl's placement -> `config.ray` (`ray_groups_from_pools`); GPUs(P) is the sum of
+`resource_pool_spec[P]` (GPUs per node), and GPU fields are set only when the model
+runs on CUDA (on a CPU the counts apply and nothing reserves a GPU):
+
+| verl role (in `mapping`) and its pool P          | workbench                                                          |
+|---|---|
+| `ActorRollout` / `ActorRolloutRef` (colocated)   | `num_learners = num_actors = GPUs(P)`; learners and rollout workers share each GPU: `num_gpus_per_learner = num_gpus_per_actor = 0.5` |
+| `Actor` (apart from rollout)                     | `num_learners = GPUs(P)`, `num_gpus_per_learner = 1`                |
+| `Rollout` (apart from the actor)                 | `num_actors = GPUs(P)`, `num_gpus_per_actor = 1`                    |
+| `Critic` / `CriticValue`                         | trained by the actor's learners (FSDP2, same ranks): must be in the actor's pool |
+| `RefPolicy`                                      | reference logprobs come from the controller's frozen copy; recorded |
+| `RewardModel`                                    | refused: rewards come from `reward_fn` / the environment            |
 """
 from __future__ import annotations
 
@@ -45,7 +59,7 @@ VERL_ARGS = ("tokenizer", "role_worker_mapping", "resource_pool_manager", "rewar
 
 
 class Role(enum.Enum):
-    """verl's worker roles (recorded; all roles live in this process)."""
+    """verl's worker roles; `ray_groups_from_pools` maps them onto rollout workers and learners."""
 
     Actor = 0
     Rollout = 1
@@ -59,7 +73,8 @@ class Role(enum.Enum):
 
 @dataclass
 class ResourcePoolManager:
-    """verl's placement: pool name -> GPUs per node, role -> pool (recorded only)."""
+    """verl's placement: pool name -> GPUs per node, role -> pool (mapped onto `config.ray`
+    by `ray_groups_from_pools`)."""
 
     resource_pool_spec: dict[str, list[int]] = field(default_factory=dict)
     mapping: dict[Any, str] = field(default_factory=dict)
@@ -69,6 +84,48 @@ class ResourcePoolManager:
         if unknown:
             raise ValueError(f"ResourcePoolManager.mapping names pools {unknown} that resource_pool_spec "
                              f"does not define ({sorted(self.resource_pool_spec)})")
+
+
+def _role_name(role: Any) -> str:
+    name = role.name if isinstance(role, enum.Enum) else str(role)
+    return "Critic" if name == "CriticValue" else name
+
+
+def ray_groups_from_pools(role_worker_mapping: Mapping[Any, Any] | None,
+                          resource_pool_manager: ResourcePoolManager | None, on_cuda: bool) -> dict[str, Any]:
+    """`config.ray` fields implied by verl's placement (the table in the module docstring);
+    {} when no resource pool manager is given."""
+    if resource_pool_manager is None:
+        return {}
+    gpus = {pool: int(sum(per_node)) for pool, per_node in resource_pool_manager.resource_pool_spec.items()}
+    pools = {_role_name(role): str(pool) for role, pool in resource_pool_manager.mapping.items()}
+    roles = {_role_name(role) for role in (role_worker_mapping or {})} | set(pools)
+    if "RewardModel" in roles:
+        raise ValueError("Role.RewardModel: reward-model workers are not supported; score with reward_fn= "
+                         "(or the environment's own rewards)")
+    out: dict[str, Any] = {}
+    colocated = next((pools[r] for r in ("ActorRollout", "ActorRolloutRef") if r in pools), None)
+    actor_pool = colocated or pools.get("Actor")
+    if colocated is not None:
+        out.update(num_learners=gpus[colocated], num_actors=gpus[colocated])
+        if on_cuda:
+            out.update(num_gpus_per_learner=0.5, num_gpus_per_actor=0.5)
+    else:
+        if "Actor" in pools:
+            out["num_learners"] = gpus[pools["Actor"]]
+            if on_cuda:
+                out["num_gpus_per_learner"] = 1.0
+        if "Rollout" in pools:
+            out["num_actors"] = gpus[pools["Rollout"]]
+            if on_cuda:
+                out["num_gpus_per_actor"] = 1.0
+    if "Critic" in pools and actor_pool is not None and pools["Critic"] != actor_pool:
+        raise ValueError(f"the critic is in pool {pools['Critic']!r} and the actor in {actor_pool!r}: here the "
+                         "actor's learners train the critic too, so map Role.Critic to the actor's pool")
+    bad = sorted(k for k in ("num_learners", "num_actors") if k in out and out[k] < 1)
+    if bad:
+        raise ValueError(f"resource pools give {bad} no GPUs: {resource_pool_manager.resource_pool_spec}")
+    return out
 
 
 def _reward_value(out: Any, where: str) -> float:
@@ -233,6 +290,9 @@ class RayPPOTrainer(_Trainer):
         store = _as_store(config)
         if given.get("device_name"):
             store.model.device = str(given["device_name"])
+        placement = ray_groups_from_pools(given.get("role_worker_mapping"), given.get("resource_pool_manager"),
+                                          on_cuda=store.model.resolved_device().type == "cuda")
+        store.update("ray", placement)
         dataset = given.get("train_dataset")
         sampler = given.get("train_sampler")
         if dataset is not None and sampler is not None:
@@ -274,4 +334,4 @@ def create_trainer(config: ConfigStore, environment: Any, tokenizer: Any = None,
 
 
 __all__ = ["CustomEnvironmentDataset", "DataProtoReward", "EnvironmentRewardWrapper", "RayPPOTrainer",
-           "ResourcePoolManager", "Role", "create_trainer", "item_to_spec"]
+           "ResourcePoolManager", "Role", "create_trainer", "item_to_spec", "ray_groups_from_pools"]

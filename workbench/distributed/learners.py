@@ -255,7 +255,8 @@ class LearnerGroup:
     Args:
         config: the run's ConfigStore (model, training; `ray.address` if Ray is not started).
         num_learners: ranks of the group (defaults to `config.ray.num_learners`).
-        num_gpus_per_learner: GPUs per actor; None: 1 when CUDA is available, else 0.
+        num_gpus_per_learner: GPUs per actor; None: `config.ray.num_gpus_per_learner`, whose
+            None is 1 when CUDA is available, else 0.
         num_threads: torch threads per actor (None: torch's default).
     """
 
@@ -268,6 +269,8 @@ class LearnerGroup:
             raise ConfigError(f"num_learners must be >= 1, got {n}")
         if not ray.is_initialized():
             ray.init(address=config.ray.address, include_dashboard=False)
+        if num_gpus_per_learner is None:
+            num_gpus_per_learner = config.ray.num_gpus_per_learner
         gpus = num_gpus_per_learner if num_gpus_per_learner is not None else float(torch.cuda.is_available())
         actor = ray.remote(num_cpus=1, num_gpus=gpus)(LearnerWorker)
         env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
