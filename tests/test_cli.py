@@ -100,15 +100,3 @@ def test_without_minutes_training_runs_every_step(tmp_path, tiny_model_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (out / "summary.md").read_text().startswith("stopped early")
 
-
-@pytest.mark.parametrize("flag", ["--device", "--dtype"])
-def test_demo_passes_device_and_dtype_on(flag, monkeypatch, tmp_path):
-    import workbench.cli as cli
-
-    seen = []
-    monkeypatch.setattr(cli, "cmd_rollout", lambda args: seen.append(build_config(args)) or 0)
-    monkeypatch.setattr(cli, "cmd_train", lambda args: seen.append(build_config(args)) or 0)
-    value = "cpu" if flag == "--device" else "float16"
-    assert main(["demo", "--output", str(tmp_path), flag, value]) == 0
-    field = "device" if flag == "--device" else "dtype"
-    assert [getattr(c.model, field) for c in seen] == [value, value]

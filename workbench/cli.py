@@ -1,4 +1,4 @@
-"""Command line: `python -m workbench {train,rollout,demo}`.
+"""Command line: `python -m workbench {train,rollout,demo,export-verl}`.
 
     python -m workbench rollout --env guess_number --episodes 8
     python -m workbench train --env guess_number --algo grpo --steps 20 --output runs/gn
@@ -18,12 +18,13 @@ checkpoints under `checkpoints/`; `--loggers tensorboard,trackio,wandb` adds tho
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence, TextIO
 
 from workbench.config import BACKENDS, DTYPES, EMBEDDED_MODEL, ConfigError, ConfigStore
 from workbench.trajectory import Episode, TrajectoryBatch
@@ -85,6 +86,10 @@ def build_config(args: argparse.Namespace) -> ConfigStore:
         if args.output_given or not given.get("config"):  # else the file's checkpoint.output_dir stays
             config.checkpoint.output_dir = str(Path(args.output) / "checkpoints")
     resolve_env_args(config, given.get("env_param") or [])
+    if not given.get("config") and "max_steps" not in parse_env_params(given.get("env_param") or []):
+        # Quick runs: the environment's step budget (which its prompt states, e.g. "You have
+        # 4 guesses") is the number of turns the rollout really allows.
+        config.environment.max_steps = config.inference.max_turns
     if given.get("reward_param"):
         config.update("reward", parse_key_values(given["reward_param"], "--reward-param", "success_bonus=5"))
     return config.validate()
@@ -108,18 +113,7 @@ def parse_key_values(pairs: Sequence[str], flag: str, example: str) -> dict[str,
 
 def parse_env_params(pairs: Sequence[str]) -> dict[str, Any]:
     """`["high=32", "name=x"]` -> {"high": 32, "name": "x"}: each value is read as YAML."""
-    import yaml
-
-    params: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--env-param {pair!r}: write it as KEY=VALUE, e.g. --env-param high=32")
-        try:
-            params[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            params[key.strip()] = value
-    return params
+    return parse_key_values(pairs, "--env-param", "high=32")
 
 
 def resolve_env_args(config: ConfigStore, env_params: Sequence[str]) -> ConfigStore:
@@ -127,7 +121,11 @@ def resolve_env_args(config: ConfigStore, env_params: Sequence[str]) -> ConfigSt
     comma-separated `--env` spec resolves (ConfigError saying what is wrong otherwise)."""
     from workbench.env_registry import REGISTRY
 
-    config.environment.params = {**config.environment.params, **parse_env_params(env_params)}
+    params = parse_env_params(env_params)
+    fields = {f.name for f in dataclasses.fields(config.environment)} - {"name", "params", "import_path"}
+    for key in sorted(fields & set(params)):  # max_steps, system_prompt, seed, ...: EnvironmentConfig fields
+        setattr(config.environment, key, params.pop(key))
+    config.environment.params = {**config.environment.params, **params}
     for spec in config.environment.name.split(","):
         try:
             REGISTRY.resolve(spec.strip())
@@ -138,7 +136,8 @@ def resolve_env_args(config: ConfigStore, env_params: Sequence[str]) -> ConfigSt
 
 def episode_transcript(ep: Episode, title: str) -> str:
     """Markdown of one episode: each message, with rewards per turn."""
-    lines = [f"### {title}: episode {ep.episode_id} (seed {ep.env_seed}), score {ep.score}, "
+    lines = [f"### {title}: episode {ep.episode_id} (seed {ep.env_seed}), "
+             + (f"score {ep.score:+.2f}, " if ep.score is not None else f"return {ep.total_reward:+.2f}, ") +
              f"success {ep.success}, turns {ep.num_turns}" + (f", truncated: {ep.truncation_reason}" if ep.truncated else ""), ""]
     turn = 0
     for msg in ep.messages:
@@ -255,38 +254,54 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from workbench.training import Trainer
-
     config = build_config(args)
-    out = Path(args.output)
+    train_and_report(config, Path(args.output), args.eval_episodes, args.minutes)
+    return 0
+
+
+def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes: float = 0,
+                     transcript: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Train with `config` and write the run's files into `out`: held-out evaluation on
+    seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
+    `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
+    `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
+    None), "stopped" (why fit stopped early, or "")}."""
+    from workbench.training import Trainer
+    from workbench.training.progress import write
+
     out.mkdir(parents=True, exist_ok=True)
     config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs
     if "jsonl" not in config.training.loggers:
         config.training.loggers = [*config.training.loggers, "jsonl"]  # every run writes metrics.jsonl
     trainer = Trainer(config)
     config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
-    eval_seeds = list(range(10_000, 10_000 + args.eval_episodes))
-    evals = []
-    if args.eval_episodes:
+    eval_seeds = list(range(10_000, 10_000 + eval_episodes))
+    report: dict[str, Any] = {"trainer": trainer, "evals": [], "before": None, "after": None, "stopped": ""}
+    evals = report["evals"]
+    if eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
-        print(f"held-out before training: {evals[-1]}")
-    from workbench.training.progress import write
+        report["before"] = trainer.last_eval_batch
+        write(f"held-out before training: {evals[-1]}")
 
     def on_step(tr: Any, m: dict) -> None:
         write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
-              f"kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
+              f"ppo_kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
               f"{m['perf/step_seconds']:.1f}s")
 
     # fit resumes (checkpoint.resume), then its jsonl logger writes OUT/metrics.jsonl through
     # open_metrics_log, dropping lines of steps after the checkpoint (they are redone).
-    trainer.fit(callbacks=[on_step], time_limit_s=args.minutes * 60 if args.minutes else None)
-    stopped = f"stopped early (--minutes {args.minutes:g}): {trainer.stop_reason}" if trainer.stop_reason else ""
-    if stopped:
-        print(stopped, flush=True)
-    if args.eval_episodes:
+    trainer.fit(callbacks=[on_step], time_limit_s=minutes * 60 if minutes else None)
+    if trainer.stop_reason:
+        report["stopped"] = f"stopped early (--minutes {minutes:g}): {trainer.stop_reason}"
+        print(report["stopped"], flush=True)
+    if eval_episodes:
         evals.append({"step": trainer.global_step, **trainer.evaluate(eval_seeds)})
-        print(f"held-out after training: {evals[-1]}")
-        write_transcript(trainer.last_eval_batch, out / "transcript.md",
+        report["after"] = trainer.last_eval_batch
+        write(f"held-out after training: {evals[-1]}")
+    if transcript is not None:
+        transcript(report)
+    elif report["after"] is not None:
+        write_transcript(report["after"], out / "transcript.md",
                          f"{config.environment.name}: held-out episodes after {trainer.global_step} "
                          f"{config.training.adv_estimator} steps")
     elif trainer.last_batch is not None:
@@ -297,26 +312,19 @@ def cmd_train(args: argparse.Namespace) -> int:
              "entropy": m.get("actor/entropy", float("nan")), "seconds": m["perf/step_seconds"]}
             for m in trainer.metrics_history]
     table = summary_table(rows)
+    stopped = report["stopped"]
     (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
                                     + ("\n" + summary_table(evals) + "\n" if evals else ""))
     print(table)
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
-    return 0
+    return report
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Roll out the embedded model on two envs, then a short GRPO run with a curve."""
-    smoke = os.environ.get("WORKBENCH_SMOKE") == "1"
-    out = Path(args.output)
-    base = ["--model", args.model, "--device", args.device, "--dtype", args.dtype,
-            "--max-tokens", "24", "--max-turns", "3"]
-    cmd_rollout(parse_args(["rollout", "--env", "guess_number,grid", "--episodes", "2" if smoke else "8",
-                            "--output", str(out / "rollout")] + base))
-    train = ["train", "--env", "guess_number", "--algo", "grpo", "--model", args.model, "--device", args.device,
-             "--dtype", args.dtype, "--output", str(out / "train"), "--steps", "2" if smoke else "12",
-             "--batch-size", "8" if smoke else "16", "--group-size", "4" if smoke else "8",
-             "--max-tokens", "12", "--max-turns", "4", "--eval-episodes", "4" if smoke else "32", "--minutes", str(args.minutes), "--lr", "5e-4"]
-    return cmd_train(parse_args(train))
+    """Rollouts of the untrained model, then a short GRPO run that learns (`workbench.demo`)."""
+    from workbench.demo import run_demo
+
+    return run_demo(args)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -333,7 +341,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             "(comma-separated for rollout)"))
         sp.add_argument("--env-param", dest="env_param", action="append", default=unset, metavar="K=V",
                         help="environment setting, repeatable (e.g. --env-param high=32); the value is read "
-                             "as YAML (32 -> int, true -> bool); added to environment.params")
+                             "as YAML (32 -> int, true -> bool); added to environment.params, except "
+                             "EnvironmentConfig fields (max_steps, system_prompt, step_timeout), which set "
+                             "that field. Without --config, max_steps defaults to --max-turns")
         sp.add_argument("--reward-param", dest="reward_param", action="append", default=unset, metavar="K=V",
                         help="reward shaping weight, repeatable (e.g. --reward-param success_bonus=5); sets "
                              "reward.K (step_reward_weight, success_bonus, invalid_action_penalty, "
@@ -373,12 +383,26 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--loggers", type=lambda text: [n.strip() for n in text.split(",") if n.strip()], default=unset,
                    help=_help("train", "loggers", "comma-separated: jsonl, tensorboard, trackio, wandb (offline); "
                               "jsonl is always added"))
-    d = sub.add_parser("demo", help="what `make demo` runs: rollouts on two envs, then a short GRPO run")
+    d = sub.add_parser("demo", help="what `make demo` runs: rollouts on two envs, then a short GRPO run "
+                                    "with held-out success before and after")
     d.add_argument("--model", default=EMBEDDED_MODEL)
     d.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     d.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA, float32 on CPU')
     d.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS['demo']})")
-    d.add_argument("--minutes", type=float, default=6)
+    d.add_argument("--minutes", type=float, default=6,
+                   help="stop training after the step that ends past this many minutes (default 6)")
+    x = sub.add_parser("export-verl", help="write what verl's multi-turn agent loop needs to run an environment "
+                                           "and its tools (workbench.verl_export)")
+    x.add_argument("--env", help="environment: a registered name, module:Class, textarena:<id> or "
+                                 "reasoning_gym:<task> (default: environment.name of --config, else guess_number)")
+    x.add_argument("--env-param", dest="env_param", action="append", metavar="K=V",
+                   help="environment setting, repeatable; the value is read as YAML; added to environment.params")
+    x.add_argument("--config", help="YAML config whose sections are mapped onto verl's trainer config "
+                                    "(default: ConfigStore defaults)")
+    x.add_argument("--out", "--output", dest="output", required=True, help="output folder")
+    x.add_argument("--train-size", type=int, default=None,
+                   help="rows (seeds 0..N-1) in train.parquet (default: num_iters_per_epoch x batch_size / group_size)")
+    x.add_argument("--val-size", type=int, default=32, help="rows (seeds from 10000) in val.parquet (default 32)")
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -389,6 +413,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
+        if args.command == "export-verl":
+            from workbench.verl_export import cmd_export_verl
+
+            return cmd_export_verl(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing
         print(f"config error: {exc}", file=sys.stderr)

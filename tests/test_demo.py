@@ -1,0 +1,87 @@
+"""`make demo` (workbench.demo) on the tiny model, WORKBENCH_SMOKE counts, and the CLI rule
+that an environment's prompt states the budget the rollout really allows."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from workbench.cli import build_config, main, parse_args
+from workbench.demo import GUESS_TURNS, demo_config, showcase_index, side_by_side
+from workbench.trajectory import Episode, TrajectoryBatch, Turn
+
+
+@pytest.fixture()
+def smoke(monkeypatch):
+    monkeypatch.setenv("WORKBENCH_SMOKE", "1")
+
+
+def test_demo_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path, smoke, capsys):
+    assert main(["demo", "--model", str(tiny_model_path), "--output", str(tmp_path), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    lines = [line for line in printed.splitlines() if line.strip()]
+    assert lines[-1].startswith("Next: `make lab` opens notebooks/01_quickstart.ipynb")
+    evals = json.loads((tmp_path / "train" / "evals.json").read_text())
+    assert [e["step"] for e in evals] == [0, 2]  # before, after 2 smoke steps
+    summary_line = next(line for line in lines if line.startswith("held-out success:"))
+    assert f"{evals[0]['eval/success_rate']:.2f} -> {evals[1]['eval/success_rate']:.2f} after 2 GRPO steps" \
+        in summary_line
+    transcript = (tmp_path / "train" / "transcript.md").read_text()
+    assert "## Held-out episode, seed 1000" in transcript and "before: model" in transcript
+    # the prompt the model saw states the 4 guesses the rollout allows
+    assert f"You have {GUESS_TURNS} guesses" in transcript or "Guess my secret number from 1 to 8" in transcript
+    assert (tmp_path / "train" / "reward_curve.png").stat().st_size > 1000
+    assert (tmp_path / "rollout" / "summary.md").exists()
+    # a second demo in the same folder trains again (no resume from the first one's checkpoint)
+    assert main(["demo", "--model", str(tiny_model_path), "--output", str(tmp_path), "--device", "cpu"]) == 0
+    assert [e["step"] for e in json.loads((tmp_path / "train" / "evals.json").read_text())] == [0, 2]
+
+
+@pytest.mark.parametrize("flag,value", [("--device", "cpu"), ("--dtype", "float16")])
+def test_demo_config_takes_device_and_dtype(flag, value, tmp_path):
+    args = parse_args(["demo", "--output", str(tmp_path), flag, value])
+    cfg = demo_config(args, tmp_path)
+    field = "device" if flag == "--device" else "dtype"
+    assert getattr(cfg.model, field) == value
+    assert cfg.environment.max_steps == cfg.inference.max_turns == GUESS_TURNS
+    assert cfg.checkpoint.resume is False
+
+
+def _episode(seed: int, actions: list[str], observations: list[str], success: bool, reward: float) -> Episode:
+    turns = [Turn(index=i, action=a, observation=o) for i, (a, o) in enumerate(zip(actions, observations))]
+    ep = Episode(env_seed=seed, turns=turns, messages=[{"role": "user", "content": "Guess | now"}])
+    ep.success, ep.score = success, reward  # the scored outcome
+    return ep
+
+
+def test_side_by_side_shows_both_episodes_turn_by_turn():
+    before = _episode(10003, ["10", "11", "12", "13"], ["10 is out of range"] * 4, False, -0.4)
+    after = _episode(10003, ["7", "4"], ["7 is too high. Guess lower.", "Correct! The number was 4."], True, 1.0)
+    text = side_by_side(before, after, 8)
+    rows = text.splitlines()
+    assert rows[0] == "## Held-out episode, seed 10003: before and after 8 GRPO steps"
+    assert "Prompt: Guess \\| now" in text  # a | in text cannot break the table
+    assert rows[6] == "| 0 | 10 | 10 is out of range | 7 | 7 is too high. Guess lower. |"
+    assert rows[7] == "| 1 | 11 | 10 is out of range | 4 | Correct! The number was 4. |"
+    assert rows[9] == "| 3 | 13 | 10 is out of range |   |   |"
+    assert rows[10] == "| result | success False, return -0.40 | | success True, return +1.00 | |"
+
+
+def test_showcase_prefers_an_episode_won_only_after_training():
+    lost = _episode(1, ["1"], ["no"], False, 0.0)
+    won = _episode(2, ["2"], ["yes"], True, 1.0)
+    before = TrajectoryBatch([lost, lost, won])
+    assert showcase_index(before, TrajectoryBatch([lost, won, won])) == 1
+    assert showcase_index(before, TrajectoryBatch([lost, lost, lost])) == 2  # return changed
+    assert showcase_index(before, before) == 0
+
+
+def test_cli_quick_runs_give_the_environment_the_turn_budget(tmp_path):
+    cfg = build_config(parse_args(["train", "--max-turns", "3", "--output", str(tmp_path)]))
+    assert cfg.environment.max_steps == 3
+    cfg = build_config(parse_args(["train", "--max-turns", "3", "--env-param", "max_steps=2",
+                                   "--env-param", "high=32", "--output", str(tmp_path)]))
+    assert cfg.environment.max_steps == 2 and cfg.environment.params == {"high": 32}
+    (tmp_path / "run.yaml").write_text("environment:\n  max_steps: 9\n")
+    cfg = build_config(parse_args(["train", "--config", str(tmp_path / "run.yaml"), "--max-turns", "3"]))
+    assert cfg.environment.max_steps == 9  # a --config file's value stays
