@@ -5,6 +5,7 @@
     tiny_engine                   HFEngine over the tiny model
     embedded_model_and_tokenizer  (model, tokenizer) of "smollm2-135m-instruct"
     embedded_engine               HFEngine over the embedded model
+    ray_cluster                   one local Ray cluster for every `ray` test of the session
 
 Models are session-scoped: tests must not change their weights. Torch uses 2 threads
 (the machine is shared).
@@ -69,3 +70,15 @@ try:  # vLLM fixtures live in their own module (optional dependency)
     from tests.conftest_vllm import *  # noqa: F401,F403
 except ImportError:
     pass
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster (6 logical CPUs on the 2 real ones: a rollout worker or
+    learner asks for 1 each) shared by the `ray` tests; started once, it costs ~20 s."""
+    ray = pytest.importorskip("ray")
+    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
+    ray.init(num_cpus=6, include_dashboard=False, object_store_memory=150 * 2**20, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd(), "OMP_WAIT_POLICY": "PASSIVE"}})
+    yield ray
+    ray.shutdown()

@@ -10,7 +10,6 @@ they serve GRPO and PPO cases) are built once and reset through `load_state_dict
 from __future__ import annotations
 
 import copy
-import os
 
 import pytest
 import torch
@@ -42,15 +41,6 @@ CASES = {
     "ppo-critic-token-mean": dict(adv_estimator="gae", ppo_epochs=2),
     "ppo-critic-seq-mean-token-mean": dict(adv_estimator="gae", loss_agg_mode="seq-mean-token-mean"),
 }
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    ray.init(num_cpus=6, include_dashboard=False, object_store_memory=150 * 1024 ** 2,
-             runtime_env={"env_vars": {"PYTHONPATH": os.getcwd()}})
-    yield
-    ray.shutdown()
 
 
 def _config(tiny_model_path, tmp_path, **training):

@@ -4,7 +4,6 @@ One small local Ray cluster for the module; the tiny model; 2 workers of 1 torch
 """
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -19,7 +18,7 @@ pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
 
 from workbench.distributed.rollout_workers import (  # noqa: E402
-    RAY_INSTALL_COMMAND, RolloutWorkerGroup, require_ray, split_groups,
+    RAY_INSTALL_COMMAND, RolloutWorkerGroup, group_ranges, require_ray,
 )
 
 
@@ -52,14 +51,6 @@ def tiny_config(path, **inference) -> ConfigStore:
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=80 * 2**20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def trainer(tiny_model_path):
     return Trainer(tiny_config(tiny_model_path), environment=make_env("guess_number"))
 
@@ -86,10 +77,10 @@ def assert_same_episodes(batch, reference, logprob_tol=1e-5):
     assert batch.group_ids == reference.group_ids
 
 
-def test_split_groups_contiguous_and_balanced():
-    assert split_groups(5, 2) == [range(0, 3), range(3, 5)]
-    assert split_groups(1, 3) == [range(0, 1)]
-    assert [len(r) for r in split_groups(10, 4)] == [3, 3, 2, 2]
+def test_group_ranges_contiguous_and_balanced():
+    assert group_ranges(5, 2) == [range(0, 3), range(3, 5)]
+    assert group_ranges(1, 3) == [range(0, 1)]
+    assert [len(r) for r in group_ranges(10, 4)] == [3, 3, 2, 2]
 
 
 def test_missing_ray_names_install_command(monkeypatch):

@@ -3,7 +3,6 @@ against the single-process `Trainer`: same batch, same metrics, same weights; ch
 cross between the two; episodes record the weight version they were sampled with."""
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
@@ -15,14 +14,6 @@ from workbench.distributed.controller import optimizer_state_by_index, trained_n
 
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    os.environ.setdefault("RAY_raylet_start_wait_time_s", "120")
-    ray.init(num_cpus=4, include_dashboard=False, object_store_memory=120 * 2**20, log_to_driver=False)
-    yield ray
-    ray.shutdown()
 
 
 def _config(tiny_model_path, tmp_path, use_ray: bool):

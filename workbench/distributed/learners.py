@@ -43,6 +43,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
+from workbench.distributed.rollout_workers import require_ray
 from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rows_of, set_actor_fields, shard_plan, split_groups, update_actor,
@@ -55,14 +56,6 @@ LEARNER_FIELDS = ("input_ids", "attention_mask", "loss_mask", "advantages", "old
                   "values", "returns")
 #: Names of the `nn.ModuleList`s holding a model's blocks (each block becomes one FSDP unit).
 LAYER_LIST_NAMES = ("layers", "h", "blocks")
-
-
-def _require_ray():
-    try:
-        import ray
-    except ImportError as e:  # pragma: no cover - depends on the environment
-        raise ImportError("LearnerGroup needs Ray: pip install 'workbench[ray]'") from e
-    return ray
 
 
 def shard_model(module: nn.Module, mesh: Any) -> nn.Module:
@@ -262,7 +255,7 @@ class LearnerGroup:
 
     def __init__(self, config: ConfigStore, num_learners: int | None = None,
                  num_gpus_per_learner: float | None = None, num_threads: int | None = 1):
-        ray = _require_ray()
+        ray = require_ray("Ray learners (ray.num_learners)")
         self.config = config.validate()
         n = num_learners if num_learners is not None else config.ray.num_learners
         if n < 1:
@@ -281,7 +274,7 @@ class LearnerGroup:
         self.backend = ray.get([w.setup.remote(host, port) for w in self.workers])[0]
 
     def _ray(self):
-        return _require_ray()
+        return require_ray("Ray learners (ray.num_learners)")
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:
         """Results of one call on every rank. If a rank dies, the others would wait in a

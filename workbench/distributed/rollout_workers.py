@@ -65,17 +65,17 @@ class WorkerLostError(RuntimeError):
     """Rollout workers kept dying: more replacements than `max_restarts` in one run."""
 
 
-def require_ray() -> Any:
-    """The `ray` module, or an ImportError that gives the install command."""
+def require_ray(who: str = "Ray rollout workers") -> Any:
+    """The `ray` module, or an ImportError that names `who` needs it and gives the install command."""
     try:
         import ray
     except ImportError as exc:
-        raise ImportError(f"Ray rollout workers need Ray, which is not installed: {RAY_INSTALL_COMMAND} "
-                          "(or set ray.use_ray=False to roll out in this process)") from exc
+        raise ImportError(f"{who} need Ray, which is not installed: {RAY_INSTALL_COMMAND} "
+                          "(or set ray.use_ray=False to run in this process)") from exc
     return ray
 
 
-def split_groups(num_groups: int, num_workers: int) -> list[range]:
+def group_ranges(num_groups: int, num_workers: int) -> list[range]:
     """Group indices cut into `num_workers` contiguous runs, sizes differing by at most 1
     (the first `num_groups % num_workers` runs get the extra group); empty runs dropped."""
     if num_workers < 1:
@@ -268,7 +268,7 @@ class RolloutWorkerGroup:
         ray = self.ray
         all_seeds = [s for s in seeds for _ in range(group_size)]
         shares = [[i for g in run for i in range(g * group_size, (g + 1) * group_size)]
-                  for run in split_groups(len(seeds), len(self.workers))]
+                  for run in group_ranges(len(seeds), len(self.workers))]
         episodes: dict[int, tuple[Episode, int | None]] = {}
         metas: list[dict[str, Any]] = []
         retried: set[int] = set()
@@ -330,4 +330,4 @@ class RolloutWorkerGroup:
 
 
 __all__ = ["RAY_INSTALL_COMMAND", "RolloutWorker", "RolloutWorkerGroup", "WorkerLostError", "make_environment",
-           "require_ray", "split_groups", "trainable_weights"]
+           "group_ranges", "require_ray", "trainable_weights"]
