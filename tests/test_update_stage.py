@@ -99,8 +99,11 @@ def test_split_keeps_groups_and_shard_plan_keeps_global_counts(tiny_model_path, 
 def test_learner_group_without_ray_says_how_to_install(tiny_model_path, tmp_path, monkeypatch):
     import sys
 
+    import re
+
     from workbench.distributed import LearnerGroup
+    from workbench.distributed.rollout_workers import RAY_INSTALL_COMMAND
 
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    with pytest.raises(ImportError, match=r"pip install 'workbench\[ray\]'"):
+    with pytest.raises(ImportError, match=r"Ray learners \(ray.num_learners\) need Ray.*" + re.escape(RAY_INSTALL_COMMAND)):
         LearnerGroup(tiny_config(tiny_model_path, tmp_path), 2)
