@@ -1,0 +1,182 @@
+"""What `workbench.config` checks values with: `ConfigError`, the device and dtype
+resolvers ("auto" -> CUDA/bf16 or CPU/fp32), and the type checks behind
+`ConfigStore.validate` and `ConfigStore.update` (each field against its annotation,
+floats finite, numeric strings read as numbers for float fields)."""
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the field."""
+
+
+def _parse_device(device: Any, field: str) -> "torch.device":
+    """`device` as a torch.device (no availability check); ConfigError naming `field` if unparsable."""
+    import torch
+
+    if isinstance(device, torch.device):
+        return device
+    if isinstance(device, str) and device.strip() == device and device:
+        try:
+            return torch.device(device)
+        except (RuntimeError, ValueError, TypeError):
+            pass
+    raise ConfigError(f"{field} must be \"auto\" or a torch device such as \"cpu\", \"cuda\" or \"cuda:1\"; "
+                      f"got {device!r}")
+
+
+def resolve_device(device: "str | torch.device" = "auto", cuda_available: bool | None = None,
+                   field: str = "model.device") -> "torch.device":
+    """The torch.device that `device` names: "auto" is CUDA when available, else CPU.
+
+    `cuda_available` defaults to `torch.cuda.is_available()`; pass it to decide for
+    another machine. An explicit CUDA device where CUDA is not available, or a string
+    torch does not parse, raises ConfigError naming `field`.
+    """
+    import torch
+
+    if cuda_available is None:
+        cuda_available = torch.cuda.is_available()
+    if device == "auto":
+        return torch.device("cuda" if cuda_available else "cpu")
+    resolved = _parse_device(device, field)
+    if resolved.type == "cuda" and not cuda_available:
+        raise ConfigError(f"{field} is {str(device)!r} but CUDA is not available on this machine; "
+                          "use \"auto\" or \"cpu\"")
+    return resolved
+
+
+def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.device" = "cpu",
+                  field: str = "model.dtype") -> "torch.dtype":
+    """The torch.dtype that `dtype` names: "auto" is bfloat16 on a CUDA device, float32 elsewhere.
+
+    `device` is a resolved device (or its string); an unknown name raises ConfigError naming `field`.
+    """
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"{field} must be one of {['auto', *DTYPES]}, got {dtype!r}")
+    return getattr(torch, dtype)
+
+
+def _choice(name: str, value: Any, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{name} must be one of {sorted(valid)}, got {value!r}")
+
+
+_TYPE_CACHE: dict[type, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """Field name -> evaluated type annotation of a config dataclass."""
+    if cls not in _TYPE_CACHE:
+        hints = typing.get_type_hints(cls)
+        _TYPE_CACHE[cls] = {f.name: hints[f.name] for f in dataclasses.fields(cls)}
+    return _TYPE_CACHE[cls]
+
+
+def _arms(hint: Any) -> tuple[Any, ...]:
+    """The alternatives of a union annotation (the annotation itself otherwise)."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _coerce_number(value: Any, hint: Any) -> Any:
+    """For a float field: a numeric string or an int becomes a float; anything else is kept
+    as it is (validation then names the field if it is wrong)."""
+    arms = _arms(hint)
+    if float not in arms or int in arms or isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    if isinstance(value, int):
+        try:
+            return float(value)
+        except OverflowError:
+            return value
+    return value
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arm) for arm in typing.get_args(hint))
+    if origin is typing.Literal:
+        return any(value == v and type(value) is type(v) for v in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if origin is list:
+        (item,) = typing.get_args(hint) or (Any,)
+        return isinstance(value, list) and all(_conforms(v, item) for v in value)
+    if origin is dict:
+        key, item = typing.get_args(hint) or (Any, Any)
+        return isinstance(value, dict) and all(_conforms(k, key) and _conforms(v, item) for k, v in value.items())
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(arm) for arm in typing.get_args(hint))
+    if origin is typing.Literal:
+        return " or ".join(repr(v) for v in typing.get_args(hint))
+    names = {type(None): "null", bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(hint)[0]).removeprefix('a ').removeprefix('an ')}s"
+    if origin is dict:
+        return "a mapping with string keys"
+    return getattr(hint, "__name__", str(hint))
+
+
+def _short(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _check_types(section: str, obj: Any) -> None:
+    """Every field of one section has its annotated type, and every float is finite."""
+    for name, hint in _field_types(type(obj)).items():
+        value = getattr(obj, name)
+        if not _conforms(value, hint):
+            raise ConfigError(f"{section}.{name} must be {_describe(hint)}, got {_short(value)} "
+                              f"({type(value).__name__})")
+        if float in _arms(hint) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            try:
+                finite = math.isfinite(value)
+            except OverflowError:  # an int too large for a float
+                finite = False
+            if not finite:
+                raise ConfigError(f"{section}.{name} must be a finite number, got {_short(value)}")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
