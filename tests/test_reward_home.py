@@ -133,3 +133,22 @@ def test_outcome_is_the_only_score_else_env_reward():
               for n, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert copies == ["trajectory.py:" + str(next(
         n for n, line in enumerate((root / "trajectory.py").read_text().splitlines(), 1) if pattern.search(line)))]
+
+
+def test_seed003_reward_wrapper_calls_reward_fn_as_the_trainer_does():
+    """EnvironmentRewardWrapper goes through reward.call_reward_fn: the environment
+    argument, errors that name the episode, non-finite values refused."""
+    from envs import make_env
+    from workbench.reward import RewardError
+    from workbench.trajectory import Episode
+    from workbench.verl_compat import EnvironmentRewardWrapper
+
+    env = make_env("guess_number")
+    ep = Episode(episode_id=7, env_seed=3)
+    seen = []
+    assert EnvironmentRewardWrapper(env, lambda t, e: seen.append(e) or 1.5)(ep) == 1.5
+    assert seen == [env]  # a hand-built episode has no environment copy of its own: the wrapper's
+    with pytest.raises(RewardError, match="episode 7"):
+        EnvironmentRewardWrapper(env, lambda t: 1 / 0)(ep)
+    with pytest.raises(RewardError, match="finite"):
+        EnvironmentRewardWrapper(env, lambda t: float("nan"))(ep)

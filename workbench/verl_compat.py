@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import copy
 import enum
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -50,6 +49,7 @@ import torch
 
 from workbench.config import ConfigStore
 from workbench.data import DataProto, item_to_spec
+from workbench.reward import call_reward_fn
 from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.training.trainer import RayPPOTrainer as _Trainer
 from workbench.verl_config import from_verl, is_verl_config, to_plain
@@ -165,13 +165,14 @@ class EnvironmentRewardWrapper:
 
     def __init__(self, environment: Any, reward_fn: Callable[..., float] | None = None, tokenizer: Any = None):
         self.environment, self.reward_fn, self.tokenizer = environment, reward_fn, tokenizer
-        self._arity = len(inspect.signature(reward_fn).parameters) if reward_fn is not None else 0
 
     def score_trajectory(self, trajectory: Episode) -> float:
+        """`reward_fn(trajectory[, environment])` as the trainer calls it
+        (`workbench.reward.call_reward_fn`: the episode's own environment copy when it has
+        one, errors that name the episode), or the summed environment rewards."""
         if self.reward_fn is None:
             return float(sum(trajectory.rewards))
-        out = self.reward_fn(trajectory, self.environment) if self._arity >= 2 else self.reward_fn(trajectory)
-        return float(out)
+        return call_reward_fn(self.reward_fn, trajectory, self.environment)
 
     def _step_row(self, data: DataProto, i: int) -> float:
         if self.tokenizer is None:
