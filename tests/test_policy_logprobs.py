@@ -175,3 +175,23 @@ def test_packing_is_skipped_when_quadratic_attention_outweighs_padding():
     smollm = dict(n_params=134_500_000, hidden=576, layers=30)
     assert _packed_is_cheaper(74 + 8 * 45, b=8, T=74 + 64, **smollm)  # a GRPO group: prompt once, no padding
     assert not _packed_is_cheaper(4 * 3000, b=4, T=3000, **smollm)  # long multi-turn rows, no shared prompt
+
+
+def test_untrained_positions_are_zero_in_ragged_micro_batches(tiny_model_and_tokenizer):
+    """With a loss mask, a row's untrained positions are exactly 0 even where another row
+    of its micro-batch trains that position."""
+
+    model, tok = tiny_model_and_tokenizer
+    text = "Guess my secret number from 1 to 8. Answer with just the number: 4, then 6."
+    ids = torch.tensor([tok.encode(text)[:12], tok.encode(text[::-1])[:12]])  # (2, 12)
+    attn = torch.ones(2, 12, dtype=torch.long)
+    loss = torch.zeros(2, 12)
+    loss[0, 4:10] = 1  # row 0 trains 4..9
+    loss[1, 8:12] = 1  # row 1 trains 8..11: positions 4..7 are trained only in row 0
+    both = batch_logprobs(model, ids, attn, [12, 12], micro_batch_size=2, loss_mask=loss)
+    assert torch.all(both[loss == 0] == 0)
+    assert torch.all(both[loss == 1] < 0)
+    # each row alone gives the same values on its own trained positions
+    for r in range(2):
+        alone = batch_logprobs(model, ids[r:r + 1], attn[r:r + 1], [12], micro_batch_size=1, loss_mask=loss[r:r + 1])
+        assert torch.allclose(alone[0], both[r], atol=1e-5)

@@ -269,7 +269,9 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         ids = input_ids[idx, :T].to(device)  # (b, T)
         mask = attention_mask[idx, :T].to(device)
         lm = loss_mask[idx, :T].to(device) if loss_mask is not None else None
-        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm)
+        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm)  # (b, T)
+        if lm is not None:  # the forward fills every position trained in any row of the micro-batch
+            lp = lp * lm
         out[idx, :T] = lp.float().cpu()
     return out
 
