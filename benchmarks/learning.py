@@ -4,6 +4,7 @@
     python benchmarks/learning.py --algo grpo --minutes 30
     python benchmarks/learning.py --algo ppo --minutes 30 --env guess_number
     python benchmarks/learning.py --device cuda --dtype float32   # default: auto, auto
+    python benchmarks/learning.py --env arithmetic --algo grpo --minutes 30   # calculator tool
 
 For each algorithm: build a `Trainer` on the embedded model (SmolLM2-135M-Instruct,
 LoRA r=16 on all linear layers), evaluate on held-out seeds, call
@@ -20,9 +21,18 @@ below 10_000, so no evaluation secret is trained on.
 the budget the issue sets; evaluations are timed separately (`eval_seconds`), and the
 load average is recorded next to every timing because the machine is shared.
 
+Tool use (`--env arithmetic`): the episodes are rolled out through the function-calling
+parser (`<tool_call>{"name": "calculator", ...}</tool_call>`, run by the episode's
+`MultiTurnManager`; the result comes back as a `tool` message and the model answers in
+its next turn). Every evaluation also records `tool_use`: the fraction of episodes with
+at least one calculator call through the parser that ran without error, so the record
+shows whether the answers came through the tool. Such records also keep transcripts of
+the first 4 held-out episodes before and after training.
+
 Results: `benchmarks/results/learning.json` (a list with one record per env/algo;
-running one algo replaces only its own record) and `benchmarks/results/learning.png`
-(held-out success and train reward vs step, one line per algo).
+running one algo replaces only its own record) and a plot of the env's records:
+`benchmarks/results/learning.png` for guess_number, `learning_<env>.png` for the others
+(held-out success and train reward vs step, one line per algo; dashed: held-out tool use).
 """
 from __future__ import annotations
 
@@ -50,12 +60,37 @@ if str(ROOT) not in sys.path:
 RESULTS = ROOT / "benchmarks" / "results"
 EVAL_SEED0 = 10_000
 
+#: The arithmetic prompts. The system prompt is ARITHMETIC_PROMPT followed by the
+#: parser's format instructions, here one worked episode in the format the run uses (the
+#: tool result comes back as a `tool` message, rendered as a "tool" turn by the chat
+#: template) instead of the stock JSON schemas of every registered tool (about 300
+#: tokens, `environment_step` first). Each problem ends with ARITHMETIC_INSTRUCTION (the
+#: env's `instruction` param). Measured on the untrained model, median over 8 problems of
+#: the log-probability that a reply starts with "<" (the first token of a call): -7.5 to
+#: -9.2 for three instruction-only system prompts, -2.7 with the example, -1.3 with the
+#: example and the instruction after the problem (the example was then joined to the
+#: first sentence with one newline instead of the two the system prompt uses here; a
+#: system prompt that ended in two newlines instead gave -3.9 rather than -2.7).
+ARITHMETIC_PROMPT = "Answer math questions with the calculator tool."
+ARITHMETIC_EXAMPLE = (
+    "Example:\n"
+    "user: Ana has 6 coins. She buys 2 bags with 4 coins in each. How many coins does Ana have now?\n"
+    'assistant: <tool_call>{"name": "calculator", "arguments": {"expression": "6 + 2 * 4"}}</tool_call>\n'
+    "tool: 14\nassistant: Answer: 14"
+)
+ARITHMETIC_INSTRUCTION = "Use the calculator tool."
+
 #: Per-environment settings: environment params and the run's config overrides.
 #: guess_number 1..8 with 4 guesses: binary search always wins (ceil(log2 8) + 1 = 4),
 #: a guesser that tries 4 different numbers wins half the time. The short system
 #: prompt (about a third of the default's tokens, so every step is cheaper) gets the
 #: untrained model to answer "The number is 10." / 11 / 12 / 13 greedily: a number,
 #: counting up with the feedback, but out of range, so greedy success starts at 0.
+#: arithmetic: one-operation problems (difficulty 1), 3 turns (the call, the answer, and
+#: one more try after the env's "Call the calculator or reply 'Answer: <number>'."), 40
+#: tokens per turn (a call takes 30-34 here). "</tool_call>" is a stop string, so a turn
+#: ends with its call: without it the untrained model went on to write a made-up
+#: "tool: 10" line and then answered that number instead of the tool's result.
 SETTINGS: dict[str, dict[str, Any]] = {
     "guess_number": {
         "env": {"low": 1, "high": 8, "max_steps": 4,
@@ -65,6 +100,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "grid": {
         "env": {"size": 3, "n_walls": 1, "max_steps": 6},
         "inference": {"max_tokens": 8, "max_turns": 6, "temperature": 1.0},
+    },
+    "arithmetic": {
+        "env": {"difficulty": 1, "max_steps": 4, "system_prompt": ARITHMETIC_PROMPT,
+                "instruction": ARITHMETIC_INSTRUCTION},
+        "inference": {"max_tokens": 40, "max_turns": 3, "temperature": 1.0, "stop": ["</tool_call>"]},
+        "parser_instructions": ARITHMETIC_EXAMPLE,
     },
 }
 
@@ -108,16 +149,48 @@ def build_trainer(env_name: str, algo: str, args: argparse.Namespace):
         cfg.training.group_size = args.group_size
     cfg.validate()
     env = make_env(env_name, **setting["env"])
-    return Trainer(cfg, environment=env), cfg
+    return Trainer(cfg, environment=env, parser=make_parser(setting)), cfg
 
 
-def evaluate(trainer, n: int) -> dict[str, float]:
+def make_parser(setting: dict[str, Any]):
+    """None (each env's own `action_parser`), or, when the setting has
+    `parser_instructions`, the function-calling parser with that text as its format
+    instructions (the part of the system prompt after the env's own prompt)."""
+    if "parser_instructions" not in setting:
+        return None
+    from workbench.tools import FunctionCallingParser
+
+    class ExampleParser(FunctionCallingParser):
+        """`FunctionCallingParser` whose format instructions are a fixed example."""
+
+        def format_instructions(self, tools=None) -> str:
+            return setting["parser_instructions"]
+
+    return ExampleParser()
+
+
+def used_tool(episode) -> bool:
+    """Whether the episode made at least one calculator call through the parser that ran."""
+    return any(c["name"] == "calculator" and c["success"] for t in episode.turns for c in t.tool_calls)
+
+
+def transcript(episode) -> list[dict[str, Any]]:
+    """The episode's turns as {action, tool_calls, observation} (for the results file)."""
+    return [{"action": t.action,
+             "tool_calls": [{"arguments": c["arguments"], "result": c["result"]} for c in t.tool_calls],
+             "observation": t.observation} for t in episode.turns]
+
+
+def evaluate(trainer, n: int) -> dict[str, Any]:
     start, load0 = time.perf_counter(), load()
-    out = trainer.evaluate(list(range(EVAL_SEED0, EVAL_SEED0 + n)), temperature=0.0)
+    out: dict[str, Any] = trainer.evaluate(list(range(EVAL_SEED0, EVAL_SEED0 + n)), temperature=0.0)
     out["eval_seconds"] = time.perf_counter() - start
     out["load"] = (load0 + load()) / 2
-    batch = trainer.last_eval_batch
-    out["first_actions"] = [ep.turns[0].action if ep.turns else "" for ep in list(batch)[:4]]
+    batch = list(trainer.last_eval_batch)
+    out["first_actions"] = [ep.turns[0].action if ep.turns else "" for ep in batch[:4]]
+    out["tool_use"] = sum(used_tool(ep) for ep in batch) / max(len(batch), 1)
+    out["transcripts"] = [{"seed": ep.env_seed, "problem": ep.messages[1]["content"], "success": ep.success,
+                           "turns": transcript(ep)} for ep in batch[:4]]
     return out
 
 
@@ -127,12 +200,18 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     t_init = time.perf_counter()
     trainer, cfg = build_trainer(env_name, algo, args)
+    tooled = bool(trainer.environment.get_tools())  # record tool use and transcripts
+
+    def tool_text(value: float | None) -> str:
+        return f"tool use {value:.3f} " if tooled else ""
+
     print(f"[{algo}] trainer ready in {time.perf_counter() - t_init:.1f}s (load {load()})", flush=True)
     before = evaluate(trainer, args.eval_episodes)
     print(f"[{algo}] before: success {before['eval/success_rate']:.3f} reward {before['eval/reward_mean']:.3f} "
+          f"{tool_text(before['tool_use'])}"
           f"({before['eval_seconds']:.0f}s, load {before['load']:.1f}) e.g. {before['first_actions'][:2]}", flush=True)
     curve = [{"step": 0, "train_minutes": 0.0, "success": before["eval/success_rate"],
-              "reward": before["eval/reward_mean"]}]
+              "reward": before["eval/reward_mean"], **({"tool_use": before["tool_use"]} if tooled else {})}]
     steps: list[dict[str, Any]] = []
     budget = args.minutes * 60.0
     train_seconds = 0.0
@@ -155,26 +234,34 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
                "rollout_seconds": m["perf/rollout_seconds"], "update_seconds": m["perf/update_seconds"],
                "entropy": m.get("actor/entropy"), "grad_norm": m.get("actor/grad_norm"),
                "value_loss": m.get("critic/vf_loss")}
+        if tooled:
+            row["tool_use"] = sum(used_tool(ep) for ep in trainer.last_batch) / max(len(trainer.last_batch), 1)
         steps.append(row)
         print(f"[{algo}] step {row['step']:3d} {dt:5.0f}s (rollout {row['rollout_seconds']:.0f}s, update "
               f"{row['update_seconds']:.0f}s, load {row['load']:.1f}) reward {row['reward']:+.3f} "
-              f"success {row['success']:.2f} turns {row['turns']:.2f} len {row['response_length']:.1f} "
+              f"success {row['success']:.2f} {tool_text(row.get('tool_use'))}"
+              f"turns {row['turns']:.2f} len {row['response_length']:.1f} "
               f"| {train_seconds / 60:.1f}/{args.minutes} min", flush=True)
         last = not next_step_fits() or (args.max_steps is not None and trainer.global_step >= args.max_steps)
         if not last and args.eval_every and trainer.global_step % args.eval_every == 0:
             ev = evaluate(trainer, args.eval_episodes)
             eval_seconds += ev["eval_seconds"]
             curve.append({"step": trainer.global_step, "train_minutes": train_seconds / 60,
-                          "success": ev["eval/success_rate"], "reward": ev["eval/reward_mean"]})
+                          "success": ev["eval/success_rate"], "reward": ev["eval/reward_mean"],
+                          **({"tool_use": ev["tool_use"]} if tooled else {})})
             print(f"[{algo}]   eval @ {trainer.global_step}: success {ev['eval/success_rate']:.3f} "
+                  f"{tool_text(ev['tool_use'])}"
                   f"({ev['eval_seconds']:.0f}s) e.g. {ev['first_actions'][:2]}", flush=True)
     after = evaluate(trainer, args.eval_episodes)
     eval_seconds += after["eval_seconds"]
     curve.append({"step": trainer.global_step, "train_minutes": train_seconds / 60,
-                  "success": after["eval/success_rate"], "reward": after["eval/reward_mean"]})
+                  "success": after["eval/success_rate"], "reward": after["eval/reward_mean"],
+                  **({"tool_use": after["tool_use"]} if tooled else {})})
+    tool_change = f"tool use {before['tool_use']:.3f} -> {after['tool_use']:.3f} " if tooled else ""
     print(f"[{algo}] after {trainer.global_step} steps / {train_seconds / 60:.1f} min: success "
-          f"{before['eval/success_rate']:.3f} -> {after['eval/success_rate']:.3f} e.g. {after['first_actions'][:2]}",
-          flush=True)
+          f"{before['eval/success_rate']:.3f} -> {after['eval/success_rate']:.3f} "
+          f"{tool_change}"
+          f"e.g. {after['first_actions'][:2]}", flush=True)
     rec = {
         "env": env_name, "algo": algo,
         "success_before": before["eval/success_rate"], "success_after": after["eval/success_rate"],
@@ -187,9 +274,15 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         "train_seeds": f"training.seed={cfg.training.seed}: {cfg.training.seed * 1_000_003}.. counting up "
                        f"({cfg.training.batch_size // cfg.training.group_size} per step)",
         "first_actions_before": before["first_actions"], "first_actions_after": after["first_actions"],
+        **({"tool_use_before": before["tool_use"], "tool_use_after": after["tool_use"],
+            "tool_use_means": "fraction of held-out episodes with >= 1 calculator call through the "
+                              "function-calling parser that ran without error",
+            "transcripts_before": before["transcripts"], "transcripts_after": after["transcripts"]}
+           if tooled else {}),
         "mean_load": round(sum(s["load"] for s in steps) / max(len(steps), 1), 2),
         "mean_step_seconds": round(train_seconds / max(len(steps), 1), 1),
         "config": {"env_params": SETTINGS[env_name]["env"], "inference": SETTINGS[env_name]["inference"],
+                   **{k: SETTINGS[env_name][k] for k in ("parser_instructions",) if k in SETTINGS[env_name]},
                    "training": {k: getattr(cfg.training, k) for k in (
                        "adv_estimator", "learning_rate", "critic_learning_rate", "batch_size", "group_size",
                        "micro_batch_size", "loss_agg_mode", "use_kl_loss", "use_kl_in_reward", "autocast_bf16",
@@ -228,14 +321,18 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for r in records:
         label = f"{r['algo']} ({r['env']})"
-        ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], marker="o", label=label)
+        line, = ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], marker="o",
+                         label=label)
+        if "tool_use" in r["curve"][0]:
+            ax1.plot([c["step"] for c in r["curve"]], [c["tool_use"] for c in r["curve"]], marker="x",
+                     linestyle="--", color=line.get_color(), label=f"{label}: tool use")
         xs, ys = [s["step"] for s in r["train_steps"]], [s["reward"] for s in r["train_steps"]]
         line, = ax2.plot(xs, ys, alpha=0.3, linewidth=1)
         smooth = [sum(ys[max(0, i - 4):i + 1]) / len(ys[max(0, i - 4):i + 1]) for i in range(len(ys))]
         ax2.plot(xs, smooth, color=line.get_color(), linewidth=2, label=f"{label}, mean of last 5")
     ax1.set_title(f"held-out success (greedy, {records[0]['eval']['episodes'] if records else ''} seeds)")
     ax1.set_xlabel("step")
-    ax1.set_ylabel("success rate")
+    ax1.set_ylabel("success rate / tool use" if any("tool_use" in r["curve"][0] for r in records) else "success rate")
     ax1.set_ylim(-0.02, 1.02)
     ax1.legend()
     ax2.set_title("train reward (mean of batch, T=1.0 rollouts)")
@@ -272,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     for algo in algos:
         rec = run(args.env, algo, args)
         merged = save([rec], out)
-        plot(merged, out.with_suffix(".png"))
+        png = out.with_suffix(".png") if args.env == "guess_number" else out.with_name(f"{out.stem}_{args.env}.png")
+        plot([r for r in merged if r["env"] == args.env], png)
         gain = rec["success_after"] - rec["success_before"]
         print(f"{rec['env']} {algo}: success {rec['success_before']:.3f} -> {rec['success_after']:.3f} "
               f"({gain:+.3f}) in {rec['minutes']:.1f} min, {rec['steps']} steps", flush=True)

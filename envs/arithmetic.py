@@ -138,6 +138,7 @@ class ArithmeticEnv(ParamsEnvironment):
         "correct_reward": 1.0,   # reward for the right final answer
         "wrong_reward": 0.0,     # reward for a wrong final answer
         "invalid_reward": -0.1,  # reward for a reply with no call and no answer
+        "instruction": "",       # text put on a new line after each problem ("": none)
     }
 
     def __init__(self, config=None):
@@ -202,10 +203,11 @@ class ArithmeticEnv(ParamsEnvironment):
 
     # -- episode -----------------------------------------------------------------
     def reset(self) -> str:
-        """Draw a new word problem."""
+        """Draw a new word problem; the observation is the problem, then `instruction` if set."""
         self._make_problem()
         self.calls = []
-        return self.problem
+        instruction = str(self.params["instruction"] or "")
+        return f"{self.problem}\n{instruction}" if instruction else self.problem
 
     def step(self, action: str) -> StepResult:
         """Run a calculator call or grade an answer; see the module docstring."""

@@ -301,3 +301,10 @@ def test_seed_text_game_runs_with_base_bookkeeping():
     env.reset()
     assert env.inventory == [] and env.step_count == 0
     assert env.step("take")[2] is False
+
+
+def test_arithmetic_instruction_goes_on_a_line_after_the_problem():
+    plain, told = make_env("arithmetic"), make_env("arithmetic", instruction="Use the calculator tool.")
+    problem = plain.reset(seed=5)
+    assert told.reset(seed=5) == problem + "\nUse the calculator tool."
+    assert "Use the calculator" not in problem  # the default adds nothing
