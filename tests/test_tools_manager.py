@@ -195,3 +195,14 @@ def test_existing_step_tool_and_no_environment_answer():
     assert turn.done is True and turn.info["final_answer"] == "The answer is 42."
     with pytest.raises(ValueError):
         MultiTurnManager()
+
+
+def test_parser_without_instructions_adds_nothing_to_the_system_prompt():
+    from workbench.tools.parsers import FunctionCallingParser
+
+    class Quiet(FunctionCallingParser):
+        def format_instructions(self, tools):
+            return ""
+
+    manager = MultiTurnManager(ToolRegistry([CalculatorTool()]), Quiet(), CounterGame())
+    assert manager.system_prompt() == "Reach 3 by saying inc."  # no trailing blank lines

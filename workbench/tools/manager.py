@@ -182,7 +182,9 @@ class MultiTurnManager:
             if text:
                 parts.append(str(text))
         if self.parser is not None:
-            parts.append(self.parser.format_instructions(self.registry.definitions()))
+            instructions = self.parser.format_instructions(self.registry.definitions())
+            if instructions:  # a parser with no instructions adds no blank lines to the prompt
+                parts.append(instructions)
         return "\n\n".join(parts)
 
     # -- one turn -------------------------------------------------------------------
