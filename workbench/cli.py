@@ -85,11 +85,11 @@ def build_config(args: argparse.Namespace) -> ConfigStore:
             config.training.num_iters_per_epoch = values["steps"]
         if args.output_given or not given.get("config"):  # else the file's checkpoint.output_dir stays
             config.checkpoint.output_dir = str(Path(args.output) / "checkpoints")
-    resolve_env_args(config, given.get("env_param") or [])
-    if not given.get("config") and "max_steps" not in parse_env_params(given.get("env_param") or []):
+    if not given.get("config"):
         # Quick runs: the environment's step budget (which its prompt states, e.g. "You have
-        # 4 guesses") is the number of turns the rollout really allows.
+        # 4 guesses") is the number of turns the rollout really allows (--env-param max_steps=N wins).
         config.environment.max_steps = config.inference.max_turns
+    resolve_env_args(config, given.get("env_param") or [])
     if given.get("reward_param"):
         config.update("reward", parse_key_values(given["reward_param"], "--reward-param", "success_bonus=5"))
     return config.validate()
