@@ -312,7 +312,8 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
     module, cls = f"{name}_verl", _camel(name)
     tools = list(env.get_tools() or [])
     tool_names = [t.name for t in tools]
-    prompts = to_verl(config)["data"]["train_batch_size"]
+    trainer = trainer_yaml(config, name, module, bool(tools))
+    prompts = trainer["data"]["train_batch_size"]
     if train_size is None:
         train_size = prompts * config.training.num_iters_per_epoch
     if train_size < prompts or val_size < 1:
@@ -338,7 +339,6 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
     val_seeds = list(range(VAL_SEED_START, VAL_SEED_START + val_size))
     for split, seeds in (("train", list(range(train_size))), ("val", val_seeds)):
         pd.DataFrame(dataset_rows(env, name, seeds, split, tool_names)).to_parquet(paths[split], index=False)
-    trainer = trainer_yaml(config, name, module, bool(tools))
     paths["trainer"].write_text("# written by python -m workbench export-verl; see README.md\n"
                                 + yaml.safe_dump(trainer, sort_keys=False))
     notes = []
