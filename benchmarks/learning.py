@@ -174,6 +174,12 @@ def used_tool(episode) -> bool:
     return any(c["name"] == "calculator" and c["success"] for t in episode.turns for c in t.tool_calls)
 
 
+def tool_use_rate(episodes) -> float:
+    """Fraction of `episodes` for which `used_tool` holds."""
+    episodes = list(episodes)
+    return sum(used_tool(ep) for ep in episodes) / max(len(episodes), 1)
+
+
 def transcript(episode) -> list[dict[str, Any]]:
     """The episode's turns as {action, tool_calls, observation} (for the results file)."""
     return [{"action": t.action,
@@ -188,7 +194,7 @@ def evaluate(trainer, n: int) -> dict[str, Any]:
     out["load"] = (load0 + load()) / 2
     batch = list(trainer.last_eval_batch)
     out["first_actions"] = [ep.turns[0].action if ep.turns else "" for ep in batch[:4]]
-    out["tool_use"] = sum(used_tool(ep) for ep in batch) / max(len(batch), 1)
+    out["tool_use"] = tool_use_rate(batch)
     out["transcripts"] = [{"seed": ep.env_seed, "problem": ep.messages[1]["content"], "success": ep.success,
                            "turns": transcript(ep)} for ep in batch[:4]]
     return out
@@ -205,13 +211,17 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     def tool_text(value: float | None) -> str:
         return f"tool use {value:.3f} " if tooled else ""
 
+    def curve_point(ev: dict[str, Any], minutes: float) -> dict[str, Any]:
+        """One held-out point of the curve (tool use too, for envs with tools)."""
+        return {"step": trainer.global_step, "train_minutes": minutes, "success": ev["eval/success_rate"],
+                "reward": ev["eval/reward_mean"], **({"tool_use": ev["tool_use"]} if tooled else {})}
+
     print(f"[{algo}] trainer ready in {time.perf_counter() - t_init:.1f}s (load {load()})", flush=True)
     before = evaluate(trainer, args.eval_episodes)
     print(f"[{algo}] before: success {before['eval/success_rate']:.3f} reward {before['eval/reward_mean']:.3f} "
           f"{tool_text(before['tool_use'])}"
           f"({before['eval_seconds']:.0f}s, load {before['load']:.1f}) e.g. {before['first_actions'][:2]}", flush=True)
-    curve = [{"step": 0, "train_minutes": 0.0, "success": before["eval/success_rate"],
-              "reward": before["eval/reward_mean"], **({"tool_use": before["tool_use"]} if tooled else {})}]
+    curve = [curve_point(before, 0.0)]
     steps: list[dict[str, Any]] = []
     budget = args.minutes * 60.0
     train_seconds = 0.0
@@ -235,7 +245,7 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
                "entropy": m.get("actor/entropy"), "grad_norm": m.get("actor/grad_norm"),
                "value_loss": m.get("critic/vf_loss")}
         if tooled:
-            row["tool_use"] = sum(used_tool(ep) for ep in trainer.last_batch) / max(len(trainer.last_batch), 1)
+            row["tool_use"] = tool_use_rate(trainer.last_batch)
         steps.append(row)
         print(f"[{algo}] step {row['step']:3d} {dt:5.0f}s (rollout {row['rollout_seconds']:.0f}s, update "
               f"{row['update_seconds']:.0f}s, load {row['load']:.1f}) reward {row['reward']:+.3f} "
@@ -246,17 +256,13 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
         if not last and args.eval_every and trainer.global_step % args.eval_every == 0:
             ev = evaluate(trainer, args.eval_episodes)
             eval_seconds += ev["eval_seconds"]
-            curve.append({"step": trainer.global_step, "train_minutes": train_seconds / 60,
-                          "success": ev["eval/success_rate"], "reward": ev["eval/reward_mean"],
-                          **({"tool_use": ev["tool_use"]} if tooled else {})})
+            curve.append(curve_point(ev, train_seconds / 60))
             print(f"[{algo}]   eval @ {trainer.global_step}: success {ev['eval/success_rate']:.3f} "
                   f"{tool_text(ev['tool_use'])}"
                   f"({ev['eval_seconds']:.0f}s) e.g. {ev['first_actions'][:2]}", flush=True)
     after = evaluate(trainer, args.eval_episodes)
     eval_seconds += after["eval_seconds"]
-    curve.append({"step": trainer.global_step, "train_minutes": train_seconds / 60,
-                  "success": after["eval/success_rate"], "reward": after["eval/reward_mean"],
-                  **({"tool_use": after["tool_use"]} if tooled else {})})
+    curve.append(curve_point(after, train_seconds / 60))
     tool_change = f"tool use {before['tool_use']:.3f} -> {after['tool_use']:.3f} " if tooled else ""
     print(f"[{algo}] after {trainer.global_step} steps / {train_seconds / 60:.1f} min: success "
           f"{before['eval/success_rate']:.3f} -> {after['eval/success_rate']:.3f} "
