@@ -37,8 +37,9 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 import torch
-import torch.nn as nn
 
+from workbench.distributed.learners import LearnerGroup, optimizer_pairs, trained_names
+from workbench.distributed.rollout_workers import RolloutWorkerGroup
 from workbench.trajectory import TrajectoryBatch
 
 
@@ -46,9 +47,6 @@ class RayStages:
     """The rollout workers and learners of one `Trainer` (built by the trainer itself)."""
 
     def __init__(self, trainer: Any):
-        from workbench.distributed.learners import LearnerGroup
-        from workbench.distributed.rollout_workers import RolloutWorkerGroup
-
         cfg = trainer.config
         self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
                                                   trainer.tools, trainer.parser)
@@ -61,13 +59,6 @@ class RayStages:
             state["critic"] = trainer.critic.trainable_state_dict()
         return state
 
-    @staticmethod
-    def _optimizers(trainer: Any) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
-        pairs = [("optimizer", trainer.policy.model, trainer.optimizer)]
-        if trainer.critic is not None:
-            pairs.append(("critic_optimizer", trainer.critic, trainer.critic_optimizer))
-        return pairs
-
     def push(self, trainer: Any) -> None:
         """Load the controller's weights and optimizer states into the learners and its
         weights into the rollout workers (version = the trainer's step): at start and after
@@ -75,7 +66,7 @@ class RayStages:
         state = self._state(trainer)
         self.learners.load_state_dict(state)
         optim = {name: optimizer_state_by_name(opt.state_dict(), trained_names(module))
-                 for name, module, opt in self._optimizers(trainer)}
+                 for name, module, opt in optimizer_pairs(trainer)}
         if any(s["state"] for s in optim.values()):  # a fresh trainer has none yet
             self.learners.load_optimizer_state(optim)
         self.rollout_workers.sync_weights(state["policy"], trainer.global_step)
@@ -83,7 +74,7 @@ class RayStages:
     def pull_optimizers(self, trainer: Any) -> None:
         """The learners' AdamW states into the controller's optimizers (before a checkpoint)."""
         states = self.learners.optimizer_state()
-        for name, module, opt in self._optimizers(trainer):
+        for name, module, opt in optimizer_pairs(trainer):
             opt.load_state_dict(optimizer_state_by_index(states[name], trained_names(module)))
 
     def rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None,
@@ -109,11 +100,6 @@ class RayStages:
                 group.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
-
-
-def trained_names(module: nn.Module) -> list[str]:
-    """Names of the trained parameters, in the order the trainer's optimizer holds them."""
-    return [n for n, p in module.named_parameters() if p.requires_grad]
 
 
 def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:

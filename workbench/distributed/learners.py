@@ -85,8 +85,18 @@ def reshard(module: nn.Module) -> None:
             m.reshard()
 
 
-def _trained_names(module: nn.Module) -> set[str]:
-    return {n for n, p in module.named_parameters() if p.requires_grad}
+def trained_names(module: nn.Module) -> list[str]:
+    """Names of the trained parameters, in the order the trainer's optimizer holds them."""
+    return [n for n, p in module.named_parameters() if p.requires_grad]
+
+
+def optimizer_pairs(owner: Any) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
+    """(checkpoint name, module, its optimizer) for the policy and, if there is one, the
+    critic of a `Trainer` or `LearnerWorker` (both hold policy, critic and their optimizers)."""
+    pairs = [("optimizer", owner.policy.model, owner.optimizer)]
+    if owner.critic is not None:
+        pairs.append(("critic_optimizer", owner.critic, owner.critic_optimizer))
+    return pairs
 
 
 class LearnerWorker:
@@ -184,7 +194,7 @@ class LearnerWorker:
         for name, module in zip(("policy", "critic"), self._modules()):
             reshard(module)
             full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-            keep = _trained_names(module)
+            keep = set(trained_names(module))
             out[name] = {k: v for k, v in full.items() if k in keep}
         return out if self.rank == 0 else None
 
@@ -196,17 +206,11 @@ class LearnerWorker:
             if name not in state:
                 continue
             reshard(module)
-            missing = _trained_names(module) - set(state[name])
+            missing = set(trained_names(module)) - set(state[name])
             if missing:
                 raise ValueError(f"{name} state lacks {len(missing)} trained weights, e.g. {sorted(missing)[:3]}")
             set_model_state_dict(module, state[name], options=StateDictOptions(full_state_dict=True, strict=False))
         self._build_optimizers()
-
-    def _optimizers(self) -> list[tuple[str, nn.Module, torch.optim.Optimizer]]:
-        pairs = [("optimizer", self.policy.model, self.optimizer)]
-        if self.critic is not None:
-            pairs.append(("critic_optimizer", self.critic, self.critic_optimizer))
-        return pairs
 
     def optimizer_state(self) -> dict[str, dict[str, Any]] | None:
         """Full optimizer states, keyed by parameter name (torch.distributed.checkpoint's
@@ -214,7 +218,7 @@ class LearnerWorker:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
         out = {}
-        for name, module, opt in self._optimizers():
+        for name, module, opt in optimizer_pairs(self):
             reshard(module)
             out[name] = get_optimizer_state_dict(
                 module, opt, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
@@ -224,7 +228,7 @@ class LearnerWorker:
         """Load full, name-keyed optimizer states (as `optimizer_state` returns) into the shards."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
-        for name, module, opt in self._optimizers():
+        for name, module, opt in optimizer_pairs(self):
             if states.get(name, {}).get("state"):
                 reshard(module)
                 # torch builds the empty state it loads into with a zero-gradient step,
