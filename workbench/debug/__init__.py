@@ -1,0 +1,33 @@
+"""The debugger: reopen a finished run, fork an episode at any turn, compare two
+policies token by token, and a run doctor that names what went wrong.
+
+    from workbench.debug import load_run, fork, compare_policies, diagnose
+    run = load_run("runs/demo/train")       # config, metrics, evaluations, checkpoints, batches
+    batch = run.batch(3)                    # step 3's scored batch, exactly as it was trained on
+    branches = fork(batch[0], turn=1, action="5", n=4, engine=engine)
+    diff = compare_policies(run.checkpoints[0], run.checkpoints[-1], batch)
+    findings = diagnose(run)                # reward hacking, collapse, dead signal, ...
+
+Layer: above `training` and `distributed`, below `widgets`, `compat` and `cli`. Names are
+imported lazily (each module pulls in what it needs when first used).
+"""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: Public name -> module of this package that defines it.
+_NAMES = {
+    "Run": "runs", "load_run": "runs", "RunError": "runs",
+    "fork": "fork", "ReplayMismatch": "fork",
+    "compare_policies": "diff", "PolicyDiff": "diff",
+    "diagnose": "doctor", "Finding": "doctor", "DoctorConfig": "doctor",
+}
+
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _NAMES:
+        return getattr(importlib.import_module(f"workbench.debug.{_NAMES[name]}"), name)
+    raise AttributeError(f"module 'workbench.debug' has no attribute {name!r}")
