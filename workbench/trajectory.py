@@ -20,7 +20,9 @@ of the fields; `batch.require("advantages")` says which stage produces a missing
 """
 from __future__ import annotations
 
+import gzip
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -391,24 +393,29 @@ class TrajectoryBatch:
         """Write as JSONL: a header line, then one line per episode with its token fields.
 
         Floats go through Python's shortest round-trip repr, so `load` restores
-        every tensor bit for bit.
+        every tensor bit for bit. A path ending in ".gz" is written gzip-compressed.
+        The file is written beside the target and renamed into place, so a reader
+        never sees half of it.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         extra = [k for k in self.tensors if k not in COLLATED]
-        with path.open("w") as f:
+        tmp = path.with_name(f".{path.name}.tmp")
+        with _open_text(tmp, "w") as f:
             f.write(json.dumps({"format": "workbench.trajectory_batch", "version": 1,
                                 "fields": extra, "meta": self.meta}) + "\n")
             for b, ep in enumerate(self.episodes):
                 rec = ep.to_dict()
                 rec["_fields"] = {k: self.token_values(b, k) for k in extra}
                 f.write(json.dumps(rec) + "\n")
+        os.replace(tmp, path)
         return path
 
     @classmethod
     def load(cls, path: str | Path) -> "TrajectoryBatch":
-        """Read a file written by `save`."""
-        lines = Path(path).read_text().splitlines()
+        """Read a file written by `save` (gzip when the name ends in ".gz")."""
+        with _open_text(Path(path), "r") as f:
+            lines = f.read().splitlines()
         header = json.loads(lines[0])
         if header.get("format") != "workbench.trajectory_batch":
             raise ValueError(f"{path} is not a workbench trajectory batch file")
@@ -433,6 +440,13 @@ class TrajectoryBatch:
     def _repr_html_(self) -> str:
         df = self.to_pandas("episode")
         return f"<p><b>{self!r}</b></p>" + df.head(20).to_html(index=False)
+
+
+def _open_text(path: Path, mode: str) -> Any:
+    """A text file, gzip-compressed when its name ends in ".gz"."""
+    if path.name.endswith(".gz") or path.name.endswith(".gz.tmp"):
+        return gzip.open(path, mode + "t", encoding="utf-8")
+    return path.open(mode, encoding="utf-8")
 
 
 #: The seeds' name for a batch of trajectories.
