@@ -1,4 +1,4 @@
-"""workbench.data: dataset items -> episodes, RLHFDataset files, collate_fn, the DataProto view."""
+"""workbench.data and workbench.compat.verl_data: dataset items -> episodes, RLHFDataset files, collate_fn, the DataProto view."""
 from __future__ import annotations
 
 import json
@@ -8,10 +8,8 @@ import pandas as pd
 import pytest
 import torch
 
-from workbench.data import (
-    DataProto, EpisodeDataset, EpisodeSpec, PromptEnvironment, RLHFDataset, collate_fn, item_to_spec,
-    make_episode_env,
-)
+from workbench.compat.verl_data import DataProto, RLHFDataset, collate_fn
+from workbench.data import EpisodeDataset, EpisodeSpec, PromptEnvironment, item_to_spec, make_episode_env
 from workbench.environment import BaseEnvironment
 from workbench.trajectory import Episode, TrajectoryBatch
 

@@ -168,7 +168,7 @@ class _EchoEnv(BaseEnvironment):
 
 
 def test_multi_turn_engine_uses_the_tool_managers_tools(tiny_model_and_tokenizer):
-    from workbench.inference import InferenceEngine, MultiTurnInferenceEngine
+    from workbench.compat.inference import InferenceEngine, MultiTurnInferenceEngine
     from workbench.tools.manager import MultiTurnManager
     from workbench.tools.registry import ToolRegistry
 

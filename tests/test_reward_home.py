@@ -141,7 +141,7 @@ def test_seed003_reward_wrapper_calls_reward_fn_as_the_trainer_does():
     from envs import make_env
     from workbench.reward import RewardError
     from workbench.trajectory import Episode
-    from workbench.verl_compat import EnvironmentRewardWrapper
+    from workbench.compat.verl_compat import EnvironmentRewardWrapper
 
     env = make_env("guess_number")
     ep = Episode(episode_id=7, env_seed=3)

@@ -23,8 +23,8 @@ from workbench.config import ConfigStore, EnvironmentConfig
 from workbench.reward import RewardManager
 from workbench.tools import CalculatorTool
 from workbench.tools.registry import ToolRegistry
-from workbench.verl_config import VERL_SECTIONS, from_verl
-from workbench.verl_runtime import VERL_INSTALL
+from workbench.compat.verl_config import VERL_SECTIONS, from_verl
+from workbench.compat.verl_runtime import VERL_INSTALL
 
 try:
     for _module in ("verl.interactions.base", "verl.tools.base_tool", "hydra"):

@@ -1,10 +1,10 @@
 """verl's Role / ResourcePoolManager placement mapped onto `config.ray` (the table in
-`workbench.verl_compat`), and through verl's `RayPPOTrainer(...)` form."""
+`workbench.compat.verl_compat`), and through verl's `RayPPOTrainer(...)` form."""
 from __future__ import annotations
 
 import pytest
 
-from workbench.verl_compat import ResourcePoolManager, Role, ray_groups_from_pools
+from workbench.compat.verl_compat import ResourcePoolManager, Role, ray_groups_from_pools
 
 
 def test_colocated_actor_rollout_shares_each_gpu():
@@ -37,7 +37,7 @@ def test_placements_this_design_cannot_run_say_why(mapping, message):
 
 def test_verl_form_sets_the_groups_on_the_trainer_config(tiny_model_path, tmp_path):
     from tests.test_trainer import tiny_config
-    from workbench.verl_compat import RayPPOTrainer
+    from workbench.compat.verl_compat import RayPPOTrainer
 
     config = tiny_config(tiny_model_path, tmp_path)
     pools = ResourcePoolManager({"global_pool": [3]}, {Role.ActorRollout: "global_pool"})

@@ -18,16 +18,12 @@ checkpoints under `checkpoints/`; `--loggers tensorboard,trackio,wandb` adds tho
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import os
 import sys
-import time
 from pathlib import Path
-from typing import Any, Callable, Sequence, TextIO
+from typing import Any, Sequence
 
 from workbench.config import BACKENDS, DTYPES, EMBEDDED_MODEL, ConfigError, ConfigStore
-from workbench.trajectory import Episode, TrajectoryBatch
+from workbench.overrides import apply_env_params, parse_env_params, parse_key_values  # noqa: F401 - public here too
 
 #: Flags that set one config field each (dest -> section, field), per command.
 _COMMON_FIELDS = {
@@ -89,235 +85,26 @@ def build_config(args: argparse.Namespace) -> ConfigStore:
         # Quick runs: the environment's step budget (which its prompt states, e.g. "You have
         # 4 guesses") is the number of turns the rollout really allows (--env-param max_steps=N wins).
         config.environment.max_steps = config.inference.max_turns
-    resolve_env_args(config, given.get("env_param") or [])
+    apply_env_params(config, given.get("env_param") or [])
     if given.get("reward_param"):
         config.update("reward", parse_key_values(given["reward_param"], "--reward-param", "success_bonus=5"))
     return config.validate()
 
 
-def parse_key_values(pairs: Sequence[str], flag: str, example: str) -> dict[str, Any]:
-    """`["a=1", "b=x"]` -> {"a": 1, "b": "x"}: each value is read as YAML."""
-    import yaml
-
-    values: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"{flag} {pair!r}: write it as KEY=VALUE, e.g. {flag} {example}")
-        try:
-            values[key.strip()] = yaml.safe_load(value) if value.strip() else ""
-        except yaml.YAMLError:
-            values[key.strip()] = value
-    return values
-
-
-def parse_env_params(pairs: Sequence[str]) -> dict[str, Any]:
-    """`["high=32", "name=x"]` -> {"high": 32, "name": "x"}: each value is read as YAML."""
-    return parse_key_values(pairs, "--env-param", "high=32")
-
-
-def resolve_env_args(config: ConfigStore, env_params: Sequence[str]) -> ConfigStore:
-    """Add `--env-param`s to `config.environment.params` and check that every
-    comma-separated `--env` spec resolves (ConfigError saying what is wrong otherwise)."""
-    from workbench.env_registry import REGISTRY
-
-    params = parse_env_params(env_params)
-    fields = {f.name for f in dataclasses.fields(config.environment)} - {"name", "params", "import_path"}
-    for key in sorted(fields & set(params)):  # max_steps, system_prompt, seed, ...: EnvironmentConfig fields
-        setattr(config.environment, key, params.pop(key))
-    config.environment.params = {**config.environment.params, **params}
-    for spec in config.environment.name.split(","):
-        try:
-            REGISTRY.resolve(spec.strip())
-        except ValueError as exc:
-            raise ConfigError(f"--env {spec.strip()}: {exc}") from exc
-    return config
-
-
-def episode_transcript(ep: Episode, title: str) -> str:
-    """Markdown of one episode: each message, with rewards per turn."""
-    lines = [f"### {title}: episode {ep.episode_id} (seed {ep.env_seed}), "
-             + (f"score {ep.score:+.2f}, " if ep.score is not None else f"return {ep.total_reward:+.2f}, ") +
-             f"success {ep.success}, turns {ep.num_turns}" + (f", truncated: {ep.truncation_reason}" if ep.truncated else ""), ""]
-    turn = 0
-    for msg in ep.messages:
-        role = msg["role"]
-        text = str(msg["content"]).strip().replace("\n", "\n> ")
-        if role == "assistant":
-            t = ep.turns[turn]
-            lines.append(f"**assistant** (turn {turn}, reward {t.reward:+.2f}{', ' + t.parse_error if t.parse_error else ''}):")
-            turn += 1
-        else:
-            lines.append(f"**{role}**:")
-        lines.append(f"> {text}")
-        lines.append("")
-    if ep.warnings:
-        lines.append(f"warnings: {ep.warnings}")
-    return "\n".join(lines)
-
-
-def write_transcript(batch: TrajectoryBatch, path: Path, heading: str) -> Path:
-    eps = sorted(batch, key=lambda e: e.outcome)
-    parts = [f"# {heading}", ""]
-    if eps:
-        parts.append(episode_transcript(eps[-1], "Best"))
-        if len(eps) > 1:
-            parts.append(episode_transcript(eps[0], "Worst"))
-    path.write_text("\n\n".join(parts))
-    return path
-
-
-def plot_curve(history: list[dict[str, Any]], path: Path, evals: list[dict[str, float]] | None = None) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [m["step"] for m in history]
-    mean = [m["reward/mean"] for m in history]
-    std = [m["reward/std"] for m in history]
-    fig, ax = plt.subplots(1, 2, figsize=(10, 3.5))
-    ax[0].plot(steps, mean, label="reward mean")
-    ax[0].fill_between(steps, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], alpha=0.2)
-    ax[0].set_xlabel("step"), ax[0].set_title("train reward")
-    ax[1].plot(steps, [m["env/success_rate"] for m in history], label="train success")
-    if evals:
-        ax[1].plot([e["step"] for e in evals], [e["eval/success_rate"] for e in evals], "o-", label="held-out success")
-    ax[1].set_ylim(-0.05, 1.05), ax[1].set_xlabel("step"), ax[1].set_title("success rate"), ax[1].legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    keys = list(rows[0]) if rows else []
-    out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    for r in rows:
-        out.append("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
-    return "\n".join(out)
-
-
-def open_metrics_log(path: Path, step: int) -> TextIO:
-    """Open `metrics.jsonl` for appending, first keeping only lines of steps before `step`
-    (the step a run resumes from), so steps redone after an interruption appear once."""
-    if path.exists():
-        kept = []
-        for line in path.read_text().splitlines():
-            try:
-                row_step = json.loads(line)["step"]
-            except (json.JSONDecodeError, KeyError, TypeError):
-                continue  # a line cut off by the interruption
-            if isinstance(row_step, int) and row_step < step:
-                kept.append(line + "\n")
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, path)
-    return path.open("a")
-
-
 def cmd_rollout(args: argparse.Namespace) -> int:
-    from workbench.engines import make_engine
-    from workbench.env_registry import make_env
-    from workbench.models import load_model_and_tokenizer
-    from workbench.reward import score_batch
-    from workbench.rollout import Rollout
+    """Roll out the model and write transcripts and a summary table (`workbench.runner`)."""
+    from workbench.runner import rollout_and_report
 
-    config = build_config(args)
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    model, tok = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device)
-    engine = make_engine(config, model, tok)
-    rows = []
-    for env_name in config.environment.name.split(","):
-        seeds = list(range(args.episodes))
-        envs = [make_env(env_name, {"params": dict(config.environment.params)}) for _ in seeds]
-        rollout = Rollout(engine, envs, seeds=seeds,
-                          max_turns=config.inference.max_turns, max_tokens=config.inference.max_tokens,
-                          temperature=config.inference.temperature, seed=config.inference.seed)
-        start = time.perf_counter()
-        batch = score_batch(rollout.run(), None, reward=config.reward)  # as the trainer scores
-        seconds = time.perf_counter() - start
-        slug = env_name.replace(":", "_").replace("/", "_")  # textarena:X / module:Class as a file name
-        batch.save(out / f"rollout_{slug}.jsonl")
-        write_transcript(batch, out / f"transcript_{slug}.md", f"{env_name}: rollout of {config.model.path}")
-        s = batch.summary()
-        rows.append({"env": env_name, "episodes": len(batch), "reward_mean": s["reward/mean"],
-                     "success_rate": s["env/success_rate"], "turns_mean": s["env/turns_mean"],
-                     "trained_tokens_mean": s["rollout/response_length_mean"],
-                     "token_warnings": sum(len(e.warnings) for e in batch), "seconds": seconds})
-        print(batch)
-    table = summary_table(rows)
-    (out / "summary.md").write_text(table + "\n")
-    print(table)
+    rollout_and_report(build_config(args), Path(args.output), args.episodes)
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from workbench.runner import train_and_report
+
     config = build_config(args)
     train_and_report(config, Path(args.output), args.eval_episodes, args.minutes)
     return 0
-
-
-def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes: float = 0,
-                     transcript: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Train with `config` and write the run's files into `out`: held-out evaluation on
-    seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
-    `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
-    `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
-    None), "stopped" (why fit stopped early, or "")}."""
-    from workbench.training import Trainer
-    from workbench.training.progress import write
-
-    out.mkdir(parents=True, exist_ok=True)
-    config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs
-    if "jsonl" not in config.training.loggers:
-        config.training.loggers = [*config.training.loggers, "jsonl"]  # every run writes metrics.jsonl
-    trainer = Trainer(config)
-    config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
-    eval_seeds = list(range(10_000, 10_000 + eval_episodes))
-    report: dict[str, Any] = {"trainer": trainer, "evals": [], "before": None, "after": None, "stopped": ""}
-    evals = report["evals"]
-    if eval_episodes:
-        evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
-        report["before"] = trainer.last_eval_batch
-        write(f"held-out before training: {evals[-1]}")
-
-    def on_step(tr: Any, m: dict) -> None:
-        write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
-              f"ppo_kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
-              f"{m['perf/step_seconds']:.1f}s")
-
-    # fit resumes (checkpoint.resume), then its jsonl logger writes OUT/metrics.jsonl through
-    # open_metrics_log, dropping lines of steps after the checkpoint (they are redone).
-    trainer.fit(callbacks=[on_step], time_limit_s=minutes * 60 if minutes else None)
-    if trainer.stop_reason:
-        report["stopped"] = f"stopped early (--minutes {minutes:g}): {trainer.stop_reason}"
-        print(report["stopped"], flush=True)
-    if eval_episodes:
-        evals.append({"step": trainer.global_step, **trainer.evaluate(eval_seeds)})
-        report["after"] = trainer.last_eval_batch
-        write(f"held-out after training: {evals[-1]}")
-    if transcript is not None:
-        transcript(report)
-    elif report["after"] is not None:
-        write_transcript(report["after"], out / "transcript.md",
-                         f"{config.environment.name}: held-out episodes after {trainer.global_step} "
-                         f"{config.training.adv_estimator} steps")
-    elif trainer.last_batch is not None:
-        write_transcript(trainer.last_batch, out / "transcript.md", f"{config.environment.name}: last training batch")
-    plot_curve(trainer.metrics_history, out / "reward_curve.png", evals)
-    (out / "evals.json").write_text(json.dumps(evals, indent=1))
-    rows = [{"step": m["step"], "reward_mean": m["reward/mean"], "success": m["env/success_rate"],
-             "entropy": m.get("actor/entropy", float("nan")), "seconds": m["perf/step_seconds"]}
-            for m in trainer.metrics_history]
-    table = summary_table(rows)
-    stopped = report["stopped"]
-    (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
-                                    + ("\n" + summary_table(evals) + "\n" if evals else ""))
-    print(table)
-    print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
-    return report
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -392,7 +179,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     d.add_argument("--minutes", type=float, default=6,
                    help="stop training after the step that ends past this many minutes (default 6)")
     x = sub.add_parser("export-verl", help="write what verl's multi-turn agent loop needs to run an environment "
-                                           "and its tools (workbench.verl_export)")
+                                           "and its tools (workbench.compat.verl_export)")
     x.add_argument("--env", help="environment: a registered name, module:Class, textarena:<id> or "
                                  "reasoning_gym:<task> (default: environment.name of --config, else guess_number)")
     x.add_argument("--env-param", dest="env_param", action="append", metavar="K=V",
@@ -414,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         if args.command == "export-verl":
-            from workbench.verl_export import cmd_export_verl
+            from workbench.compat.verl_export import cmd_export_verl
 
             return cmd_export_verl(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)

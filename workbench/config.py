@@ -330,6 +330,17 @@ SECTIONS = {
 }
 
 
+#: Readers of configs written in another project's layout: name -> (detect(data) -> bool,
+#: read(data) -> ConfigStore). `ConfigStore.from_dict` (and so `load`) tries each.
+CONFIG_FORMATS: dict[str, tuple[Any, Any]] = {}
+
+
+def register_config_format(name: str, detect: Any, read: Any) -> None:
+    """Make `ConfigStore.from_dict`/`load` read configs that `detect(data)` recognises with
+    `read(data)` (the compatibility layer registers verl's this way)."""
+    CONFIG_FORMATS[name] = (detect, read)
+
+
 @dataclass
 class ConfigStore:
     """All settings of a run, one section per concern."""
@@ -358,9 +369,10 @@ class ConfigStore:
     def from_dict(cls, data: Mapping[str, Any]) -> "ConfigStore":
         """Build from a nested dict; unknown sections or fields raise ConfigError.
 
-        A verl-style config (sections trainer, data, actor_rollout_ref, critic, algorithm)
-        goes through `workbench.verl_config.from_verl` (one mapping table; keys it does not
-        map are named in a warning).
+        A config in another project's layout goes through the reader registered for it
+        (`register_config_format`): `import workbench` registers verl's (sections trainer,
+        data, actor_rollout_ref, critic, algorithm; `workbench.compat.verl_config.from_verl`,
+        one mapping table; keys it does not map are named in a warning).
 
         Numbers written as strings (YAML 1.1 reads `1e-4` as a string) are converted for
         float fields; a string that is not a number is an error naming the field.
@@ -370,10 +382,9 @@ class ConfigStore:
         if not isinstance(data, Mapping):
             raise ConfigError(f"a config must be a mapping of sections ({', '.join(SECTIONS)}), "
                               f"got {type(data).__name__}: {_short(data)}")
-        from workbench.verl_config import from_verl, is_verl_config
-
-        if is_verl_config(data):  # verl's trainer/data/actor_rollout_ref/critic/algorithm sections
-            return from_verl(data)
+        for name, (detect, read) in CONFIG_FORMATS.items():
+            if detect(data):  # e.g. verl's trainer/data/actor_rollout_ref/critic/algorithm sections
+                return read(data)
         out = cls()
         for section, values in data.items():
             if section not in SECTIONS:

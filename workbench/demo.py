@@ -68,6 +68,18 @@ def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
     return cfg.validate()
 
 
+def rollout_config(args: argparse.Namespace) -> ConfigStore:
+    """Part 1's config: the untrained model on guess_number and grid, 4 turns of up to 24
+    tokens (the environments' step budget is the same 4 turns), sampled at temperature 1."""
+    cfg = ConfigStore()
+    cfg.model.model_name = args.model
+    cfg.model.device, cfg.model.dtype = args.device, args.dtype
+    cfg.environment.name = "guess_number,grid"
+    cfg.environment.max_steps = 4
+    cfg.update("inference", {"max_tokens": 24, "max_turns": 4, "temperature": 1.0, "seed": 0})
+    return cfg.validate()
+
+
 def _turn_rows(ep: Episode) -> list[tuple[str, str]]:
     """(model's reply, what the environment answered) per turn."""
     rows = []
@@ -113,7 +125,7 @@ def showcase_index(before: TrajectoryBatch, after: TrajectoryBatch) -> int:
 
 def write_demo_transcript(report: dict[str, Any], path: Path) -> Path:
     """transcript.md: the side-by-side held-out episode, then the best and worst after training."""
-    from workbench.cli import episode_transcript
+    from workbench.reports import episode_transcript
 
     before, after, trainer = report["before"], report["after"], report["trainer"]
     parts = [f"# guess_number: held-out episodes before and after {trainer.global_step} GRPO steps"]
@@ -130,14 +142,12 @@ def write_demo_transcript(report: dict[str, Any], path: Path) -> Path:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Part 1: rollouts of the untrained model; part 2: a short GRPO run that learns."""
-    from workbench.cli import cmd_rollout, parse_args, train_and_report
+    from workbench.runner import rollout_and_report, train_and_report
 
     n = counts()
     out = Path(args.output)
     print("== 1/2: the untrained model plays guess_number and grid ==", flush=True)
-    cmd_rollout(parse_args(["rollout", "--env", "guess_number,grid", "--episodes", str(n["rollout_episodes"]),
-                            "--model", args.model, "--device", args.device, "--dtype", args.dtype,
-                            "--max-tokens", "24", "--max-turns", "4", "--output", str(out / "rollout")]))
+    rollout_and_report(rollout_config(args), out / "rollout", n["rollout_episodes"])
     print(f"\n== 2/2: {n['steps']} LoRA GRPO steps on guess_number (1..8, {GUESS_TURNS} guesses), "
           f"held-out success on {n['eval_episodes']} unseen secrets before and after ==", flush=True)
     train_out = out / "train"

@@ -15,9 +15,10 @@ What a spec can be (first match wins):
      built with `cls.from_config(config)` when it has one, else `cls(config)`; a function
      is called with the config.
   3. a plain name: one registered with `register_env` in this process, else a
-     `workbench.envs` entry point of an installed distribution, else a name that the
-     fallback modules (`envs`, the example package of a source checkout) register when
-     imported. A package publishes its environments like this in its pyproject.toml:
+     `workbench.envs` entry point of an installed distribution (this project's example
+     games in `envs/` are found this way: `pip install -e .` registers them), else a name
+     that `fallback_modules` (none by default) register when imported. A package
+     publishes its environments like this in its pyproject.toml:
 
          [project.entry-points."workbench.envs"]
          maze = "my_project.envs:MazeEnv"
@@ -31,60 +32,26 @@ Keyword arguments of `make_env` named like an `EnvironmentConfig` field (`max_st
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib
 import importlib.metadata
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
+from workbench.imports import EnvNotFoundError, import_object, import_path  # noqa: F401 - public here too
 
 #: The entry-point group installed distributions register environments under.
 ENTRY_POINT_GROUP = "workbench.envs"
 
-#: Modules imported when a plain name is not found, so environments that register
-#: themselves on import are found without an installed entry point (a source checkout).
-FALLBACK_MODULES: tuple[str, ...] = ("envs",)
+#: Modules imported when a plain name is not found (environments that register themselves
+#: on import). None by default: the library never imports an example package by name; the
+#: examples in `envs/` are found through their entry points.
+FALLBACK_MODULES: tuple[str, ...] = ()
 
 Factory = Callable[..., Any]
 
 _CONFIG_FIELDS = tuple(f.name for f in dataclasses.fields(EnvironmentConfig) if f.name != "params")
-
-
-class EnvNotFoundError(ValueError):
-    """A spec names no environment; the message lists what is available and how to fix it."""
-
-
-def import_path(obj: Any) -> str:
-    """`module:qualname` of a class or function (what `import_object` reads back)."""
-    return f"{obj.__module__}:{obj.__qualname__}"
-
-
-def import_object(path: str) -> Any:
-    """Import `module:attr` (attr may be dotted, `module:Outer.Inner`).
-
-    Raises:
-        EnvNotFoundError: the module cannot be imported or has no such attribute; the
-            message says which part is wrong.
-    """
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise EnvNotFoundError(f"{path!r} is not an import path; write it as module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise EnvNotFoundError(
-            f"cannot import module {module_name!r} (from {path!r}): {exc}. Run from the folder that "
-            f"holds it, add that folder to PYTHONPATH, or pip install the package that provides it."
-        ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            classes = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_")
-                             and hasattr(v, "reset") and hasattr(v, "step"))
-            raise EnvNotFoundError(f"module {module_name!r} has no attribute {attr!r}; environment classes "
-                                   f"in it: {classes or 'none'}")
-        obj = getattr(obj, part)
-    return obj
 
 
 def _config_dict(name: str, config: EnvironmentConfig | Mapping[str, Any] | None,
@@ -279,6 +246,68 @@ def list_envs() -> list[str]:
 def describe_env(env: Any) -> EnvironmentConfig:
     """The `EnvironmentConfig` that records and rebuilds `env` (see `EnvRegistry.describe`)."""
     return REGISTRY.describe(env)
+
+
+def make_environment(environment: Any) -> Any:
+    """One episode's environment from what a run was given: `environment()` for a
+    zero-argument factory, else a deep copy of the prototype instance."""
+    if callable(environment) and not hasattr(environment, "step"):
+        return environment()
+    return copy.deepcopy(environment)
+
+
+#: `EnvironmentConfig` fields that belong to the run, not to the environment object: the
+#: config's value is what runs, whatever the environment object's own config says.
+RUN_LEVEL_FIELDS = ("step_timeout",)
+
+
+class ConfigOverrideWarning(UserWarning):
+    """A setting written in the config differs from the environment object the run was given."""
+
+
+def record_environment(config: EnvironmentConfig, env: Any) -> EnvironmentConfig:
+    """The `environment` config section of a run that plays `env`: what `describe_env(env)`
+    records (the name that rebuilds it, its class, its own settings and params), with the
+    run-level fields (`RUN_LEVEL_FIELDS`, e.g. `step_timeout`) kept from `config`.
+
+    A field that `config` set (differs from the `EnvironmentConfig` default) to a value the
+    environment object contradicts is not replaced in silence: a `ConfigOverrideWarning`
+    names both values and says which one runs (the environment's: it was built with it).
+    """
+    import warnings
+
+    recorded = describe_env(env)
+    default = EnvironmentConfig()
+    for f in dataclasses.fields(EnvironmentConfig):
+        if f.name in ("import_path",):
+            continue
+        mine, theirs = getattr(config, f.name), getattr(recorded, f.name)
+        if f.name in RUN_LEVEL_FIELDS:
+            setattr(recorded, f.name, mine)
+        elif mine != getattr(default, f.name) and _conflict(f.name, mine, theirs, env):
+            warnings.warn(f"config.environment.{f.name} is {mine!r} but the environment object given to the "
+                          f"trainer ({type(env).__name__}) has {theirs!r}; the environment's value runs and is "
+                          f"recorded. Build the environment from the config (make_env(config.environment.name, "
+                          f"config.environment)) or change the config to match.", ConfigOverrideWarning,
+                          stacklevel=3)
+    return recorded
+
+
+def _conflict(name: str, mine: Any, theirs: Any, env: Any) -> bool:
+    """Whether the config's value `mine` of field `name` contradicts the environment's."""
+    if name == "params":  # the environment may add params of its own (defaults, an env id)
+        return any(key not in theirs or theirs[key] != value for key, value in mine.items())
+    if name == "name":  # "guess_number" may be recorded as itself or as its module:Class
+        return mine != theirs and not _same_target(mine, env)
+    return mine != theirs
+
+
+def _same_target(spec: str, env: Any) -> bool:
+    """Whether `spec` names the class of `env` (so recording its module:Class changes nothing)."""
+    try:
+        return REGISTRY.resolve(spec) is type(env)
+    except Exception:  # noqa: BLE001 - an unresolvable name is simply not the same
+        return False
 
 
 def _textarena(env_id: str, data: dict[str, Any]) -> Any:

@@ -39,7 +39,7 @@ import re
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.env_registry import import_object, import_path
+from workbench.imports import import_object, import_path
 from workbench.environment import BaseEnvironment, StepResult
 
 SampleFn = Callable[[random.Random], Mapping[str, Any]]

@@ -44,7 +44,8 @@ from workbench.trajectory import TrajectoryBatch
 
 
 class RayStages:
-    """The rollout workers and learners of one `Trainer` (built by the trainer itself)."""
+    """The rollout workers and learners of one `Trainer` (built by the trainer itself), with
+    the methods of `workbench.training.stages.Stages`."""
 
     def __init__(self, trainer: Any):
         cfg = trainer.config
@@ -58,6 +59,14 @@ class RayStages:
         if trainer.critic is not None:
             state["critic"] = trainer.critic.trainable_state_dict()
         return state
+
+    def after_load(self, trainer: Any) -> None:
+        """A checkpoint was loaded into the controller: send its weights and optimizer states out."""
+        self.push(trainer)
+
+    def before_save(self, trainer: Any) -> None:
+        """A checkpoint is about to be written: gather the learners' optimizer states first."""
+        self.pull_optimizers(trainer)
 
     def push(self, trainer: Any) -> None:
         """Load the controller's weights and optimizer states into the learners and its
@@ -77,7 +86,7 @@ class RayStages:
         for name, module, opt in optimizer_pairs(trainer):
             opt.load_state_dict(optimizer_state_by_index(states[name], trained_names(module)))
 
-    def rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None,
+    def rollout(self, trainer: Any, seeds: Sequence[int], group_size: int, temperature: float | None,
                 sampling_seed: int | None) -> TrajectoryBatch:
         """Episodes from the rollout workers, laid out as `Trainer.make_rollout(...).run()` would."""
         return self.rollout_workers.run(seeds, group_size, temperature=temperature, sampling_seed=sampling_seed)
@@ -93,7 +102,7 @@ class RayStages:
         self.rollout_workers.sync_weights(state["policy"], trainer.global_step + 1)
         return metrics
 
-    def shutdown(self) -> None:
+    def close(self) -> None:
         """End the workers and learners (the Ray cluster itself keeps running)."""
         for group in (self.rollout_workers, self.learners):
             try:

@@ -44,6 +44,7 @@ import torch.nn as nn
 
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
 from workbench.distributed.rollout_workers import require_ray
+from workbench.training.models import build_models, build_optimizers
 from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rows_of, set_actor_fields, shard_plan, split_groups, update_actor,
@@ -121,17 +122,16 @@ class LearnerWorker:
         """Join the group, build and shard the models, build the optimizers."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        cfg, t = self.config, self.config.training
+        cfg = self.config
         device = cfg.model.resolved_device()
         backend = "nccl" if device.type == "cuda" else "gloo"
         if device.type == "cuda":
             torch.cuda.set_device(device)
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
-        torch.manual_seed(t.seed)
-        self.policy = Policy(cfg.model)
-        self.policy.frozen_ref = None  # reference logprobs come from the controller
-        self.critic = Critic(cfg.model) if t.adv_estimator == "gae" else None
+        # Reference logprobs come from the controller; optimizers are built after sharding.
+        models = build_models(cfg, with_reference=False, with_optimizers=False)
+        self.policy, self.critic = models.policy, models.critic
         mesh = init_device_mesh(device.type, (self.world_size,))
         for module in self._modules():
             with torch.no_grad():
@@ -147,11 +147,7 @@ class LearnerWorker:
         return [self.policy.model] + ([self.critic] if self.critic is not None else [])
 
     def _build_optimizers(self) -> None:
-        t = self.config.training
-        self.optimizer = torch.optim.AdamW([p for p in self.policy.model.parameters() if p.requires_grad],
-                                           lr=t.learning_rate, weight_decay=t.weight_decay)
-        self.critic_optimizer = (torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad],
-                                                   lr=t.critic_learning_rate) if self.critic is not None else None)
+        self.optimizer, self.critic_optimizer = build_optimizers(self.config, self.policy.model, self.critic)
 
     def update(self, batch: TrajectoryBatch, plan: UpdatePlan, t: TrainingConfig
                ) -> tuple[dict[str, float], dict[str, torch.Tensor]]:

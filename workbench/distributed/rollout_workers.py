@@ -47,7 +47,6 @@ through the object store, not a collective (NCCL broadcast would suit large mode
 """
 from __future__ import annotations
 
-import copy
 import dataclasses
 import queue
 import threading
@@ -55,6 +54,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from workbench.env_registry import make_environment
 from workbench.trajectory import Episode, TrajectoryBatch
 
 RAY_INSTALL_COMMAND = 'pip install "ray[default]>=2.9"'
@@ -88,13 +88,6 @@ def group_ranges(num_groups: int, num_workers: int) -> list[range]:
             runs.append(range(start, start + n))
         start += n
     return runs
-
-
-def make_environment(environment: Any) -> Any:
-    """One episode's environment: `environment()` for a factory, else a deep copy."""
-    if callable(environment) and not hasattr(environment, "step"):
-        return environment()
-    return copy.deepcopy(environment)
 
 
 def trainable_weights(source: Any) -> dict[str, torch.Tensor]:
@@ -140,14 +133,12 @@ class RolloutWorker:
     def __init__(self, config: Any, environment: Any, tools: Sequence[Any] = (), parser: Any = None,
                  torch_threads: int = 1):
         from workbench.engines import make_engine
-        from workbench.models.loading import load_model_and_tokenizer
-        from workbench.training.policy import apply_lora
+        from workbench.training.policy import Policy
 
         torch.set_num_threads(torch_threads)
-        torch.manual_seed(config.training.seed)  # as the Trainer does before building its policy
-        cfg = config.model
-        model, self.tokenizer = load_model_and_tokenizer(cfg.path, cfg.dtype, cfg.device, cfg.trust_remote_code)
-        self.model = (apply_lora(model, cfg) if cfg.use_lora else model).eval()
+        torch.manual_seed(config.training.seed)  # as `build_models` does for the Trainer's policy
+        policy = Policy(config.model, with_reference=False)  # fresh LoRA adapters name-match the policy's
+        self.model, self.tokenizer = policy.model.eval(), policy.tokenizer
         self.engine = make_engine(config, self.model, self.tokenizer)
         self.config, self.environment = config, environment
         self.tools, self.parser = list(tools), parser
@@ -164,28 +155,29 @@ class RolloutWorker:
         self.version = version
         return len(state)
 
-    def run(self, indices: list[int], seeds: list[int], temperature: float | None, sampling_seed: int | None):
-        """Roll out episodes `indices` of the batch (env seeds `seeds`); yields
-        ("episode", index, Episode) as each ends, then ("meta", batch meta)."""
+    def make_rollout(self, indices: list[int], seeds: list[Any], temperature: float | None,
+                     sampling_seed: int | None) -> Any:
+        """The streaming rollout of episodes `indices` of the batch (env seeds `seeds`),
+        built with the run's settings by `workbench.rollout.make_rollout`."""
         from workbench.data import episode_inputs
-        from workbench.rollout.async_rollout import AsyncRollout
-        from workbench.rollout.rollout import Rollout
+        from workbench.rollout import AsyncRollout, Rollout, make_rollout
 
         inf = self.config.inference
-        cls = _streaming(AsyncRollout if inf.async_rollout else Rollout)
         seed = sampling_seed
         if seed is not None and not inf.async_rollout:
             seed = sampling_seed + indices[0]  # see the module docstring
         # int seeds, or `dataset=` items (workbench.data.EpisodeSpec: seed, prompt, params per episode)
         envs, seeds, group_ids = episode_inputs(lambda: make_environment(self.environment), list(seeds))
-        rollout = cls(
-            self.engine, envs, seeds=seeds, group_ids=group_ids,
-            max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
-            temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
-            top_k=inf.top_k, max_context_tokens=inf.max_context_tokens, seed=seed,
-            parser=self.parser, tools=self.tools,
-        )
+        rollout = make_rollout(self.config, self.engine, envs, seeds, group_ids, parser=self.parser,
+                               tools=self.tools, temperature=temperature, sampling_seed=seed,
+                               rollout_class=_streaming(AsyncRollout if inf.async_rollout else Rollout))
         rollout.ended, rollout.global_index = queue.SimpleQueue(), list(indices)
+        return rollout
+
+    def run(self, indices: list[int], seeds: list[int], temperature: float | None, sampling_seed: int | None):
+        """Roll out episodes `indices` of the batch (env seeds `seeds`); yields
+        ("episode", index, Episode) as each ends, then ("meta", batch meta)."""
+        rollout = self.make_rollout(indices, seeds, temperature, sampling_seed)
 
         def work() -> None:
             try:

@@ -8,7 +8,7 @@ every `training.log_episodes_every` steps a table of that step's best and worst 
 
     jsonl        `log_dir/metrics.jsonl` (one line per step: every number or string in the
                  metrics) and `log_dir/episodes.jsonl` (one line per table row). Opened with
-                 `workbench.cli.open_metrics_log`: lines of steps at or after the step `fit`
+                 `workbench.training.metrics_file.open_metrics_log`: lines of steps at or after the step `fit`
                  starts from are dropped first, so steps redone after a resume appear once.
     tensorboard  `log_dir/tensorboard/` event files: a scalar per metric, the episode table
                  as markdown text under the tag "episode_table" (`EPISODE_TABLE`).
@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench.config import ConfigError, ConfigStore
+from workbench.training.metrics_file import open_metrics_log
 
 #: trackio / wandb project name.
 PROJECT = "workbench"
@@ -121,8 +122,6 @@ class JsonlLogger(Logger):
     name = "jsonl"
 
     def open(self, step: int) -> None:
-        from workbench.cli import open_metrics_log
-
         self.dir.mkdir(parents=True, exist_ok=True)
         self.metrics_file = open_metrics_log(self.dir / "metrics.jsonl", step)
         self.episodes_file = open_metrics_log(self.dir / "episodes.jsonl", step)

@@ -40,9 +40,16 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
 
 
 class Policy:
-    """The trained language model plus its reference view."""
+    """The trained language model plus its reference view.
 
-    def __init__(self, cfg: ModelConfig):
+    Args:
+        cfg: the `model` config section.
+        with_reference: keep a reference policy (for full fine-tuning a frozen copy of the
+            base weights; with LoRA the adapters are simply disabled, which costs nothing).
+            False for processes that only sample or only train (Ray workers and learners).
+    """
+
+    def __init__(self, cfg: ModelConfig, with_reference: bool = True):
         self.cfg = cfg
         base, self.tokenizer = load_model_and_tokenizer(cfg.path, cfg.dtype, cfg.device, cfg.trust_remote_code)
         if cfg.gradient_checkpointing:
@@ -52,7 +59,8 @@ class Policy:
             self.model = apply_lora(base, cfg)
         else:
             self.model = base
-            self.frozen_ref = copy.deepcopy(base).eval().requires_grad_(False)
+            if with_reference:
+                self.frozen_ref = copy.deepcopy(base).eval().requires_grad_(False)
         self.model.train()
 
     @property
@@ -98,6 +106,9 @@ class Policy:
         """The reference policy: adapters disabled (LoRA) or the frozen copy."""
         if self.frozen_ref is not None:
             yield self.frozen_ref
+        elif not self.cfg.use_lora:
+            raise RuntimeError("this Policy was built with with_reference=False and trains all weights, so it "
+                               "has no reference policy")
         else:
             with self.model.disable_adapter():
                 yield self.model

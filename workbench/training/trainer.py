@@ -1,4 +1,4 @@
-"""`Trainer` (alias `RayPPOTrainer`): rollout -> score -> advantages -> update, as cells.
+"""`Trainer`: rollout -> score -> advantages -> update, as cells.
 
     trainer = Trainer(config, environment=env, reward_fn=None)
     batch = trainer.rollout()              # TrajectoryBatch, token-exact
@@ -15,13 +15,19 @@ Reward placement: with a `reward_fn`, its score sits on the episode's last polic
 token; without one, each turn's environment reward sits on the last token of that
 turn (so GAE can credit turns separately; GRPO sums them either way).
 
-With `config.ray.use_ray=True` the rollout and update stages run on Ray rollout workers
-and FSDP2 learners (`workbench.distributed.controller`); this object stays the single
-controller and every stage returns the same objects as in one process.
+Where rollout and update run is `self.stages` (`workbench.training.stages`): in this
+process, or with `config.ray.use_ray=True` on Ray rollout workers and FSDP2 learners
+(`workbench.distributed.controller.RayStages`), behind the same methods; this object stays
+the single controller and every stage returns the same objects either way.
+
+Settings: models and optimizers come from `build_models(config)`, rollouts from
+`workbench.rollout.make_rollout(config, ...)`, on every path. The environment object's
+own settings are recorded in `config.environment` (`record_environment`): a value the
+config set that the environment contradicts is warned about, naming both, never
+replaced in silence; run-level settings (`step_timeout`) stay the config's.
 """
 from __future__ import annotations
 
-import copy
 import gc
 import time
 import warnings
@@ -33,17 +39,18 @@ import yaml
 
 from workbench import algo
 from workbench.config import ConfigError, ConfigStore
+from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.engines import GenerationEngine, make_engine
-from workbench.env_registry import describe_env, make_env
-from workbench.data import EpisodeDataset, PromptEnvironment, episode_inputs, make_episode_env
+from workbench.env_registry import make_env, make_environment, record_environment
 from workbench.reward import RewardFn, RewardManager, score_batch
-from workbench.rollout.async_rollout import AsyncRollout
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
-from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
+from workbench.training.models import build_models
+from workbench.training.policy import batch_logprobs, batch_values
 from workbench.training.progress import fit_postfix, progress_bar
-from workbench.training.update import plan_update, set_kl, update_actor, update_critic
+from workbench.training.stages import LocalStages, make_stages
+from workbench.training.update import set_kl
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
@@ -90,18 +97,19 @@ class Trainer:
                  engine: GenerationEngine | None = None):
         self.config = config.validate()
         t = config.training
-        torch.manual_seed(t.seed)
         self.dataset = EpisodeDataset(dataset) if dataset is not None else None
         if environment is None and self.dataset is not None and self.dataset.has_prompts:
             environment = PromptEnvironment(config.environment)  # a prompt dataset: single-turn episodes
         self.environment = environment if environment is not None else _default_env(config)
         if self.dataset is not None:
-            make_episode_env(self._make_env, self.dataset.first)  # a bad item fails here, not at every reset
+            make_episode_env(self.make_environment, self.dataset.first)  # a bad item fails here, not at every reset
         # Record what this run trains on (name that rebuilds it, class, params) in the config.
-        self.config.environment = describe_env(self._make_env())
+        self.config.environment = record_environment(self.config.environment, self.make_environment())
         self.reward_fn = reward_fn
         self.tools, self.parser = list(tools), parser
-        self.policy = Policy(config.model)
+        models = build_models(config)
+        self.policy, self.critic = models.policy, models.critic
+        self.optimizer, self.critic_optimizer = models.optimizer, models.critic_optimizer
         self.tokenizer = self.policy.tokenizer
         self._owns_engine = engine is None
         if engine is None:
@@ -110,22 +118,19 @@ class Trainer:
             self.engine = engine
             self.engine.stop = list(config.inference.stop)  # this trainer's stop strings
             self.engine.sync_weights(self.policy.model)
-        self.critic = Critic(config.model) if t.adv_estimator == "gae" else None
-        self.optimizer = torch.optim.AdamW(self.policy.trainable_parameters(), lr=t.learning_rate,
-                                           weight_decay=t.weight_decay)
-        self.critic_optimizer = (torch.optim.AdamW([p for p in self.critic.parameters() if p.requires_grad],
-                                                   lr=t.critic_learning_rate) if self.critic else None)
         self.kl_ctrl = algo.KLController(t.kl_coef, t.target_kl, adaptive=t.adaptive_kl, horizon=t.kl_horizon)
         self.global_step = 0
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
-        # ray.use_ray: rollout workers and FSDP2 learners as Ray actors (workbench.distributed.controller).
-        self.ray_stages = None
-        if config.ray.use_ray:
-            from workbench.distributed.controller import RayStages
+        # Where rollout and update run: this process, or Ray workers (ray.use_ray).
+        self.stages = make_stages(self)
 
-            self.ray_stages = RayStages(self)
+    @property
+    def ray_stages(self) -> Any:
+        """The Ray stages when `ray.use_ray` is set, else None."""
+        stages = getattr(self, "stages", None)
+        return None if stages is None or isinstance(stages, LocalStages) else stages
 
     # -- seed-compatible attributes ---------------------------------------------------
     @property
@@ -146,40 +151,36 @@ class Trainer:
             return [self.dataset[(step * n_groups + g) % len(self.dataset)] for g in range(n_groups)]
         return [t.seed * 1_000_003 + step * n_groups + g for g in range(n_groups)]
 
-    def _make_env(self) -> Any:
-        env = self.environment
-        return env() if callable(env) and not hasattr(env, "step") else copy.deepcopy(env)
+    def make_environment(self) -> Any:
+        """One episode's environment: a call of the factory, or a deep copy of the prototype."""
+        return make_environment(self.environment)
+
+    def sampling_seed(self, step: int) -> int | None:
+        """The base sampling seed of training step `step`: derived from `inference.seed`
+        and `training.seed`, different every step; None when `inference.seed` is None."""
+        inf, t = self.config.inference, self.config.training
+        return None if inf.seed is None else inf.seed * 7_919 + t.seed * 104_729 + step
 
     def make_rollout(self, seeds: Sequence[int], group_size: int, temperature: float | None = None,
-                     sampling_seed: int | None = None) -> Rollout:
+                     sampling_seed: Any = "step") -> Rollout:
         """A `Rollout` over `group_size` episodes per seed with this run's settings
-        (an `AsyncRollout` when `inference.async_rollout` is set)."""
-        inf = self.config.inference
-        envs, all_seeds, group_ids = episode_inputs(self._make_env, [s for s in seeds for _ in range(group_size)])
-        cls = AsyncRollout if inf.async_rollout else Rollout
-        rollout = cls(
-            self.engine, envs, seeds=all_seeds, group_ids=group_ids,
-            max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
-            temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p,
-            top_k=inf.top_k, max_context_tokens=inf.max_context_tokens, seed=sampling_seed,
-            parser=self.parser, tools=self.tools, step_timeout=self.config.environment.step_timeout,
-            progress=self.config.training.progress,
-        )
+        (an `AsyncRollout` when `inference.async_rollout` is set), in this process.
+        `sampling_seed` defaults to the current step's (`sampling_seed(global_step)`)."""
+        if sampling_seed == "step":
+            sampling_seed = self.sampling_seed(self.global_step)
+        rollout = LocalStages().make_rollout(self, seeds, group_size, temperature, sampling_seed)
         rollout.progress_leave = not getattr(self, "_fitting", False)  # fit's own bar stays, step bars go
         return rollout
 
     @torch.no_grad()
     def rollout(self) -> TrajectoryBatch:
         """Sample `training.batch_size` episodes (groups of `group_size` per seed)."""
-        t, inf = self.config.training, self.config.inference
-        base_seed = None if inf.seed is None else inf.seed * 7_919 + t.seed * 104_729 + self.global_step
+        t = self.config.training
+        base_seed = self.sampling_seed(self.global_step)
         self.policy.model.eval()
         start = time.perf_counter()
         seeds = self._step_seeds(self.global_step)
-        if self.ray_stages is not None:
-            batch = self.ray_stages.rollout(seeds, t.group_size, None, base_seed)
-        else:
-            batch = self.make_rollout(seeds, t.group_size, sampling_seed=base_seed).run()
+        batch = self.stages.rollout(self, seeds, t.group_size, None, base_seed)
         seconds = time.perf_counter() - start
         generated = sum(ep.response_length for ep in batch)
         batch.meta.update({"step": self.global_step, "rollout_seconds": seconds, "generated_tokens": generated})
@@ -292,15 +293,8 @@ class Trainer:
         """PPO epochs over mini-batches (gradient accumulation over micro-batches), then the
         critic; the loops are `workbench.training.update` (the same functions data-parallel
         learners run)."""
-        t = self.config.training
         start = time.perf_counter()
-        if self.ray_stages is not None:
-            metrics = self.ray_stages.update(self, batch)
-        else:
-            plan = plan_update(batch, t, self.global_step)
-            metrics = update_actor(self.policy.model, self.optimizer, batch, t, plan)
-            if self.critic is not None:
-                metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
+        metrics = self.stages.update(self, batch)
         metrics["perf/update_seconds"] = time.perf_counter() - start
         self.policy.model.eval()
         self.engine.sync_weights(self.policy.model)
@@ -425,8 +419,7 @@ class Trainer:
     # -- checkpoints ----------------------------------------------------------------------
     def save_checkpoint(self, path: str | Path) -> Path:
         """Weights, optimizer, RNG, config, step and metrics; written atomically, no pickles."""
-        if getattr(self, "ray_stages", None) is not None:
-            self.ray_stages.pull_optimizers(self)  # the learners' Adam moments, as one process holds them
+        self.stages.before_save(self)  # e.g. the Ray learners' Adam moments, as one process holds them
         tensors: dict[str, Any] = {"policy": self.policy.trainable_state_dict()}
         json_files: dict[str, Any] = {}
         optimizers = {"optimizer": self.optimizer, "critic_optimizer": self.critic_optimizer}
@@ -481,8 +474,7 @@ class Trainer:
         self.global_step, self.metrics_history = state["global_step"], state["metrics_history"]
         self.kl_ctrl.value = state["kl_coef"]
         self.engine.sync_weights(self.policy.model)
-        if getattr(self, "ray_stages", None) is not None:
-            self.ray_stages.push(self)
+        self.stages.after_load(self)
 
     def resume(self, force: bool | None = None) -> Path | None:
         """Load the newest checkpoint in `checkpoint.output_dir` that is intact, skipping
@@ -506,9 +498,9 @@ class Trainer:
         """Release the engine (unless it was passed in) and models (frees accelerator memory)."""
         if self._owns_engine and self.engine is not None:
             self.engine.close()
-        if getattr(self, "ray_stages", None) is not None:
-            self.ray_stages.shutdown()
-            self.ray_stages = None
+        if getattr(self, "stages", None) is not None:
+            self.stages.close()
+            self.stages = None
         for name in ("engine", "critic", "policy", "optimizer", "critic_optimizer"):
             setattr(self, name, None)
         gc.collect()
@@ -538,7 +530,4 @@ def _default_env(config: ConfigStore) -> Any:
     """The environment `config.environment` names (see `workbench.env_registry.make_env`)."""
     return make_env(config.environment.name, config.environment)
 
-
-#: The seeds' name.
-RayPPOTrainer = Trainer
 

@@ -58,7 +58,7 @@ class PlayWidget(widgets.VBox):
     """Play an environment by hand (see the module docstring).
 
     Args:
-        env: an environment instance or a registered name (`envs.make_env`).
+        env: an environment instance or a registered name (`workbench.make_env`).
         engine: a generation engine for "Ask model"/"Model plays"; None = no model.
         tokenizer: used when `engine` is None (object or model name; default tiny tokenizer).
         seed: environment seed of the game.
@@ -75,7 +75,7 @@ class PlayWidget(widgets.VBox):
     def __init__(self, env: Any, engine: GenerationEngine | None = None, tokenizer: Any = None, seed: int | None = 0,
                  max_turns: int | None = None, **rollout_kwargs: Any):
         if isinstance(env, str):
-            from envs import make_env
+            from workbench.env_registry import make_env
 
             env = make_env(env)
         self.env = env

@@ -3,14 +3,14 @@
     python -m workbench export-verl --env guess_number --out verl_gn
     python -m workbench export-verl --config runs/train/config.yaml --env arithmetic --out verl_ar
 
-    from workbench.verl_export import export_verl, to_verl
+    from workbench.compat.verl_export import export_verl, to_verl
     export_verl(config, "verl_gn")         # the same from a ConfigStore
     to_verl(config)                        # just the trainer config, as a nested dict
 
 What the folder holds (NAME is the environment's name made into an identifier):
 
   * `NAME_verl.py`: `NameInteraction` (and `NameTool` when the environment has tools),
-    subclasses of `workbench.verl_runtime.WorkbenchInteraction` / `WorkbenchTool` that
+    subclasses of `workbench.compat.verl_runtime.WorkbenchInteraction` / `WorkbenchTool` that
     carry the environment's import path, its `EnvironmentConfig` and the `reward`
     weights; and `compute_score`, verl's custom reward function.
   * `interaction.yaml`, `tools.yaml`: the files verl's
@@ -25,7 +25,7 @@ What the folder holds (NAME is the environment's name made into an identifier):
     it (`to_verl`) and the multi-turn settings that point at the files above.
   * `README.md`: the command line.
 
-`to_verl` reads `workbench.verl_config.MAPPING` (the verl -> workbench table) backwards:
+`to_verl` reads `workbench.compat.verl_config.MAPPING` (the verl -> workbench table) backwards:
 every verl key in it gets the value of its workbench field, except the keys verl's
 `ppo_trainer.yaml` does not have (`NOT_IN_VERL`) and fields that are None (verl's
 default stays; a value that only its inverse makes None, keep_last_n = 0, is written as
@@ -51,8 +51,8 @@ from typing import Any, Callable
 import yaml
 
 from workbench.config import EMBEDDED_MODEL, ConfigError, ConfigStore
-from workbench.verl_config import MAPPING, _same
-from workbench.verl_runtime import verl_tool_schema
+from workbench.compat.verl_config import MAPPING, _same
+from workbench.compat.verl_runtime import verl_tool_schema
 
 #: The Hugging Face id of the embedded model (verl loads models by id or folder).
 EMBEDDED_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -112,7 +112,7 @@ def to_verl(config: ConfigStore) -> dict[str, Any]:
     """verl's nested config sections for `config`, from `MAPPING` read backwards (module docstring)."""
     missing = [k for k, (_, conv) in MAPPING.items() if conv is not _same and k not in REVERSE]
     if missing:  # a converter was added to MAPPING without its inverse here
-        raise ConfigError(f"workbench.verl_export.REVERSE has no inverse for {missing}")
+        raise ConfigError(f"workbench.compat.verl_export.REVERSE has no inverse for {missing}")
     out: dict[str, Any] = {}
     for key, (target, _) in MAPPING.items():
         if key in NOT_IN_VERL:
@@ -189,7 +189,7 @@ def module_text(name: str, spec: str, env_config: dict, reward: dict, has_tools:
         f"verl imports {cls}Interaction (interaction.yaml){f' and {cls}Tool (tools.yaml)' if has_tools else ''} "
         "from this module\nand loads compute_score from this file (reward.custom_reward_function); see README.md.\n"
         '"""',
-        "from workbench.verl_runtime import WorkbenchInteraction, WorkbenchTool, compute_score  # noqa: F401",
+        "from workbench.compat.verl_runtime import WorkbenchInteraction, WorkbenchTool, compute_score  # noqa: F401",
         "",
         "#: The environment's import path (`workbench.make_env(ENV_SPEC, ENV_CONFIG)` builds it).",
         f"ENV_SPEC = {spec!r}",
@@ -267,7 +267,7 @@ the files at these paths. Add more overrides as usual, e.g. `trainer.n_gpus_per_
 | `interaction.yaml` | verl's interaction config: interaction `{name}` is `{module}.{cls}Interaction` |
 {tools_file}| `train.parquet` | {train} rows, seeds {train_range}: the system prompt and `env.reset(seed)` as the prompt, `extra_info.interaction_kwargs` = {{name: {name}, seed}} |
 | `val.parquet` | {val} rows, seeds {val_range} |
-| `verl_trainer.yaml` | verl's `ppo_trainer` defaults with this run's config mapped onto them (`workbench.verl_export.to_verl`) and `actor_rollout_ref.rollout.multi_turn` pointing at the files above |
+| `verl_trainer.yaml` | verl's `ppo_trainer` defaults with this run's config mapped onto them (`workbench.compat.verl_export.to_verl`) and `actor_rollout_ref.rollout.multi_turn` pointing at the files above |
 
 ## What verl does with them
 
@@ -352,9 +352,9 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
         spec=spec, out=out, module=module, cls=cls, name=name, import_module=spec.split(":")[0],
         tool_override=('\n    actor_rollout_ref.rollout.multi_turn.tool_config_path="$PWD/tools.yaml" \\'
                        if tools else ""),
-        classes=(f"`{cls}Interaction` and `{cls}Tool`, subclasses of `workbench.verl_runtime.WorkbenchInteraction`"
+        classes=(f"`{cls}Interaction` and `{cls}Tool`, subclasses of `workbench.compat.verl_runtime.WorkbenchInteraction`"
                  " and `WorkbenchTool`" if tools else
-                 f"`{cls}Interaction`, a subclass of `workbench.verl_runtime.WorkbenchInteraction`"),
+                 f"`{cls}Interaction`, a subclass of `workbench.compat.verl_runtime.WorkbenchInteraction`"),
         tools_file=(f"| `tools.yaml` | verl's tool config: {', '.join(f'`{t}`' for t in tool_names)} is "
                     f"`{module}.{cls}Tool`, with verl's OpenAI function schema |\n") if tools else "",
         train=train_size, train_range=f"0..{train_size - 1}", val=val_size,
@@ -371,14 +371,14 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
 
 def cmd_export_verl(args: argparse.Namespace) -> int:
     """The `export-verl` command: build the config (--config, --env, --env-param) and export."""
-    from workbench.cli import resolve_env_args
+    from workbench.overrides import apply_env_params
 
     config = ConfigStore.load(args.config) if getattr(args, "config", None) else ConfigStore()
     if getattr(args, "env", None):
         config.environment.name = args.env
     if "," in config.environment.name:
         raise ConfigError(f"export-verl exports one environment; --env {config.environment.name!r} names several")
-    resolve_env_args(config, getattr(args, "env_param", None) or [])
+    apply_env_params(config, getattr(args, "env_param", None) or [])
     config.validate()
     paths = export_verl(config, args.output, train_size=args.train_size, val_size=args.val_size)
     for kind, path in paths.items():

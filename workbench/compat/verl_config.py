@@ -87,7 +87,7 @@ from __future__ import annotations
 import warnings
 from typing import Any, Callable, Mapping
 
-from workbench.config import SECTIONS, ConfigError, ConfigStore
+from workbench.config import SECTIONS, ConfigError, ConfigStore, register_config_format
 
 VERL_SECTIONS = ("trainer", "data", "actor_rollout_ref", "critic", "algorithm")
 
@@ -238,7 +238,7 @@ def from_verl(data: Mapping[str, Any], strict: bool = False) -> ConfigStore:
             values.setdefault(section, {})[name] = converted
     if unmapped:
         message = (f"{len(unmapped)} verl config key(s) have no workbench field and are ignored: "
-                   f"{', '.join(sorted(unmapped))} (the mapping: workbench.verl_config.MAPPING)")
+                   f"{', '.join(sorted(unmapped))} (the mapping: workbench.compat.verl_config.MAPPING)")
         if strict:
             raise ConfigError(message)
         warnings.warn(message, UnmappedConfigWarning, stacklevel=3)
@@ -268,3 +268,6 @@ def mapping_markdown() -> str:
     lines = ["| verl key | workbench field |", "|---|---|"]
     lines += [f"| {k} | {t or '(none)'} |" for k, (t, _) in MAPPING.items()]
     return "\n".join(lines)
+
+
+register_config_format("verl", is_verl_config, from_verl)

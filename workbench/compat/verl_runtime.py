@@ -1,9 +1,9 @@
 """What verl's multi-turn agent loop runs: one of our environments as a verl interaction,
 its tools as verl tools, and the reward function that adds up their scores.
 
-    from workbench.verl_runtime import WorkbenchInteraction, WorkbenchTool  # imports verl
+    from workbench.compat.verl_runtime import WorkbenchInteraction, WorkbenchTool  # imports verl
 
-`python -m workbench export-verl` (`workbench.verl_export`) writes a small module that
+`python -m workbench export-verl` (`workbench.compat.verl_export`) writes a small module that
 subclasses these two with the environment's import path and config; verl imports that
 module by the class names in `interaction.yaml` / `tools.yaml`. `WorkbenchInteraction`
 and `WorkbenchTool` subclass verl's `BaseInteraction` / `BaseTool`, so they are built on

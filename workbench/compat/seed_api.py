@@ -35,10 +35,11 @@ import torch
 from torch import nn
 
 from workbench import algo
-from workbench.data import DataProto, EpisodeSpec, episode_inputs
+from workbench.compat.verl_data import DataProto
+from workbench.data import EpisodeSpec, episode_inputs
 from workbench.environment import BaseEnvironment, StepResult
-from workbench.inference import InferenceEngine as _TextEngine
-from workbench.inference import create_inference_engine
+from workbench.compat.inference import InferenceEngine as _TextEngine
+from workbench.compat.inference import create_inference_engine
 from workbench.rollout.chat import encode
 from workbench.rollout.rollout import Rollout
 from workbench.training.policy import forward_logprobs
@@ -56,14 +57,14 @@ class Generations(list):
 
 class InferenceEngine(_TextEngine):
     """Seed 000's engine: `InferenceEngine(model_path, device=...)`, or wrap a running
-    `GenerationEngine` as `workbench.inference.InferenceEngine(engine)` does.
+    `GenerationEngine` as `workbench.compat.inference.InferenceEngine(engine)` does.
 
     Args:
         engine_or_path: a model path / hub id / "smollm2-135m-instruct", or a GenerationEngine.
         device, dtype: "auto" (CUDA and bfloat16 when there is a GPU, else CPU and float32)
             or a value; the seed's float16 is `dtype="float16"`.
         backend: "hf" (default), "vllm", "sglang", "server" (`create_inference_engine`).
-        model_path: with an engine, the model's path (as `workbench.inference.InferenceEngine`).
+        model_path: with an engine, the model's path (as `workbench.compat.inference.InferenceEngine`).
         config: more `create_inference_engine` settings (max_model_len, server_url, ...).
     """
 

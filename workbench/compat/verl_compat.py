@@ -13,9 +13,9 @@ resource_pool_manager, reward_fn=None, train_dataset=None, val_dataset=None,
 collate_fn=None, train_sampler=None, device_name=None)` (positional or by keyword; it
 is verl's form when a tokenizer or `role_worker_mapping` is given). In verl's form:
 
-  * `config` may be a verl config (dict or OmegaConf) -> `workbench.verl_config.from_verl`;
+  * `config` may be a verl config (dict or OmegaConf) -> `workbench.compat.verl_config.from_verl`;
   * `reward_fn(data: DataProto) -> Tensor` (B,) or (B, R) is called once per episode on
-    a one-row `DataProto` (`workbench.data`), its sum is the episode's score;
+    a one-row `DataProto` (`workbench.compat.verl_data`), its sum is the episode's score;
   * `tokenizer` must tokenize like the model's own (checked); the rollout uses the model's;
   * `role_worker_mapping` and `resource_pool_manager` set `config.ray`'s group sizes
     (`ray_groups_from_pools`, table below); they take effect with `ray.use_ray=True`,
@@ -48,11 +48,12 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 
 from workbench.config import ConfigStore
-from workbench.data import DataProto, item_to_spec
+from workbench.compat.verl_data import DataProto
+from workbench.data import item_to_spec
 from workbench.reward import call_reward_fn
 from workbench.trajectory import Episode, TrajectoryBatch
-from workbench.training.trainer import RayPPOTrainer as _Trainer
-from workbench.verl_config import from_verl, is_verl_config, to_plain
+from workbench.training.trainer import Trainer as _Trainer
+from workbench.compat.verl_config import from_verl, is_verl_config, to_plain
 
 VERL_ARGS = ("tokenizer", "role_worker_mapping", "resource_pool_manager", "reward_fn", "train_dataset",
              "val_dataset", "collate_fn", "train_sampler", "device_name")
