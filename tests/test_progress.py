@@ -8,7 +8,7 @@ import pytest
 from envs import make_env
 from tests.test_trainer import tiny_config
 from workbench import Trainer
-from workbench.training.progress import progress_enabled
+from workbench.progress import progress_enabled
 from workbench.training.trainer import FitTargetReachedWarning
 
 

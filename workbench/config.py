@@ -213,7 +213,7 @@ class TrainingConfig:
     progress: bool | None = None
     """Progress bars (`tqdm.auto`) on `fit`, rollouts and `evaluate`: True always, False never,
     None automatic (off when the `CI` environment variable is set; on in Jupyter or when stderr
-    is a terminal). See `workbench.training.progress`."""
+    is a terminal). See `workbench.progress`."""
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     """Experiment tracking sinks `fit` writes every step's metrics to: "jsonl"
     (`metrics.jsonl` and `episodes.jsonl` in `log_dir`), "tensorboard" (`log_dir/tensorboard`),

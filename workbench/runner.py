@@ -72,7 +72,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
     None), "stopped" (why fit stopped early, or "")}."""
     from workbench.training import Trainer
-    from workbench.training.progress import write
+    from workbench.progress import write
 
     out.mkdir(parents=True, exist_ok=True)
     config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs

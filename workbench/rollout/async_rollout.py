@@ -43,6 +43,7 @@ from typing import Any
 
 from workbench.engines.base import EngineError, GenerationResult, SamplingParams
 from workbench.rollout.rollout import Rollout
+from workbench.progress import EpisodeBar
 from workbench.trajectory import TrajectoryBatch
 
 
@@ -119,8 +120,6 @@ class AsyncRollout(Rollout):
         self._engine_error = None
         in_flight = 0
         clean = False
-        from workbench.training.progress import EpisodeBar  # lazy: workbench.training imports this module
-
         bar = EpisodeBar(self.slots, self.progress, self.progress_desc, self.progress_leave)
         try:
             for i in live:

@@ -40,6 +40,7 @@ from workbench.rollout.chat import ChatRenderer, check_token_alignment
 from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
+from workbench.progress import EpisodeBar
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
 
@@ -90,7 +91,7 @@ class Rollout:
             ends with a timeout error (None: no limit). Default: each environment's
             `config.step_timeout` (`EnvironmentConfig`, 60 s), else 60 s.
         progress: a `tqdm.auto` bar over ended episodes during `run()`: True, False, or
-            None for automatic (`workbench.training.progress.progress_enabled`); its label
+            None for automatic (`workbench.progress.progress_enabled`); its label
             is `self.progress_desc`, and `self.progress_leave=False` clears it when done.
     """
 
@@ -301,8 +302,6 @@ class Rollout:
         if not self.slots:
             self.reset()
         steps = 0
-        from workbench.training.progress import EpisodeBar  # lazy: workbench.training imports this module
-
         with EpisodeBar(self.slots, self.progress, self.progress_desc, self.progress_leave) as bar:
             while self.live and (max_steps is None or steps < max_steps):
                 self.step()

@@ -48,7 +48,7 @@ from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
 from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
-from workbench.training.progress import fit_postfix, progress_bar
+from workbench.progress import fit_postfix, progress_bar
 from workbench.training.stages import LocalStages, make_stages
 from workbench.training.update import set_kl
 from workbench.trajectory import TrajectoryBatch
