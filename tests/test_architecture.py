@@ -28,7 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("debug", ("workbench.debug",)),
     ("widgets", ("workbench.widgets",)),
     ("compat", ("workbench.compat",)),
-    ("app", ("workbench.reports", "workbench.runner", "workbench.cli", "workbench.demo", "workbench.__main__")),
+    ("app", ("workbench.reports", "workbench.runner", "workbench.cli", "workbench.cli_flags", "workbench.demo",
+             "workbench.__main__")),
 ]
 
 

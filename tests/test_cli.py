@@ -5,13 +5,19 @@ that crosses the limit and says so; `--device`/`--dtype` reach the config.
 """
 from __future__ import annotations
 
+import argparse
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from workbench.cli import build_config, main, parse_args
-from workbench.config import ConfigStore
+from workbench.config import ConfigError, ConfigStore
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _yaml(tmp_path, tiny_model_path) -> str:
@@ -100,3 +106,37 @@ def test_without_minutes_training_runs_every_step(tmp_path, tiny_model_path):
     assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
     assert not (out / "summary.md").read_text().startswith("stopped early")
 
+
+
+def test_every_config_field_has_a_generated_flag_with_its_docstring():
+    import dataclasses
+
+    from workbench.cli_flags import field_docs
+    from workbench.config import SECTIONS
+
+    parser_help = subprocess.run([sys.executable, "-m", "workbench", "train", "--help"], capture_output=True,
+                                 text=True, timeout=120, cwd=REPO).stdout
+    for section, cls in SECTIONS.items():
+        docs = field_docs(cls)
+        for f in dataclasses.fields(cls):
+            assert f"--{section}.{f.name} VALUE" in parser_help
+            assert docs[f.name], f"{section}.{f.name} has no docstring"
+    assert "Entropy bonus weight in the actor loss." in " ".join(parser_help.split())
+
+
+def test_generated_flags_set_fields_over_the_config_file(tmp_path):
+    from workbench.cli import build_config, parse_args
+
+    path = ConfigStore().save(tmp_path / "run.yaml")
+    config = build_config(parse_args(["train", "--config", str(path), "--training.entropy_coeff", "0.01",
+                                      "--inference.stop", '["\\n", "</answer>"]', "--inference.seed", "null",
+                                      "--model.use_lora", "false"]))
+    assert config.training.entropy_coeff == 0.01 and config.inference.stop == ["\n", "</answer>"]
+    assert config.inference.seed is None and config.model.use_lora is False
+    assert build_config(parse_args(["train", "--config", str(path)])).training.entropy_coeff == 0.0
+    with pytest.raises(ConfigError, match=r"training.entropy_coeff must be a number"):
+        build_config(parse_args(["train", "--training.entropy_coeff", "lots"]))
+    with pytest.raises(ConfigError, match=r"unknown field training.bogus"):
+        from workbench.cli_flags import apply_config_flags
+
+        apply_config_flags(ConfigStore(), argparse.Namespace(**{"cfg:training.bogus": "1"}))

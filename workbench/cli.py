@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench.config import BACKENDS, DTYPES, EMBEDDED_MODEL, ConfigError, ConfigStore
+from workbench.cli_flags import add_config_flags, apply_config_flags
 from workbench.overrides import apply_env_params, parse_env_params, parse_key_values  # noqa: F401 - public here too
 
 #: Flags that set one config field each (dest -> section, field), per command.
@@ -88,6 +89,7 @@ def build_config(args: argparse.Namespace) -> ConfigStore:
     apply_env_params(config, given.get("env_param") or [])
     if given.get("reward_param"):
         config.update("reward", parse_key_values(given["reward_param"], "--reward-param", "success_bonus=5"))
+    apply_config_flags(config, args)  # --SECTION.FIELD flags, generated from the config dataclasses
     return config.validate()
 
 
@@ -149,11 +151,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         sp.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS[cmd]})" + (
             "; checkpoints go to OUTPUT/checkpoints, or, with --config and no --output, to the file's "
             "checkpoint.output_dir" if cmd == "train" else ""))
+        add_config_flags(sp)
 
-    r = sub.add_parser("rollout", help="roll out a model and write transcripts and a summary table")
+    r = sub.add_parser("rollout", help="roll out a model and write transcripts and a summary table",
+                       usage="python -m workbench rollout [options] [--SECTION.FIELD VALUE ...]")
     common(r, "rollout")
     r.add_argument("--episodes", type=int, default=8)
-    t = sub.add_parser("train", help="train with GRPO or PPO")
+    t = sub.add_parser("train", help="train with GRPO or PPO",
+                       usage="python -m workbench train [options] [--SECTION.FIELD VALUE ...]")
     common(t, "train")
     t.add_argument("--algo", default=unset, choices=list(ALGOS),
                    help=_help("train", "algo", "sets training.adv_estimator (ppo: gae)", "training.adv_estimator"))
