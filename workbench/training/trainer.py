@@ -38,6 +38,7 @@ from workbench.env_registry import describe_env, make_env
 from workbench.data import EpisodeDataset, PromptEnvironment, episode_inputs, make_episode_env
 from workbench.reward import RewardFn, RewardManager, score_batch
 from workbench.rollout.async_rollout import AsyncRollout
+from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
@@ -415,6 +416,18 @@ class Trainer:
         s = batch.summary()
         return {"eval/success_rate": s["env/success_rate"], "eval/reward_mean": s["reward/mean"],
                 "eval/episodes": float(len(batch))}
+
+    @torch.no_grad()
+    def fork(self, episode: Any, turn: int, action: str | None = None, observation: str | None = None,
+             n: int = 4, temperature: float | None = None, **kwargs: Any) -> TrajectoryBatch:
+        """`n` branches of a recorded `episode` parting at `turn`, sampled with this trainer's
+        engine, config, environment, parser and tools, then scored like a training batch
+        (`workbench.rollout.fork.fork_episode`: replay checked, `action`/`observation` edit)."""
+        self.policy.model.eval()
+        batch = fork_episode(episode, turn, self.engine, action=action, observation=observation, n=n,
+                             config=self.config, environment=self._make_env, parser=self.parser,
+                             tools=self.tools, temperature=temperature, **kwargs)
+        return self.score(batch)
 
     def metrics_df(self):
         """metrics_history as a pandas DataFrame (one row per step)."""
