@@ -11,7 +11,7 @@ from workbench import ConfigStore
 from workbench.debug import ReplayMismatch
 from workbench.rollout import Rollout
 from workbench.widgets import ConversationView, PlayWidget
-from workbench.widgets.branches import render_branches_html
+from workbench.widgets.conversation import render_branches_html
 
 
 @pytest.fixture(scope="module")
