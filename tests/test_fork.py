@@ -203,3 +203,13 @@ def test_fork_replays_tool_calls(tiny_engine, tiny_model_path):
     branches = fork_episode(original, 1, tiny_engine, n=1, config=config, parser="function_calling")
     assert branches[0].turns[0].tool_calls[0]["result"] == "5"
     assert prefix_differences(branches[0], original, original.turns[1].token_start) == []
+
+
+def test_an_episode_in_memory_forks_on_a_copy_of_its_own_environment(recorded, tiny_engine, tmp_path):
+    config, batch = recorded
+    original = batch[0]
+    branches = fork_episode(original, 1, tiny_engine, n=1, max_turns=3, max_tokens=6, temperature=0)  # no config
+    assert prefix_differences(branches[0], original, original.turns[1].token_start) == []
+    loaded = TrajectoryBatch.load(batch.save(tmp_path / "b.jsonl"))
+    with pytest.raises(ValueError, match="needs the run's config"):
+        fork_episode(loaded[0], 1, tiny_engine, n=1)

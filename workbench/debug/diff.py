@@ -204,8 +204,10 @@ def add_diff_parser(subparsers: Any) -> argparse.ArgumentParser:
     src.add_argument("--run", help="run folder (config.yaml, checkpoints/, rollouts/, evals/)")
     src.add_argument("--batch", help="a batch file written by TrajectoryBatch.save (.jsonl or .jsonl.gz)")
     which = p.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, help="with --run: the batch of training step N (rollouts/; default: the last)")
-    which.add_argument("--eval", type=int, metavar="STEP", help="with --run: the held-out batch at global step STEP (evals/)")
+    which.add_argument("--step", type=int,
+                       help="with --run: the batch of training step N (rollouts/; default: the last)")
+    which.add_argument("--eval", type=int, metavar="STEP",
+                       help="with --run: the held-out batch at global step STEP (evals/)")
     p.add_argument("--config", help="run config YAML (default: RUN/config.yaml, else a checkpoint's config.yaml)")
     p.add_argument("--out", dest="output", default=None, help="also write the report (markdown) here")
     p.add_argument("--top", type=int, default=10, help="rows of the most-changed tables (default 10)")

@@ -6,9 +6,10 @@
 
 What happens, in order:
 
-1. **Rebuild.** `n` fresh environments come from the run's `config.environment`
-   (`workbench.env_registry.make_env(name, config.environment)`) or from the prototype /
-   factory given as `environment`, each reset with the episode's `env_seed`, inside an
+1. **Rebuild.** `n` fresh environments come from the prototype / factory given as
+   `environment`, else the run's `config.environment` (`workbench.env_registry.make_env(
+   name, config.environment)`), else copies of the environment that played an episode
+   still in memory; each is reset with the episode's `env_seed`, inside an
    ordinary `Rollout` with the run's parser, tools and limits (`rollout_settings`).
 2. **Replay.** The recorded actions of turns < `turn` go through `Rollout.replay`: the
    same path a rollout takes (`MultiTurnManager`: parser, tool calls re-run, environment
@@ -61,16 +62,22 @@ class ReplayMismatch(RuntimeError):
             "cannot be rebuilt to fork it.")
 
 
-def environment_factory(config: Any = None, environment: Any = None) -> Callable[[], Any]:
+def environment_factory(config: Any = None, environment: Any = None, episode: Episode | None = None
+                        ) -> Callable[[], Any]:
     """A zero-argument function making fresh environments: from `environment` (a factory,
-    or a prototype that is deep-copied) or else the run's `config.environment`."""
+    or a prototype that is deep-copied), else the run's `config.environment`, else a copy of
+    the environment that played `episode` (`episode.environment`, set for episodes still in
+    memory; every copy is reset with the episode's seed before use)."""
+    if environment is None and config is None and episode is not None:
+        environment = episode.environment
     if environment is not None:
         if callable(environment) and not hasattr(environment, "step"):
             return environment
         return lambda: copy.deepcopy(environment)
     if config is None:
         raise ValueError("fork needs the run's config (config.environment rebuilds the environment) "
-                         "or environment= (a prototype or a factory)")
+                         "or environment= (a prototype or a factory); this episode has no environment attached "
+                         "(it was loaded from a file)")
     from workbench.env_registry import make_env
 
     return lambda: make_env(config.environment.name, config.environment)
@@ -105,8 +112,8 @@ def _check_tokens(episode: Episode, new: Episode, turn: int, end: int, tokenizer
                 shown = (_show_tokens(tokenizer, rec[lo:pos + 8]), _show_tokens(tokenizer, got[lo:pos + 8]))
             else:
                 shown = (rec[lo:pos + 8], got[lo:pos + 8])
-            raise ReplayMismatch(episode, turn, f"{name} from position {pos} ({len(rec)} recorded, {len(got)} replayed)",
-                                 *shown)
+            what = f"{name} from position {pos} ({len(rec)} recorded, {len(got)} replayed)"
+            raise ReplayMismatch(episode, turn, what, *shown)
 
 
 def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1, config: Any = None,
@@ -132,13 +139,17 @@ def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1,
         ValueError: `turn` is out of range or the episode had ended before it.
     """
     if not 0 <= turn <= episode.num_turns:
-        raise ValueError(f"turn must be in 0..{episode.num_turns} for an episode of {episode.num_turns} turns, got {turn}")
+        raise ValueError(f"turn must be in 0..{episode.num_turns} for an episode of {episode.num_turns} turns, "
+                         f"got {turn}")
     if turn and episode.turns[turn - 1].done:
         raise ValueError(f"episode {episode.episode_id} ended at turn {turn - 1}; there is no turn {turn} to fork at "
                          f"(turns 0..{turn - 1} can be)")
+    if turn == episode.num_turns and episode.done:
+        raise ValueError(f"episode {episode.episode_id} ended after its last turn ({turn - 1}); replay turns "
+                         f"0..{turn - 1}")
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    make = environment_factory(config, environment)
+    make = environment_factory(config, environment, episode)
     settings = rollout_settings(config, **overrides)
     rollout = Rollout(engine, [make() for _ in range(n)], seeds=[episode.env_seed] * n,
                       group_ids=[f"fork:{episode.group_id or episode.episode_id}:t{turn}"] * n, seed=seed,
@@ -170,7 +181,8 @@ def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1,
                 raise ReplayMismatch(episode, j, "tool results", [c.get("result") for c in rec.tool_calls],
                                      [c.get("result") for c in got.tool_calls])
             if new.done:
-                raise ReplayMismatch(episode, j, "episode state", "still running", f"ended ({new.error or new.truncation_reason})")
+                raise ReplayMismatch(episode, j, "episode state", "still running",
+                                     f"ended ({new.error or new.truncation_reason})")
             end = episode.turns[j + 1].token_start if j + 1 < episode.num_turns else episode.num_tokens
             _check_tokens(episode, new, j, end, tok)
     rollout.turn_counter = turn  # the continuation's sampling seeds are those of turn `turn`
