@@ -116,3 +116,11 @@ def test_diff_command_on_a_run_folder(run, tmp_path, capsys):
     assert "Most changed tokens" in capsys.readouterr().out
     assert main(["diff", str(ckpt), str(ckpt), "--batch", str(batch_file)]) == 0
     assert "max |Δ| 0.0000" in capsys.readouterr().out
+    evals = run_dir / "evals" / "step_000001.jsonl.gz"
+    TrajectoryBatch.load(batch_file).save(evals)
+    assert main(["diff", "base", "1", "--run", str(run_dir), "--eval", "1", "--top", "2"]) == 0
+    assert str(evals) in capsys.readouterr().out
+    assert main(["diff", "base", "1", "--run", str(run_dir), "--step", "7"]) == 2
+    assert "step_000007.jsonl.gz does not exist" in capsys.readouterr().err
+    assert main(["diff", "base", "9", "--run", str(run_dir)]) == 2
+    assert "step_000009" in capsys.readouterr().err

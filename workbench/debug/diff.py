@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -238,18 +239,25 @@ def cmd_diff(args: argparse.Namespace) -> int:
     """`python -m workbench diff`: print (and with --out, write) the most changed tokens."""
     from workbench.config import ConfigStore
 
+    from workbench.training.checkpoint import CheckpointError
+
     run = Path(args.run) if args.run else None
     if run is None and (args.step is not None or args.eval is not None):
-        raise SystemExit("--step and --eval need --run RUN_DIR")
-    path = _run_batch_path(run, args.step, args.eval) if run is not None else Path(args.batch)
-    batch = TrajectoryBatch.load(path)
-    a, b = _policy_arg(args.a, run), _policy_arg(args.b, run)
-    config = None
-    if args.config:
-        config = ConfigStore.load(args.config)
-    elif run is not None and (run / "config.yaml").exists():
-        config = checkpoint_config(run)
-    diff = compare_policies(a, b, batch, config=config, top=args.top)
+        print("diff: --step and --eval need --run RUN_DIR", file=sys.stderr)
+        return 2
+    try:
+        path = _run_batch_path(run, args.step, args.eval) if run is not None else Path(args.batch)
+        batch = TrajectoryBatch.load(path)
+        a, b = _policy_arg(args.a, run), _policy_arg(args.b, run)
+        config = None
+        if args.config:
+            config = ConfigStore.load(args.config)
+        elif run is not None and (run / "config.yaml").exists():
+            config = checkpoint_config(run)
+        diff = compare_policies(a, b, batch, config=config, top=args.top)
+    except (FileNotFoundError, CheckpointError) as exc:  # a wrong path: the message says which
+        print(f"diff: {exc}", file=sys.stderr)
+        return 2
     report = f"batch: {path}\n\n" + diff.to_markdown(args.top)
     print(report)
     if args.output:
