@@ -57,6 +57,12 @@ def test_conversation_view_forks_a_turn_and_shows_branches_beside_the_original(r
     obs = "Guess the secret number between 1 and 16. You have 3 guesses. Hint: it is 5."
     out = view.continue_from(turn=0, text=obs, edit="observation", n=1)
     assert out[0].states[0] == obs and out[0].forked_from["edit"] == "observation"
+    assert "edited first observation" in view.branches_html and "Hint: it is 5." in view.branches_html
+    out = view.continue_from(turn=2, text="3 is too high. Guess lower.", edit="observation", n=1)
+    assert out[0].turns[1].observation == "3 is too high. Guess lower."
+    html = view.branches_html
+    assert "environment · edited" in html and "turns 0–0 as in the original" in html
+    assert html.count("3 is too high. Guess lower.") == 2  # the summary line and the branch, not the original
 
 
 def test_conversation_view_reports_a_replay_mismatch(recorded, tiny_engine):

@@ -179,7 +179,7 @@ BRANCH_STYLE = """<style>
 .wb-branches { display: flex; gap: 8px; align-items: flex-start; overflow-x: auto; }
 .wb-branch { flex: 1 1 0; min-width: 260px; border: 1px solid #ddd; border-radius: 8px; padding: 4px 6px; }
 .wb-branch.wb-original { border-color: #999; }
-.wb-assistant.wb-edited { background: #e8f0ff; border-color: #9db8ef; }
+.wb-msg.wb-edited { background: #e8f0ff; border-color: #9db8ef; }
 </style>"""
 
 
@@ -192,24 +192,34 @@ def continue_from(episode: Episode, turn: int, engine: Any, config: Any = None, 
     return fork(episode, turn, action=action, observation=observation, n=n, engine=engine, config=config, **options)
 
 
-def _column(ep: Episode, title: str, part_turn: int | None) -> str:
+def _column(ep: Episode, title: str, part_turn: int | None, edit: str | None = None) -> str:
+    """One episode's column: its head, then its turns from `part_turn` on (all for the original).
+    With an observation edit the changed observation is shown too (the opening one for turn 0,
+    else turn `part_turn - 1`'s reply), marked as edited."""
     mark = "✓ success" if ep.success else ("error" if ep.error else "no success")
     head = (f'<div class="wb-head"><b>{esc(title)}</b> · return {ep.outcome:+.3g} · {mark} · '
             f'{ep.num_turns} turns</div>')
+    parts = []
     if part_turn is None:
         turns = ep.turns
-        body = ""
     else:
-        turns = [t for t in ep.turns if t.index >= part_turn]
-        body = (f'<div class="wb-legend">turns 0–{part_turn - 1} as in the original</div>' if part_turn else "")
-    parts = []
+        first = part_turn - 1 if edit == "observation" and part_turn else part_turn
+        turns = [t for t in ep.turns if t.index >= first]
+        if first:
+            parts.append(f'<div class="wb-legend">turns 0–{first - 1} as in the original</div>')
+        if edit == "observation" and part_turn == 0:
+            parts.append(_bubble("user", "environment · edited first observation", esc((ep.states or [""])[0]),
+                                 "wb-edited"))
     for t in turns:
         html = _turn_html(t)
         if t.source == "edited":
             html = html.replace("wb-msg wb-assistant", "wb-msg wb-assistant wb-edited", 1)
+        elif edit == "observation" and part_turn and t.index == part_turn - 1:
+            html = html.replace("wb-msg wb-user", "wb-msg wb-user wb-edited", 1).replace(
+                '<div class="wb-role">environment<', '<div class="wb-role">environment · edited<', 1)
         parts.append(html)
     cls = "wb-branch wb-original" if part_turn is None else "wb-branch"
-    return f'<div class="{cls}">{head}{body}{"".join(parts)}</div>'
+    return f'<div class="{cls}">{head}{"".join(parts)}</div>'
 
 
 def render_branches_html(original: Episode, branches: TrajectoryBatch | list[Episode] | None,
@@ -228,7 +238,7 @@ def render_branches_html(original: Episode, branches: TrajectoryBatch | list[Epi
                f'(token {where.get("token_position")}) · {what}{text} · mean return '
                f'{sum(b.outcome for b in branches) / len(branches):+.3g} vs {original.outcome:+.3g}</div>')
     cols = [_column(original, "original", None)]
-    cols += [_column(b, f"branch {i} · parts at turn {turn}", turn) for i, b in enumerate(branches)]
+    cols += [_column(b, f"branch {i} · parts at turn {turn}", turn, edit) for i, b in enumerate(branches)]
     return f'{css}<div class="wb-root">{summary}<div class="wb-branches">{"".join(cols)}</div></div>'
 
 

@@ -180,14 +180,15 @@ class PlayWidget(widgets.VBox):
         fresh environment (`workbench.rollout.fork.replay`: recorded ids, checked against the
         record) and the game goes on from there. The environment comes from `environment`
         (a prototype or factory), else the run's `config.environment`, else a copy of this
-        widget's; the limits from `config`, else this widget's. Returns the observation now
+        widget's; the limits from `config`, else this widget's; parser and tools are the
+        widget's unless given in `options`. Returns the observation now
         shown. Raises `ReplayMismatch` when the replay differs (nothing changes then)."""
         from workbench.rollout.fork import replay
 
         r = self.rollout
+        options = {"parser": r.parser, "tools": r.tools, **options}  # the widget's parser and tools
         if config is None:
-            options = {"max_turns": r.max_turns, **r.sampling, "max_context_tokens": r.max_context_tokens,
-                       "parser": r.parser, "tools": r.tools, **options}
+            options = {"max_turns": r.max_turns, **r.sampling, "max_context_tokens": r.max_context_tokens, **options}
         if environment is None and config is None:
             environment = self.env
         self.rollout = replay(episode, turn, self.engine, n=1, config=config, environment=environment, **options)
