@@ -188,6 +188,8 @@ def test_fork_of_a_saved_batch_with_the_run_config(tiny_model_path, tmp_path):
     assert again.has("token_level_scores")
     # A Trainer passed to debug.fork does the same.
     assert len(fork(original, 1, n=1, engine=trainer)) == 1
+    with pytest.raises(ValueError, match="the trainer's own config"):
+        fork(original, 1, n=1, engine=trainer, config=run_config_)
 
 
 def test_fork_replays_tool_calls(tiny_engine, tiny_model_path):

@@ -45,6 +45,11 @@ def fork(episode: Episode, turn: int, action: str | None = None, observation: st
             episode has a score and a config is known).
     """
     if engine is not None and hasattr(engine, "fork") and hasattr(engine, "policy"):  # a Trainer
+        given = [name for name, v in (("policy", policy), ("config", config), ("environment", environment),
+                                      ("parser", parser), ("tools", tools)) if v]
+        if given:
+            raise ValueError(f"fork with a Trainer uses the trainer's own {', '.join(given)}; pass an engine "
+                             "(trainer.engine) to use others")
         return engine.fork(episode, turn, action=action, observation=observation, n=n, temperature=temperature,
                            seed=seed, **overrides)
     if engine is None:
