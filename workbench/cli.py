@@ -195,6 +195,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     x.add_argument("--train-size", type=int, default=None,
                    help="rows (seeds 0..N-1) in train.parquet (default: num_iters_per_epoch x batch_size / group_size)")
     x.add_argument("--val-size", type=int, default=32, help="rows (seeds from 10000) in val.parquet (default 32)")
+    from workbench.debug.diff import add_diff_parser
+
+    add_diff_parser(sub)  # python -m workbench diff CKPT_A CKPT_B ...
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -209,6 +212,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from workbench.compat.verl_export import cmd_export_verl
 
             return cmd_export_verl(args)
+        if args.command == "diff":
+            from workbench.debug.diff import cmd_diff
+
+            return cmd_diff(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing
         print(f"config error: {exc}", file=sys.stderr)

@@ -46,6 +46,10 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "new_logprobs": (torch.float32, "policy logprob during the last update pass", "trainer.update"),
     "ratio": (torch.float32, "exp(new - old) importance ratio in the last update", "trainer.update"),
     "entropy": (torch.float32, "policy entropy per token in the last update", "trainer.update"),
+    "diff_logprobs_a": (torch.float32, "logprob of each trained token under policy A", "debug.compare_policies"),
+    "diff_logprobs_b": (torch.float32, "logprob of each trained token under policy B", "debug.compare_policies"),
+    "diff_delta": (torch.float32, "logprob under B minus under A (trained tokens)", "debug.compare_policies"),
+    "diff_kl": (torch.float32, "per-token KL(B || A) estimate (k3) on trained tokens", "debug.compare_policies"),
 }
 COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
 
@@ -59,7 +63,9 @@ class Turn:
     action: str = ""
     """The acting text (decoded sampled ids for model turns)."""
     source: str = "model"
-    """"model" (sampled, trained on) or "human" (typed, never trained on)."""
+    """"model" (sampled, trained on), "human" (typed, never trained on) or "edited" (typed in
+    place of a recorded turn when the episode was forked, `workbench.rollout.fork`; never
+    trained on)."""
     observation: str = ""
     """Text returned to the model (environment observation or tool results)."""
     reward: float = 0.0
@@ -137,6 +143,10 @@ class Episode:
     """Problems found (e.g. token misalignment), kept with the episode."""
     score: float | None = None
     """Outcome reward from the reward function (set by scoring)."""
+    forked_from: dict[str, Any] | None = None
+    """Where this episode branches off a recorded one (`workbench.rollout.fork`): episode_id,
+    group_id, env_seed, turn, token_position (tokens before it equal the original's), edit
+    ("action", "observation" or None for a resample), text, original_outcome; None otherwise."""
 
     # -- derived --------------------------------------------------------------
     @property

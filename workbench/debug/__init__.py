@@ -19,7 +19,7 @@ from typing import Any
 #: Public name -> module of this package that defines it.
 _NAMES = {
     "Run": "runs", "load_run": "runs", "RunError": "runs",
-    "fork": "fork", "ReplayMismatch": "fork",
+    "fork": "forking", "ReplayMismatch": "forking",
     "compare_policies": "diff", "PolicyDiff": "diff",
     "diagnose": "doctor", "Finding": "doctor", "DoctorConfig": "doctor",
 }

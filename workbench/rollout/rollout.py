@@ -297,6 +297,17 @@ class Rollout:
         self.turn_counter += 1
         return sorted(advanced)
 
+    def replay(self, index: int, ids: list[int], logprobs: list[float] | None, finish_reason: str) -> None:
+        """Append a recorded action to live episode `index` exactly as recorded and step its
+        environment with it, as `step` does with a new one: `ids` as they were (sampled ids,
+        or a typed turn's ids when `finish_reason` is "human": loss mask 0), with their
+        sampling `logprobs` for a model turn. `workbench.rollout.fork` rebuilds an episode's
+        first turns with it."""
+        if index not in self.live:
+            raise ValueError(f"episode {index} is not live; live episodes: {self.live}")
+        human = finish_reason == "human"
+        self._apply_action(self.slots[index], list(ids), None if human else list(logprobs or []), finish_reason)
+
     def run(self, max_steps: int | None = None) -> TrajectoryBatch:
         """Step until every episode has ended (or `max_steps` steps); return the batch."""
         if not self.slots:

@@ -43,6 +43,7 @@ from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.engines import GenerationEngine, make_engine
 from workbench.env_registry import make_env, make_environment, record_environment
 from workbench.reward import RewardFn, RewardManager, score_batch
+from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
@@ -76,7 +77,7 @@ class Trainer:
         environment: a prototype environment (deep-copied per episode) or a
             zero-argument factory; defaults to `make_env(config.environment.name, ...)`
             (`workbench.env_registry`). The trainer records it in `config.environment`
-            (`describe_env`: the name that rebuilds it, `import_path`, params).
+            (`record_environment`: the name that rebuilds it, `import_path`, params).
         reward_fn: `fn(trajectory)` or `fn(trajectory, environment)` -> float; None
             uses the environment's rewards.
         dataset: items to draw episode groups from (cycled): int environment seeds, or
@@ -409,6 +410,18 @@ class Trainer:
         s = batch.summary()
         return {"eval/success_rate": s["env/success_rate"], "eval/reward_mean": s["reward/mean"],
                 "eval/episodes": float(len(batch))}
+
+    @torch.no_grad()
+    def fork(self, episode: Any, turn: int, action: str | None = None, observation: str | None = None,
+             n: int = 4, temperature: float | None = None, **kwargs: Any) -> TrajectoryBatch:
+        """`n` branches of a recorded `episode` parting at `turn`, sampled with this trainer's
+        engine, config, environment, parser and tools, then scored like a training batch
+        (`workbench.rollout.fork.fork_episode`: replay checked, `action`/`observation` edit)."""
+        self.policy.model.eval()
+        batch = fork_episode(episode, turn, self.engine, action=action, observation=observation, n=n,
+                             config=self.config, environment=self.make_environment, parser=self.parser,
+                             tools=self.tools, temperature=temperature, **kwargs)
+        return self.score(batch)
 
     def metrics_df(self):
         """metrics_history as a pandas DataFrame (one row per step)."""

@@ -11,6 +11,13 @@ parse errors and environment errors are shown in red. The episode's ending
 (success, truncation, error, score, warnings) closes the transcript.
 
 `render_episode_html(episode)` is the plain function behind the widget.
+
+Forking (when the view is given `engine=`: a Trainer, or an engine plus `config=`, the
+run's config): pick a turn, edit its action (or the observation before it, or leave it
+to be resampled) and press "continue from here"; the branches (`workbench.debug.fork`)
+appear beside the original with their returns and the turn where they part
+(`render_branches_html`: one column per episode, each headed by its return and the turn
+where it parts; the turns before are folded, the edited turn marked). In code: `view.continue_from(turn=1, text="8", n=2)`.
 """
 from __future__ import annotations
 
@@ -23,7 +30,8 @@ import traitlets
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.widgets._html import STYLE, esc
 
-__all__ = ["ConversationView", "render_episode_html", "episode_label", "as_episodes"]
+__all__ = ["ConversationView", "render_episode_html", "episode_label", "as_episodes", "continue_from",
+           "render_branches_html"]
 
 
 def as_episodes(data: TrajectoryBatch | Episode | Sequence[Episode] | None) -> list[Episode]:
@@ -83,8 +91,8 @@ def _tool_calls_html(turn: Turn) -> str:
 
 
 def _turn_html(turn: Turn) -> str:
-    human = turn.source == "human"
-    label = f"{'human' if human else 'assistant'} · turn {turn.index}"
+    human = turn.source in ("human", "edited")
+    label = f"{turn.source if human else 'assistant'} · turn {turn.index}"
     if human:
         label += " · typed by a person (not trained on)"
     right = [_reward_badge(turn.reward)]
@@ -166,6 +174,74 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
     return f'{css}<div class="wb-root wb-conv-body">{"".join(parts)}</div>'
 
 
+# -- forks beside their original ("continue from here") ------------------------------------
+BRANCH_STYLE = """<style>
+.wb-branches { display: flex; gap: 8px; align-items: flex-start; overflow-x: auto; }
+.wb-branch { flex: 1 1 0; min-width: 260px; border: 1px solid #ddd; border-radius: 8px; padding: 4px 6px; }
+.wb-branch.wb-original { border-color: #999; }
+.wb-msg.wb-edited { background: #e8f0ff; border-color: #9db8ef; }
+</style>"""
+
+
+def continue_from(episode: Episode, turn: int, engine: Any, config: Any = None, action: str | None = None,
+                  observation: str | None = None, n: int = 2, **options: Any) -> TrajectoryBatch:
+    """Branches of `episode` from `turn` (`workbench.debug.fork`): `engine` is a Trainer or
+    an engine (then `config` is the run's config); `action`/`observation` is the edit."""
+    from workbench.debug.forking import fork
+
+    return fork(episode, turn, action=action, observation=observation, n=n, engine=engine, config=config, **options)
+
+
+def _column(ep: Episode, title: str, part_turn: int | None, edit: str | None = None) -> str:
+    """One episode's column: its head, then its turns from `part_turn` on (all for the original).
+    With an observation edit the changed observation is shown too (the opening one for turn 0,
+    else turn `part_turn - 1`'s reply), marked as edited."""
+    mark = "✓ success" if ep.success else ("error" if ep.error else "no success")
+    head = (f'<div class="wb-head"><b>{esc(title)}</b> · return {ep.outcome:+.3g} · {mark} · '
+            f'{ep.num_turns} turns</div>')
+    parts = []
+    if part_turn is None:
+        turns = ep.turns
+    else:
+        first = part_turn - 1 if edit == "observation" and part_turn else part_turn
+        turns = [t for t in ep.turns if t.index >= first]
+        if first:
+            parts.append(f'<div class="wb-legend">turns 0–{first - 1} as in the original</div>')
+        if edit == "observation" and part_turn == 0:
+            parts.append(_bubble("user", "environment · edited first observation", esc((ep.states or [""])[0]),
+                                 "wb-edited"))
+    for t in turns:
+        html = _turn_html(t)
+        if t.source == "edited":
+            html = html.replace("wb-msg wb-assistant", "wb-msg wb-assistant wb-edited", 1)
+        elif edit == "observation" and part_turn and t.index == part_turn - 1:
+            html = html.replace("wb-msg wb-user", "wb-msg wb-user wb-edited", 1).replace(
+                '<div class="wb-role">environment<', '<div class="wb-role">environment · edited<', 1)
+        parts.append(html)
+    cls = "wb-branch wb-original" if part_turn is None else "wb-branch"
+    return f'<div class="{cls}">{head}{"".join(parts)}</div>'
+
+
+def render_branches_html(original: Episode, branches: TrajectoryBatch | list[Episode] | None,
+                         style: bool = True) -> str:
+    """The original and its branches as side-by-side columns (see the module docstring)."""
+    css = (STYLE + BRANCH_STYLE) if style else ""
+    branches = list(branches or [])
+    if not branches:
+        return f'{css}<div class="wb-root wb-branches-none"><i>no branches yet</i></div>'
+    where = branches[0].forked_from or {}
+    turn = int(where.get("turn", 0))
+    edit = where.get("edit")
+    what = {"action": "action typed", "observation": "observation edited"}.get(edit, "resampled")
+    text = f' “{esc(where.get("text"))}”' if where.get("text") is not None else ""
+    summary = (f'<div class="wb-head">{len(branches)} branches part from the original at turn {turn} '
+               f'(token {where.get("token_position")}) · {what}{text} · mean return '
+               f'{sum(b.outcome for b in branches) / len(branches):+.3g} vs {original.outcome:+.3g}</div>')
+    cols = [_column(original, "original", None)]
+    cols += [_column(b, f"branch {i} · parts at turn {turn}", turn, edit) for i, b in enumerate(branches)]
+    return f'{css}<div class="wb-root">{summary}<div class="wb-branches">{"".join(cols)}</div></div>'
+
+
 class ConversationView(widgets.VBox):
     """One episode as chat bubbles, with prev/next buttons and a dropdown over the batch.
 
@@ -173,21 +249,52 @@ class ConversationView(widgets.VBox):
         data: a `TrajectoryBatch`, one `Episode`, or a list of episodes.
         index: episode shown first.
         show_system: include the (folded) system prompt.
+        engine: what forks run with: a Trainer, or a generation engine (with `config`);
+            None hides the fork controls.
+        config: the run's ConfigStore (environment, limits), with an engine.
+        fork_options: more arguments of `workbench.debug.fork` (environment, parser,
+            tools, temperature, seed, ...).
     """
 
     index = traitlets.Int(0, help="position of the shown episode in the batch")
+    fork_turn = traitlets.Int(0, help="turn where the next fork parts from the shown episode")
+    fork_edit = traitlets.Unicode("action", help='what is changed at fork_turn: "action", "observation" or "resample"')
+    fork_text = traitlets.Unicode("", help="the edited action or observation")
+    fork_n = traitlets.Int(2, help="branches per fork")
+    fork_status = traitlets.Unicode("", help="outcome of the last fork (or its error)")
 
     def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | None = None, index: int = 0,
-                 show_system: bool = True, **kwargs: Any):
+                 show_system: bool = True, engine: Any = None, config: Any = None,
+                 fork_options: dict[str, Any] | None = None, **kwargs: Any):
         self._episodes: list[Episode] = as_episodes(data)
         self.show_system = show_system
+        self.fork_engine, self.fork_config, self.fork_options = engine, config, dict(fork_options or {})
+        self.branches: TrajectoryBatch | None = None
+        self._branches = widgets.HTML()
+        self._branches.add_class("wb-branches-html")
         self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="80px"))
         self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="80px"))
         self._pick = widgets.Dropdown(options=[], layout=widgets.Layout(width="430px"))
         self._body = widgets.HTML()
         self._body.add_class("wb-conversation-html")
         nav = widgets.HBox([self._prev, self._pick, self._next])
-        super().__init__([nav, self._body], **kwargs)
+        children = [nav, self._body]
+        if engine is not None:
+            self._fork_pick = widgets.Dropdown(options=[], description="turn", layout=widgets.Layout(width="130px"))
+            self._fork_kind = widgets.ToggleButtons(options=["action", "observation", "resample"], value="action")
+            self._fork_box = widgets.Textarea(placeholder="edited text", layout=widgets.Layout(width="360px"))
+            self._fork_count = widgets.BoundedIntText(value=2, min=1, max=64, description="n",
+                                                      layout=widgets.Layout(width="110px"))
+            self._fork_go = widgets.Button(description="continue from here", button_style="primary", icon="code-fork")
+            for w, name in ((self._fork_kind, "fork_edit"), (self._fork_box, "fork_text"),
+                            (self._fork_count, "fork_n")):
+                widgets.link((w, "value"), (self, name))
+            self._fork_pick.observe(lambda c: c["new"] is not None and setattr(self, "fork_turn", c["new"]),
+                                    names="value")
+            self._fork_go.on_click(lambda _: self.continue_from())
+            controls = widgets.HBox([self._fork_pick, self._fork_kind, self._fork_box, self._fork_count, self._fork_go])
+            children += [controls, self._branches]
+        super().__init__(children, **kwargs)
         self.add_class("wb-conversation")
         self._prev.on_click(lambda _: self.show(self.index - 1))
         self._next.on_click(lambda _: self.show(self.index + 1))
@@ -222,6 +329,51 @@ class ConversationView(widgets.VBox):
         else:
             self.index = new
 
+    @property
+    def branches_html(self) -> str:
+        """The rendered branches of the last fork (beside their original)."""
+        return self._branches.value
+
+    def continue_from(self, turn: int | None = None, text: str | None = None, edit: str | None = None,
+                      n: int | None = None) -> TrajectoryBatch | None:
+        """Fork the shown episode at `turn` (default: the traits `fork_turn`, `fork_text`,
+        `fork_edit`, `fork_n`, which the controls set) and show the branches; None, with
+        `fork_status` saying why, when it fails (e.g. a `ReplayMismatch`)."""
+        if self.fork_engine is None:
+            self.fork_status = "no engine: pass engine= (a Trainer, or an engine and config=) to fork"
+            return None
+        # turn and edit first: picking them fills the edit box, which a given text then replaces
+        for name, value in (("fork_turn", turn), ("fork_edit", edit), ("fork_text", text), ("fork_n", n)):
+            if value is not None:
+                setattr(self, name, value)
+        edit_kind, ep = self.fork_edit, self.episode
+        kwargs = {edit_kind: self.fork_text} if edit_kind in ("action", "observation") else {}
+        try:
+            self.branches = continue_from(ep, self.fork_turn, self.fork_engine, self.fork_config, n=self.fork_n,
+                                          **kwargs, **self.fork_options)
+        except Exception as exc:  # shown in the view; the notebook keeps going
+            self.fork_status = f"fork failed: {type(exc).__name__}: {exc}"
+            self._branches.value = f'{STYLE}<div class="wb-root wb-errline">{esc(self.fork_status)}</div>'
+            return None
+        returns = ", ".join(f"{b.outcome:+.3g}" for b in self.branches)
+        self.fork_status = f"{len(self.branches)} branches from turn {self.fork_turn}: returns {returns}"
+        self._branches.value = render_branches_html(ep, self.branches)
+        return self.branches
+
+    @traitlets.observe("fork_turn", "fork_edit")
+    def _on_fork_turn(self, change: dict) -> None:
+        """Fill the edit box with what the picked turn shows (its action, or the observation before it)."""
+        pick = getattr(self, "_fork_pick", None)
+        if pick is not None and self.fork_turn in dict(pick.options).values():
+            pick.value = self.fork_turn
+        ep = self.episode
+        if ep is None or not 0 <= self.fork_turn < ep.num_turns:
+            return
+        if self.fork_edit == "action":
+            self.fork_text = ep.turns[self.fork_turn].action
+        elif self.fork_edit == "observation":
+            self.fork_text = ep.turns[self.fork_turn - 1].observation if self.fork_turn else (ep.states or [""])[0]
+
     def show(self, index: int) -> None:
         """Show episode `index` (clamped to the batch)."""
         n = len(self._episodes)
@@ -249,6 +401,10 @@ class ConversationView(widgets.VBox):
     def _render(self) -> None:
         n = len(self._episodes)
         self._body.value = render_episode_html(self.episode, self.show_system)
+        if self.fork_engine is not None:
+            ep = self.episode
+            self._fork_pick.options = [(f"turn {t.index}", t.index) for t in ep.turns] if ep is not None else []
+            self.branches, self._branches.value = None, ""
         if n and self._pick.value != self.index:
             self._pick.value = self.index
         self._prev.disabled = self.index <= 0

@@ -12,6 +12,11 @@ stepped exactly like a model action, and recorded as a human turn (loss mask 0:
 never trained on). "Model plays" lets the model take the turn instead (mask 1),
 so one episode can mix both.
 
+From a recorded episode. `play.start_from(episode, turn=2, config=run_config)` rebuilds
+that episode's first two turns on a fresh environment (replayed and checked as
+`workbench.debug.fork` does: a `ReplayMismatch` if the environment answers differently)
+and lets you play on from there.
+
 Without a model. A rollout needs a tokenizer (to keep the token-exact record), not
 a model. `engine=None` builds a `TokenizerOnlyEngine` around `tokenizer` (a
 tokenizer object or a model name/path; default: the tiny test tokenizer); its
@@ -168,6 +173,32 @@ class PlayWidget(widgets.VBox):
         self.message = ""
         self._sync()
         return True
+
+    def start_from(self, episode: Episode, turn: int, config: Any = None, environment: Any = None,
+                   **options: Any) -> str:
+        """Continue a recorded `episode` from `turn`: its first `turn` turns are replayed on a
+        fresh environment (`workbench.rollout.fork.replay`: recorded ids, checked against the
+        record) and the game goes on from there. The environment comes from `environment`
+        (a prototype or factory), else the run's `config.environment`, else a copy of this
+        widget's; the limits from `config`, else this widget's; parser and tools are the
+        widget's unless given in `options`. Returns the observation now
+        shown. Raises `ReplayMismatch` when the replay differs (nothing changes then)."""
+        from workbench.rollout.fork import replay
+
+        r = self.rollout
+        options = {"parser": r.parser, "tools": r.tools, **options}  # the widget's parser and tools
+        if config is None:
+            options = {"max_turns": r.max_turns, **r.sampling, "max_context_tokens": r.max_context_tokens, **options}
+        if environment is None and config is None:
+            environment = self.env
+        self.rollout = replay(episode, turn, self.engine, n=1, config=config, environment=environment, **options)
+        self.env = self.rollout.environments[0]
+        self.seed = episode.env_seed
+        self.message = f"replayed episode {episode.episode_id} up to turn {turn}: your move"
+        self._text.value = ""
+        self._sync()
+        self._status.value = self._status_html()
+        return self.observation
 
     # -- results ---------------------------------------------------------------------------
     @property

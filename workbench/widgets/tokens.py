@@ -50,6 +50,10 @@ FIELD_KINDS: dict[str, tuple[str, float]] = {
     "returns": ("diverging", 0.0),
     "token_level_scores": ("diverging", 0.0),
     "token_level_rewards": ("diverging", 0.0),
+    "diff_delta": ("diverging", 0.0),  # workbench.debug.compare_policies
+    "diff_kl": ("sequential", 0.0),
+    "diff_logprobs_a": ("logprob", 0.0),
+    "diff_logprobs_b": ("logprob", 0.0),
 }
 _NOT_SHOWN = ("input_ids", "attention_mask")
 
