@@ -11,9 +11,11 @@ flag not given takes the value shown in --help. `--device`/`--dtype` default to 
 
 Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `reward_curve.png`, `transcript.md` (best and worst episodes), `summary.md`,
-`episodes.jsonl` (best/worst episodes every `training.log_episodes_every` steps), and
-checkpoints under `checkpoints/`; `--loggers tensorboard,trackio,wandb` adds those sinks
-(`workbench.training.loggers`).
+`episodes.jsonl` (best/worst episodes of the first step and every
+`training.log_episodes_every` steps after it), `evals.json`, each step's batch under
+`rollouts/` and the held-out batches under `evals/` (`workbench.training.run_files`;
+reopen the run with `workbench.debug.load_run`), and checkpoints under `checkpoints/`;
+`--loggers tensorboard,trackio,wandb` adds those sinks (`workbench.training.loggers`).
 """
 from __future__ import annotations
 
@@ -266,7 +268,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
     `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
     None), "stopped" (why fit stopped early, or "")}."""
-    from workbench.training import Trainer
+    from workbench.training import Trainer, run_files
     from workbench.training.progress import write
 
     out.mkdir(parents=True, exist_ok=True)
@@ -281,6 +283,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     if eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
         report["before"] = trainer.last_eval_batch
+        run_files.record_eval(out, config, 0, report["before"])  # OUT/evals/step_000000.jsonl.gz
         write(f"held-out before training: {evals[-1]}")
 
     def on_step(tr: Any, m: dict) -> None:
@@ -297,6 +300,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     if eval_episodes:
         evals.append({"step": trainer.global_step, **trainer.evaluate(eval_seeds)})
         report["after"] = trainer.last_eval_batch
+        run_files.record_eval(out, config, trainer.global_step, report["after"])
         write(f"held-out after training: {evals[-1]}")
     if transcript is not None:
         transcript(report)
