@@ -1,6 +1,7 @@
 """`ConversationView`: one episode as chat bubbles, stepping through a batch.
 
     view = ConversationView(batch)      # or ConversationView(episode)
+    view = ConversationView(run, step=3)  # a reopened run (`load_run`): step 3's batch (default: its last)
     view.index = 3                      # show episode 3 (the dropdown follows)
     view.html                           # the rendered HTML (what tests read)
 
@@ -22,6 +23,7 @@ import traitlets
 
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.widgets._html import STYLE, esc
+from workbench.widgets._runs import batch_of
 
 __all__ = ["ConversationView", "render_episode_html", "episode_label", "as_episodes"]
 
@@ -170,16 +172,18 @@ class ConversationView(widgets.VBox):
     """One episode as chat bubbles, with prev/next buttons and a dropdown over the batch.
 
     Args:
-        data: a `TrajectoryBatch`, one `Episode`, or a list of episodes.
+        data: a `TrajectoryBatch`, one `Episode`, a list of episodes, or a `Run`
+            (`workbench.debug.load_run`).
         index: episode shown first.
         show_system: include the (folded) system prompt.
+        step: with a `Run`, the saved step whose batch is shown (default: the last).
     """
 
     index = traitlets.Int(0, help="position of the shown episode in the batch")
 
-    def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | None = None, index: int = 0,
-                 show_system: bool = True, **kwargs: Any):
-        self._episodes: list[Episode] = as_episodes(data)
+    def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any = None, index: int = 0,
+                 show_system: bool = True, step: int | None = None, **kwargs: Any):
+        self._episodes: list[Episode] = as_episodes(batch_of(data, step))
         self.show_system = show_system
         self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="80px"))
         self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="80px"))
@@ -211,9 +215,10 @@ class ConversationView(widgets.VBox):
         """The rendered HTML of the shown episode."""
         return self._body.value
 
-    def set_batch(self, data: TrajectoryBatch | Episode | Sequence[Episode] | None, index: int = 0) -> None:
-        """Show another batch (e.g. the newest rollout)."""
-        self._episodes = as_episodes(data)
+    def set_batch(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any, index: int = 0,
+                  step: int | None = None) -> None:
+        """Show another batch (e.g. the newest rollout, or a `Run`'s step `step`)."""
+        self._episodes = as_episodes(batch_of(data, step))
         self._refresh_options()
         n = len(self._episodes)
         new = max(0, min(index, n - 1)) if n else 0
