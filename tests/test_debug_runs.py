@@ -189,3 +189,15 @@ def test_cli_run_saves_held_out_batches_before_and_after(tiny_model_path, tmp_pa
     assert run.config.checkpoint.output_dir == str(out / "checkpoints")
     size = sum(p.stat().st_size for p in (out / "rollouts").iterdir())
     assert 0 < size < 100_000  # a few kB for two tiny steps
+
+
+def test_tokenizer_of_a_run_whose_model_is_not_here_is_a_run_error(ppo_run, tmp_path, tiny_model_path):
+    folder, _, _ = ppo_run
+    run = load_run(folder)
+    tokenizer = run.tokenizer()  # the tiny model's, from config.model.path; loaded once
+    assert tokenizer.decode(tokenizer("guess 5").input_ids) == "guess 5" and run.tokenizer() is tokenizer
+    copy = copy_run(folder, tmp_path)
+    config = (copy / "config.yaml").read_text().replace(str(tiny_model_path), str(tmp_path / "gone"))
+    (copy / "config.yaml").write_text(config)
+    with pytest.raises(RunError, match=r"does not load here.*TokenView\(run, tokenizer=\.\.\.\)"):
+        load_run(copy).tokenizer()

@@ -74,6 +74,7 @@ class Run:
         self.config = config
         self.metrics = metrics
         self.evals = evals
+        self._tokenizer: Any = None
 
     # -- what was saved -----------------------------------------------------------------------
     @property
@@ -116,11 +117,15 @@ class Run:
         return _read_batch(run_files.eval_path(self.path, step), step, check_step=False)
 
     def tokenizer(self) -> Any:
-        """The tokenizer of the run's model (`config.model.path`), to decode batches' tokens."""
+        """The tokenizer of the run's model (`config.model.path`), to decode batches' tokens;
+        loaded on the first call, then kept."""
         from workbench.models.loading import load_tokenizer
 
+        if self._tokenizer is not None:
+            return self._tokenizer
         try:
-            return load_tokenizer(self.config.model.path, self.config.model.trust_remote_code)
+            self._tokenizer = load_tokenizer(self.config.model.path, self.config.model.trust_remote_code)
+            return self._tokenizer
         except (OSError, ValueError) as exc:
             raise RunError(f"the tokenizer of this run's model {self.config.model.path!r} (config.yaml, "
                            f"model.path) does not load here: {exc}; pass one yourself, e.g. "
