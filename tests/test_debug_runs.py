@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from envs import make_env
+from envs.guess_number import GuessNumberEnv
 from tests.test_trainer import tiny_config
 from workbench import ConfigError, Trainer
 from workbench.debug import Run, RunError, load_run
@@ -201,3 +202,19 @@ def test_tokenizer_of_a_run_whose_model_is_not_here_is_a_run_error(ppo_run, tmp_
     (copy / "config.yaml").write_text(config)
     with pytest.raises(RunError, match=r"does not load here.*TokenView\(run, tokenizer=\.\.\.\)"):
         load_run(copy).tokenizer()
+
+
+class GuessWithASetInInfo(GuessNumberEnv):
+    """guess_number whose step info holds a set, which JSON cannot write."""
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        return obs, reward, done, {**info, "tried": {action}}
+
+
+def test_a_batch_that_cannot_be_saved_warns_and_training_goes_on(tiny_model_path, tmp_path):
+    trainer = Trainer(tiny_config(tiny_model_path, tmp_path), environment=GuessWithASetInInfo())
+    with pytest.warns(run_files.RunFilesWarning, match=r"training step 0 to .*step_000000\.jsonl\.gz: TypeError"):
+        trainer.fit(steps=1)
+    assert trainer.global_step == 1
+    assert list((tmp_path / "ckpt" / "rollouts").iterdir()) == []  # nothing half-written left behind

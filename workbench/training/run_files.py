@@ -19,7 +19,8 @@ place, so a reader never sees half a file). `training.save_rollouts_every` (N) s
 steps are saved: every step whose 0-based number is a multiple of N, and the last step of
 each `fit`; 0 saves nothing (neither rollouts nor the CLI's evaluation batches). When `fit`
 starts at step S it removes saved rollouts of steps >= S (a resumed run redoes them, as
-`metrics.jsonl` drops their lines), so the folder never mixes two runs' versions of a step.
+`metrics.jsonl` drops their lines), so the folder never mixes two runs' versions of a step
+(evaluation batches are not removed: each is rewritten when its step is evaluated again).
 
 A batch that cannot be saved (disk full, a value JSON cannot hold) is a `RunFilesWarning`
 naming the step and the error; training goes on.
@@ -85,13 +86,13 @@ def should_save(step: int, every: int, last: bool = False) -> bool:
 
 
 def begin_fit(run_dir: str | Path, config: ConfigStore, first_step: int) -> None:
-    """What `fit` does once before its first step when it saves rollouts: write
-    `config.yaml` (the run can be reopened without the CLI) and remove saved rollouts of
-    steps >= `first_step` (they are about to be redone)."""
-    if not config.training.save_rollouts_every:
-        return
+    """What `fit` does once before its first step: remove saved rollouts of steps >=
+    `first_step` (they are about to be redone, or, with saving off, would no longer match
+    `metrics.jsonl`), and, when it saves rollouts, write `config.yaml` (so the run reopens
+    without the CLI)."""
     run_dir = Path(run_dir)
-    config.save(run_dir / CONFIG_FILE)
+    if config.training.save_rollouts_every:
+        config.save(run_dir / CONFIG_FILE)
     for step in saved_steps(run_dir / ROLLOUTS):
         if step >= first_step:
             rollout_path(run_dir, step).unlink(missing_ok=True)
