@@ -20,10 +20,12 @@ from workbench import ConfigError, Trainer
 from workbench.training.loggers import EPISODE_COLUMNS, EPISODE_TABLE, episode_rows, episode_text, scalar_metrics
 
 
-def trained(tiny_model_path, tmp_path, steps=2, **training) -> Trainer:
+def trained(tiny_model_path, tmp_path, steps=2, **training) -> tuple[Trainer, dict]:
+    """A trainer after `fit(steps=steps)`, and {0-based step: the batch it trained on}."""
     trainer = Trainer(tiny_config(tiny_model_path, tmp_path, **training), environment=make_env("guess_number"))
-    trainer.fit(steps=steps)
-    return trainer
+    batches: dict = {}
+    trainer.fit(steps=steps, callbacks=[lambda tr, m: batches.__setitem__(m["step"], tr.last_batch)])
+    return trainer, batches
 
 
 def same(a: float, b: float) -> bool:
@@ -55,32 +57,44 @@ def test_episode_rows_pick_best_and_worst_once(tiny_model_path, tmp_path):
 def test_jsonl_and_tensorboard_hold_every_steps_metrics(tiny_model_path, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    trainer = trained(tiny_model_path, tmp_path, loggers=["jsonl", "tensorboard"], log_episodes_every=2)
+    trainer, batches = trained(tiny_model_path, tmp_path, steps=3, loggers=["jsonl", "tensorboard"],
+                               log_episodes_every=2)
     history = trainer.metrics_history
     # jsonl: in checkpoint.output_dir (tmp_path/ckpt), one line per step, the same values.
     lines = [json.loads(line) for line in (tmp_path / "ckpt" / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in lines] == [0, 1]
+    assert [row["step"] for row in lines] == [0, 1, 2]
     for row, metrics in zip(lines, history):
         assert row.keys() == {k for k, v in metrics.items() if isinstance(v, (int, float, str))}
         assert all(same(row[k], metrics[k]) for k in row)
     episodes = [json.loads(line) for line in (tmp_path / "ckpt" / "episodes.jsonl").read_text().splitlines()]
-    check_rows(episodes, trainer.last_batch, step=1)  # every 2 steps: after the 2nd step (step 1)
+    # every 2 steps from the first: steps 0 and 2
+    check_rows(episodes[:4], batches[0], step=0)
+    check_rows(episodes[4:], batches[2], step=2)
 
     acc = EventAccumulator(str(tmp_path / "ckpt" / "tensorboard"), size_guidance={"scalars": 0, "tensors": 0})
     acc.Reload()
     expected = [scalar_metrics(m) for m in history]
-    assert set(acc.Tags()["scalars"]) == set(expected[0]) | set(expected[1])
+    assert set(acc.Tags()["scalars"]) == set().union(*expected)
     assert {"reward/mean", "env/success_rate", "actor/pg_loss", "perf/step_seconds", "epoch"} <= set(expected[0])
     for tag in acc.Tags()["scalars"]:
         events = acc.Scalars(tag)
-        assert [e.step for e in events] == [0, 1]
+        assert [e.step for e in events] == [0, 1, 2]
         assert all(same(e.value, expected[e.step][tag]) for e in events), tag
     (text_tag,) = [t for t in acc.Tags()["tensors"] if t.startswith(EPISODE_TABLE)]
-    (event,) = acc.Tensors(text_tag)
-    table = event.tensor_proto.string_val[0].decode()
-    assert event.step == 1
-    for row in episodes:  # each row's text, as a markdown table cell
-        assert row["text"].replace("|", "\\|").replace("\n", "<br>") in table
+    events = acc.Tensors(text_tag)
+    assert [event.step for event in events] == [0, 2]
+    for event, rows in zip(events, (episodes[:4], episodes[4:])):
+        table = event.tensor_proto.string_val[0].decode()
+        for row in rows:  # each row's text, as a markdown table cell
+            assert row["text"].replace("|", "\\|").replace("\n", "<br>") in table
+
+
+def test_a_short_run_logs_the_episodes_of_its_first_step(tiny_model_path, tmp_path):
+    # The demo's case: fewer steps than log_episodes_every (default 10) still gives a table.
+    assert tiny_config(tiny_model_path, tmp_path).training.log_episodes_every == 10
+    trainer, batches = trained(tiny_model_path, tmp_path, steps=2)
+    episodes = [json.loads(line) for line in (tmp_path / "ckpt" / "episodes.jsonl").read_text().splitlines()]
+    check_rows(episodes, batches[0], step=0)
 
 
 def test_jsonl_after_resume_has_each_step_once(tiny_model_path, tmp_path):
@@ -140,11 +154,12 @@ def test_trackio_local_run_holds_every_steps_metrics(tiny_model_path, tmp_path):
         expected = scalar_metrics(metrics)
         assert set(log) - {"step", "timestamp"} == set(expected)
         assert all(same(log[k], v) for k, v in expected.items())
-    (table,) = tables  # after the 2nd step only
-    assert table["step"] == 1 and table[EPISODE_TABLE]["_type"] == "trackio.table"
-    rows = table[EPISODE_TABLE]["_value"]
-    assert [r["rank"] for r in rows] == ["best 1", "best 2", "worst 1", "worst 2"]
-    assert all(r["text"].startswith("system: ") for r in rows)
+    assert [table["step"] for table in tables] == [0, 2]  # the first step, then every 2nd (across both fits)
+    for table in tables:
+        assert table[EPISODE_TABLE]["_type"] == "trackio.table"
+        rows = table[EPISODE_TABLE]["_value"]
+        assert [r["rank"] for r in rows] == ["best 1", "best 2", "worst 1", "worst 2"]
+        assert all(r["text"].startswith("system: ") for r in rows)
 
 
 def wandb_records(path: Path):
@@ -172,7 +187,7 @@ def wandb_records(path: Path):
 def test_wandb_offline_run_holds_every_steps_metrics(tiny_model_path, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
-    trainer = trained(tiny_model_path, tmp_path, loggers=["wandb"], log_episodes_every=2)
+    trainer, batches = trained(tiny_model_path, tmp_path, loggers=["wandb"], log_episodes_every=2)
     (run_file,) = (tmp_path / "ckpt" / "wandb").glob("offline-run-*/run-*.wandb")
     # wandb's writer is a separate process: on a loaded machine its last blocks can land a
     # moment after `finish()` returns, so read until both steps are there (at most 30 s).
@@ -192,7 +207,7 @@ def test_wandb_offline_run_holds_every_steps_metrics(tiny_model_path, tmp_path, 
     for step, metrics in enumerate(trainer.metrics_history):
         expected = scalar_metrics(metrics)
         assert all(same(float(history[step][k]), v) for k, v in expected.items() if math.isfinite(v))
-    assert history[1][f"{EPISODE_TABLE}/_type"] == "table-file" and f"{EPISODE_TABLE}/_type" not in history[0]
-    table = json.loads((run_file.parent / "files" / history[1][f"{EPISODE_TABLE}/path"]).read_text())
+    assert history[0][f"{EPISODE_TABLE}/_type"] == "table-file" and f"{EPISODE_TABLE}/_type" not in history[1]
+    table = json.loads((run_file.parent / "files" / history[0][f"{EPISODE_TABLE}/path"]).read_text())
     assert table["columns"] == list(EPISODE_COLUMNS)
-    check_rows([dict(zip(table["columns"], row)) for row in table["data"]], trainer.last_batch, step=1)
+    check_rows([dict(zip(table["columns"], row)) for row in table["data"]], batches[0], step=0)

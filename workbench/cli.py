@@ -11,9 +11,11 @@ flag not given takes the value shown in --help. `--device`/`--dtype` default to 
 
 Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `reward_curve.png`, `transcript.md` (best and worst episodes), `summary.md`,
-`episodes.jsonl` (best/worst episodes every `training.log_episodes_every` steps), and
-checkpoints under `checkpoints/`; `--loggers tensorboard,trackio,wandb` adds those sinks
-(`workbench.training.loggers`).
+`episodes.jsonl` (best/worst episodes of the first step and every
+`training.log_episodes_every` steps after it), `evals.json`, each step's batch under
+`rollouts/` and the held-out batches under `evals/` (`workbench.training.run_files`;
+reopen the run with `workbench.debug.load_run`), and checkpoints under `checkpoints/`;
+`--loggers tensorboard,trackio,wandb` adds those sinks (`workbench.training.loggers`).
 """
 from __future__ import annotations
 

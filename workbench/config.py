@@ -220,8 +220,15 @@ class TrainingConfig:
     "trackio" (local, its own folder: `TRACKIO_DIR`), "wandb" (offline unless `WANDB_MODE`
     says otherwise; files under `log_dir/wandb`). See `workbench.training.loggers`."""
     log_episodes_every: int = 10
-    """Every this many steps `fit` also logs a table of the step's best and worst episodes
-    (by score, with their text) to the loggers; 0 = never."""
+    """`fit` also logs a table of the step's best and worst episodes (by score, with their
+    text) to the loggers after the first step and every this many steps after it (0-based
+    steps 0, N, 2N, ...); 0 = never."""
+    save_rollouts_every: int = 1
+    """`fit` saves the scored batch of 0-based steps 0, N, 2N, ... (and the last step of each
+    `fit`) with every tensor it held after the update, as `rollouts/step_XXXXXX.jsonl.gz` in
+    the run folder (`log_dir`), and the CLI saves its held-out batches as `evals/`; a
+    finished run reopens with `workbench.debug.load_run`. 0 = never. See
+    `workbench.training.run_files`."""
     log_dir: str | None = None
     """Folder for the loggers' files; None = `checkpoint.output_dir` (the CLI sets this to
     its output folder)."""
@@ -496,6 +503,8 @@ class ConfigStore:
             raise ConfigError("training.kl_coef and training.kl_loss_coef must be >= 0")
         if not t.max_grad_norm > 0:
             raise ConfigError(f"training.max_grad_norm must be > 0, got {t.max_grad_norm}")
+        if t.save_rollouts_every < 0:
+            raise ConfigError(f"training.save_rollouts_every must be >= 0 (0 = never), got {t.save_rollouts_every!r}")
         if c.save_interval < 0 or c.keep_last_n < 0:
             raise ConfigError("checkpoint.save_interval and checkpoint.keep_last_n must be >= 0")
         _positive_int("environment.max_steps", e.max_steps)

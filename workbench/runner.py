@@ -71,8 +71,8 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
     `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
     None), "stopped" (why fit stopped early, or "")}."""
-    from workbench.training import Trainer
     from workbench.progress import write
+    from workbench.training import Trainer, run_files
 
     out.mkdir(parents=True, exist_ok=True)
     config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs
@@ -86,6 +86,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     if eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
         report["before"] = trainer.last_eval_batch
+        run_files.record_eval(out, config, 0, report["before"])  # OUT/evals/step_000000.jsonl.gz
         write(f"held-out before training: {evals[-1]}")
 
     def on_step(tr: Any, m: dict) -> None:
@@ -102,6 +103,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     if eval_episodes:
         evals.append({"step": trainer.global_step, **trainer.evaluate(eval_seeds)})
         report["after"] = trainer.last_eval_batch
+        run_files.record_eval(out, config, trainer.global_step, report["after"])
         write(f"held-out after training: {evals[-1]}")
     if transcript is not None:
         transcript(report)

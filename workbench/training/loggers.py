@@ -3,8 +3,9 @@
 `training.loggers` names them (default `["jsonl"]`). `fit` opens them when it starts,
 gives them every step's metrics (the names `train_step` returns, e.g. `reward/mean`,
 `env/success_rate`, `actor/pg_loss`, `perf/step_seconds`, at the step `metrics["step"]`),
-every `training.log_episodes_every` steps a table of that step's best and worst episodes
-(`episode_rows`), and closes them when it returns (also after an error).
+after the first step and every `training.log_episodes_every` steps after it (0-based steps
+0, N, 2N, ...) a table of that step's best and worst episodes (`episode_rows`), and
+closes them when it returns (also after an error).
 
     jsonl        `log_dir/metrics.jsonl` (one line per step: every number or string in the
                  metrics) and `log_dir/episodes.jsonl` (one line per table row). Opened with
@@ -251,13 +252,14 @@ class LoggerGroup:
         return self
 
     def log_step(self, metrics: dict[str, Any], batch: Any, completed_steps: int) -> None:
-        """Log one step's metrics; after every `log_episodes_every`-th completed step, also
-        the episode table of its batch."""
+        """Log one step's metrics; after the first completed step and every
+        `log_episodes_every`-th after it (completed steps 1, N+1, 2N+1, ...: metrics steps
+        0, N, 2N), also the episode table of its batch, so a short run has one too."""
         step = int(metrics["step"])
         for logger in self.loggers:
             logger.log_metrics(metrics, step)
         every = self.config.training.log_episodes_every
-        if every and batch is not None and completed_steps % every == 0:
+        if every and batch is not None and (completed_steps - 1) % every == 0:
             rows = episode_rows(batch, step)
             for logger in self.loggers:
                 logger.log_episodes(rows, step)

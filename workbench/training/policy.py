@@ -290,13 +290,14 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 @torch.no_grad()
 def batch_values(critic: Critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                  lengths: list[int], micro_batch_size: int) -> torch.Tensor:
-    """(B, T) critic values in length-sorted micro-batches."""
+    """(B, T) critic values in length-sorted micro-batches; 0 on right padding (whatever
+    micro-batch an episode fell in), as every other per-token field of a batch."""
     device = next(critic.parameters()).device
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     for idx in micro_batches(lengths, micro_batch_size):
         T = max(lengths[i] for i in idx)
         v = critic(input_ids[idx, :T].to(device), attention_mask[idx, :T].to(device))
-        out[idx, :T] = v.float().cpu()
+        out[idx, :T] = v.float().cpu() * attention_mask[idx, :T]  # (b, T): padding of shorter episodes -> 0
     return out
 
 

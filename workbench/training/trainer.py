@@ -46,7 +46,8 @@ from workbench.reward import RewardFn, RewardManager, score_batch
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
-from workbench.training.loggers import LoggerGroup
+from workbench.training import run_files
+from workbench.training.loggers import LoggerGroup, log_dir
 from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
 from workbench.progress import fit_postfix, progress_bar
@@ -350,8 +351,10 @@ class Trainer:
         when `checkpoint.resume` is set and no step was taken (or resumed) yet; the step
         counter continues from there.
 
-        Every step's metrics go to `training.loggers` (`workbench.training.loggers`), and
-        a progress bar counts steps up to the target (`training.progress`).
+        Every step's metrics go to `training.loggers` (`workbench.training.loggers`), its
+        scored batch to `rollouts/` in the run folder (`training.save_rollouts_every`,
+        `workbench.training.run_files`), and a progress bar counts steps up to the target
+        (`training.progress`).
         """
         t, c = self.config.training, self.config.checkpoint
         if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
@@ -377,12 +380,16 @@ class Trainer:
         self._fitting = True
         try:
             self.loggers.open(self.global_step)
+            run_dir = log_dir(self.config)  # each step's batch: RUN/rollouts/step_XXXXXX.jsonl.gz
+            run_files.begin_fit(run_dir, self.config, self.global_step)
             while self.global_step < total:
                 metrics = self.train_step()
                 metrics["epoch"] = (self.global_step - 1) // num_iters
                 if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
                     self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
                                         f"of {total} steps")
+                run_files.record_step(run_dir, self.config, metrics["step"], self.last_batch,
+                                      last=self.global_step >= total or self.stop_reason is not None)
                 self.loggers.log_step(metrics, self.last_batch, self.global_step)
                 bar.update(1)
                 bar.set_postfix(fit_postfix(metrics))

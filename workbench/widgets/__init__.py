@@ -9,6 +9,10 @@
 | `RewardTuner`       | reward-shaping sliders re-scoring a stored batch                    |
 | `TrajectoryTable`   | sortable, filterable episode list linked to the two viewers         |
 
+The viewers (`ConversationView`, `TokenView`, `TrajectoryTable`, `RewardTuner`) take a
+reopened run (`workbench.debug.load_run`) where they take a batch, showing its last saved
+step or `step=`; `TrainingDashboard(run)` draws its metrics.
+
 Every widget keeps its state in traitlets and its logic in plain functions
 (`render_episode_html`, `render_tokens_html`, `history_series`, `rescore_table`,
 `filter_sort`, ...) that work without a kernel. All JavaScript comes from the

@@ -1,6 +1,7 @@
 """`ConversationView`: one episode as chat bubbles, stepping through a batch.
 
     view = ConversationView(batch)      # or ConversationView(episode)
+    view = ConversationView(run, step=3)  # a reopened run (`load_run`): step 3's batch (default: its last)
     view.index = 3                      # show episode 3 (the dropdown follows)
     view.html                           # the rendered HTML (what tests read)
 
@@ -29,6 +30,7 @@ import traitlets
 
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.widgets._html import STYLE, esc
+from workbench.widgets._runs import batch_of
 
 __all__ = ["ConversationView", "render_episode_html", "episode_label", "as_episodes", "continue_from",
            "render_branches_html"]
@@ -246,12 +248,15 @@ class ConversationView(widgets.VBox):
     """One episode as chat bubbles, with prev/next buttons and a dropdown over the batch.
 
     Args:
-        data: a `TrajectoryBatch`, one `Episode`, or a list of episodes.
+        data: a `TrajectoryBatch`, one `Episode`, a list of episodes, or a `Run`
+            (`workbench.debug.load_run`).
         index: episode shown first.
         show_system: include the (folded) system prompt.
+        step: with a `Run`, the saved step whose batch is shown (default: the last).
         engine: what forks run with: a Trainer, or a generation engine (with `config`);
             None hides the fork controls.
-        config: the run's ConfigStore (environment, limits), with an engine.
+        config: the run's ConfigStore (environment, limits), with an engine; default, for
+            a `Run`, its own config.
         fork_options: more arguments of `workbench.debug.fork` (environment, parser,
             tools, temperature, seed, ...).
     """
@@ -263,10 +268,12 @@ class ConversationView(widgets.VBox):
     fork_n = traitlets.Int(2, help="branches per fork")
     fork_status = traitlets.Unicode("", help="outcome of the last fork (or its error)")
 
-    def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | None = None, index: int = 0,
-                 show_system: bool = True, engine: Any = None, config: Any = None,
+    def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any = None, index: int = 0,
+                 show_system: bool = True, *, step: int | None = None, engine: Any = None, config: Any = None,
                  fork_options: dict[str, Any] | None = None, **kwargs: Any):
-        self._episodes: list[Episode] = as_episodes(data)
+        self._episodes: list[Episode] = as_episodes(batch_of(data, step))
+        if config is None and hasattr(data, "batch") and hasattr(data, "config"):  # a reopened Run
+            config = data.config
         self.show_system = show_system
         self.fork_engine, self.fork_config, self.fork_options = engine, config, dict(fork_options or {})
         self.branches: TrajectoryBatch | None = None
@@ -318,9 +325,10 @@ class ConversationView(widgets.VBox):
         """The rendered HTML of the shown episode."""
         return self._body.value
 
-    def set_batch(self, data: TrajectoryBatch | Episode | Sequence[Episode] | None, index: int = 0) -> None:
-        """Show another batch (e.g. the newest rollout)."""
-        self._episodes = as_episodes(data)
+    def set_batch(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any, index: int = 0,
+                  step: int | None = None) -> None:
+        """Show another batch (e.g. the newest rollout, or a `Run`'s step `step`)."""
+        self._episodes = as_episodes(batch_of(data, step))
         self._refresh_options()
         n = len(self._episodes)
         new = max(0, min(index, n - 1)) if n else 0

@@ -5,6 +5,7 @@
     trainer.fit(callbacks=[dash.callback])      # curves grow while fit() runs
 
     TrainingDashboard(trainer.metrics_history)  # or draw a saved history (list of dicts / DataFrame)
+    TrainingDashboard(run)                      # a reopened run's metrics (`workbench.debug.load_run`)
 
 Panels (x: training step; y titled with its unit): reward mean with a ± std band,
 success rate, KL (kl/mean and actor/ppo_kl; see `KL_NOTE` for why they can be negative),
@@ -31,6 +32,7 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench.widgets._html import STYLE, esc
+from workbench.widgets._runs import history_of
 
 __all__ = ["TrainingDashboard", "PANELS", "Y_TITLES", "KL_NOTE", "history_series", "as_history", "sync_figure_state"]
 
@@ -77,7 +79,8 @@ def sync_figure_state(fig: Any) -> None:
 
 
 def as_history(history: Any) -> list[dict[str, Any]]:
-    """A metrics history as a list of dicts (accepts a list of dicts or a DataFrame)."""
+    """A metrics history as a list of dicts (accepts a list of dicts, a DataFrame or a `Run`)."""
+    history = history_of(history)
     if history is None:
         return []
     if hasattr(history, "to_dict") and hasattr(history, "columns"):
@@ -114,7 +117,8 @@ class TrainingDashboard(widgets.VBox):
     """Training curves that update live during `fit()` (see the module docstring).
 
     Args:
-        history: metrics already recorded (list of dicts or DataFrame) to draw at once.
+        history: metrics already recorded (list of dicts, DataFrame, or a `Run` from
+            `workbench.debug.load_run`) to draw at once.
         min_interval: minimum seconds between redraws while training.
         height: figure height in pixels.
         title: text above the figure.
@@ -197,7 +201,7 @@ class TrainingDashboard(widgets.VBox):
                 self._timer.start()
 
     def set_history(self, history: Any) -> None:
-        """Replace everything with a saved history (list of dicts or DataFrame) and redraw."""
+        """Replace everything with a saved history (list of dicts, DataFrame or `Run`) and redraw."""
         with self._lock:
             self.history = as_history(history)
             self.steps = len(self.history)

@@ -4,6 +4,7 @@
     tuner.set_weights(success_bonus=2.0)       # same as moving the slider
     tuner.table                                # DataFrame: score/rank/advantage before and after
     tuner.set_reward_fn(my_fn)                 # a custom fn(episode) -> float from a code cell
+    RewardTuner(run, step=3)                   # a reopened run (`load_run`) with its own config
 
 "Before" is the batch as stored (each episode's `score`, or its summed environment
 reward when unscored); "after" is `reward_fn(episode)` with the current weights.
@@ -30,6 +31,7 @@ import traitlets
 
 from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
+from workbench.widgets._runs import batch_of, is_run
 from workbench.widgets.dashboard import sync_figure_state
 
 __all__ = ["RewardTuner", "rescore_table", "grpo_advantages", "score_of", "SHAPING_WEIGHTS", "episode_environments",
@@ -219,7 +221,9 @@ class RewardTuner(widgets.VBox):
     """Sliders over reward-shaping weights re-scoring a stored batch (see the module docstring).
 
     Args:
-        batch: a stored `TrajectoryBatch` (e.g. `trainer.rollout()` or `TrajectoryBatch.load(path)`).
+        batch: a stored `TrajectoryBatch` (e.g. `trainer.rollout()` or `TrajectoryBatch.load(path)`),
+            or a `Run` (`workbench.debug.load_run`): its step `step` (default: the last saved),
+            with the run's config as `config` unless one is given.
         reward_factory: builds the reward function from the weights; default
             `workbench.reward.RewardManager`.
         weights: initial weights (default: the factory's defaults); their names are the sliders.
@@ -232,6 +236,7 @@ class RewardTuner(widgets.VBox):
             `reward` weights and advantages follow its `training.adv_estimator`
             (and `norm_adv_by_std_in_grpo`).
         adv_estimator: the advantage estimator shown (default: the config's, else "grpo").
+        step: with a `Run`, the saved step whose batch is re-scored.
     """
 
     weights = traitlets.Dict(help="current slider values")
@@ -239,7 +244,8 @@ class RewardTuner(widgets.VBox):
 
     def __init__(self, batch: TrajectoryBatch, reward_factory: Callable[..., Callable[[Episode], Any]] | None = None,
                  weights: Mapping[str, float] | None = None, norm_adv_by_std: bool = True,
-                 environment: Any = None, config: Any = None, adv_estimator: str | None = None, **kwargs: Any):
+                 environment: Any = None, config: Any = None, adv_estimator: str | None = None,
+                 step: int | None = None, **kwargs: Any):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -247,6 +253,9 @@ class RewardTuner(widgets.VBox):
             from workbench.reward import RewardManager
 
             reward_factory = RewardManager
+        if config is None and is_run(batch):
+            config = batch.config  # the weights and estimator the run trained with
+        batch = batch_of(batch, step)
         self.batch = batch
         self.reward_factory = reward_factory
         self.norm_adv_by_std = norm_adv_by_std

@@ -5,6 +5,7 @@
     table.query = "success == True and turns > 2"    # pandas query over the columns
     table.sort_by, table.ascending = "reward", False
     table.select(3)                                  # conv and toks now show episode 3
+    TrajectoryTable(run, step=3)                     # a reopened run (`load_run`); default: its last step
 
 Columns are `batch.to_pandas("episode")` plus `index` (position in the batch),
 `reward` (score, or env reward when unscored), `human_turns`, `parse_errors`, and
@@ -25,6 +26,7 @@ import traitlets
 
 from workbench.trajectory import TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
+from workbench.widgets._runs import batch_of
 
 __all__ = ["TrajectoryTable", "ClickableTable", "episode_frame", "filter_sort"]
 
@@ -100,10 +102,11 @@ class TrajectoryTable(widgets.VBox):
     """Episodes of a batch as a sortable, filterable list; selecting one opens it in linked views.
 
     Args:
-        batch: the `TrajectoryBatch`.
+        batch: the `TrajectoryBatch`, or a `Run` (`workbench.debug.load_run`).
         conversation, tokens: views to drive (anything with an `index` trait, e.g.
             `ConversationView`, `TokenView`); more with `link(view)`.
         max_rows: rows drawn in the HTML table.
+        step: with a `Run`, the saved step whose batch is listed (default: the last).
     """
 
     selected = traitlets.Int(None, allow_none=True, help="batch index of the selected episode")
@@ -111,8 +114,9 @@ class TrajectoryTable(widgets.VBox):
     sort_by = traitlets.Unicode("index", help="column to sort by")
     ascending = traitlets.Bool(True)
 
-    def __init__(self, batch: TrajectoryBatch, conversation: Any = None, tokens: Any = None,
-                 max_rows: int = 100, **kwargs: Any):
+    def __init__(self, batch: TrajectoryBatch | Any, conversation: Any = None, tokens: Any = None,
+                 max_rows: int = 100, step: int | None = None, **kwargs: Any):
+        batch = batch_of(batch, step)
         self.batch = batch
         self.max_rows = max_rows
         self.views: list[Any] = []
@@ -157,7 +161,9 @@ class TrajectoryTable(widgets.VBox):
             raise IndexError(f"episode {index} out of range (batch of {len(self.batch)})")
         self.selected = index
 
-    def set_batch(self, batch: TrajectoryBatch) -> None:
+    def set_batch(self, batch: TrajectoryBatch | Any, step: int | None = None) -> None:
+        """List another batch (or a `Run`'s step `step`)."""
+        batch = batch_of(batch, step)
         self.batch = batch
         self.df = episode_frame(batch)
         self.selected = None

@@ -3,6 +3,7 @@
     view = TokenView(batch, tokenizer)          # offers only the fields the batch has
     view.field = "kl"                           # or pick it in the dropdown
     view.index = 2                              # another episode
+    view = TokenView(run, step=3)               # a reopened run (`load_run`), its model's tokenizer
 
 Signed quantities (advantages, kl, ratio around 1, values, returns, rewards) use a
 blue-white-red scale centred on their neutral value; logprobs use white (likely)
@@ -30,6 +31,7 @@ from workbench.trajectory import TOKEN_FIELDS, Episode, TrajectoryBatch
 from workbench.widgets._html import (
     MASK_RGB, STYLE, _mix, diverging_color, esc, gradient_css, rgb_css, sequential_color,
 )
+from workbench.widgets._runs import batch_of, is_run
 from workbench.widgets.conversation import episode_label
 
 __all__ = ["TokenView", "render_tokens_html", "available_fields", "field_scale", "decode_tokens",
@@ -200,20 +202,24 @@ class TokenView(widgets.VBox):
     """Tokens of one episode coloured by a per-token quantity, with a field dropdown.
 
     Args:
-        batch: a `TrajectoryBatch` (or a single `Episode`).
-        tokenizer: decodes the ids (without it tokens show as ⟨id⟩).
+        batch: a `TrajectoryBatch`, a single `Episode`, or a `Run` (`workbench.debug.load_run`).
+        tokenizer: decodes the ids (without it tokens show as ⟨id⟩; with a `Run`, the
+            tokenizer of the run's model is loaded when none is given).
         field: quantity shown first; defaults to "advantages" if present, else the first available.
         index: episode shown first.
         scale: "episode" (each episode coloured on its own range) or "batch" (one range
             for the whole batch, so colours compare across episodes).
+        step: with a `Run`, the saved step whose batch is shown (default: the last).
     """
 
     index = traitlets.Int(0, help="position of the shown episode in the batch")
     field = traitlets.Unicode("", help="per-token field used for the colours")
     scale = traitlets.Enum(SCALES, default_value="episode", help="colour range: this episode's or the batch's")
 
-    def __init__(self, batch: TrajectoryBatch | Episode, tokenizer: Any = None, field: str | None = None,
-                 index: int = 0, scale: str = "episode", **kwargs: Any):
+    def __init__(self, batch: TrajectoryBatch | Episode | Any, tokenizer: Any = None, field: str | None = None,
+                 index: int = 0, scale: str = "episode", step: int | None = None, **kwargs: Any):
+        if tokenizer is None and is_run(batch):
+            tokenizer = batch.tokenizer()
         self.tokenizer = tokenizer
         # The controls wrap onto a second line in a narrow column (e.g. two views side by
         # side) instead of being clipped.
@@ -240,7 +246,7 @@ class TokenView(widgets.VBox):
         self._field.observe(lambda c: c["new"] and setattr(self, "field", c["new"]), names="value")
         self._scale.observe(lambda c: setattr(self, "scale", c["new"]), names="value")
         self._ready = False
-        self.set_batch(batch, field=field, index=index)
+        self.set_batch(batch, field=field, index=index, step=step)
 
     # -- public ----------------------------------------------------------------------
     @property
@@ -252,8 +258,11 @@ class TokenView(widgets.VBox):
     def html(self) -> str:
         return self._body.value
 
-    def set_batch(self, batch: TrajectoryBatch | Episode, field: str | None = None, index: int = 0) -> None:
-        """Show another batch; keeps the current field when the new batch has it."""
+    def set_batch(self, batch: TrajectoryBatch | Episode | Any, field: str | None = None, index: int = 0,
+                  step: int | None = None) -> None:
+        """Show another batch (or a `Run`'s step `step`); keeps the current field when the
+        new batch has it."""
+        batch = batch_of(batch, step)
         if isinstance(batch, Episode):
             batch = TrajectoryBatch([batch])
         self.batch = batch

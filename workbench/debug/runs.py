@@ -1,0 +1,245 @@
+"""Reopen a finished (or running) run from its folder: `load_run(path) -> Run`.
+
+    run = load_run("runs/demo/train")
+    run                          # Run('runs/demo/train': grpo on guess_number, 8 steps, ...)
+    run.metrics                  # DataFrame, one row per step (metrics.jsonl)
+    run.steps                    # [0, 1, ..., 7]: steps whose batch was saved
+    batch = run.batch(3)         # step 3's batch as it was trained on (advantages, KL, ...)
+    run.batch()                  # the last saved step's
+    run.evals, run.eval_batch(0) # held-out numbers (evals.json) and the batch evaluated at step 0
+    run.checkpoints              # checkpoint folders, oldest first
+
+What a run folder holds is `workbench.training.run_files` (the layout contract). Reading
+is strict: a folder without `rollouts/` (written before runs saved their batches, or with
+`training.save_rollouts_every=0`), a missing file, or a file cut short raises `RunError`
+saying which path, what is wrong and what to do. Nothing is cached: each `batch(step)`
+reads its file again and returns a fresh batch, so changing it (e.g. re-scoring it in
+the `RewardTuner`) never changes what the next call returns.
+"""
+from __future__ import annotations
+
+import html
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+from workbench.config import ConfigError, ConfigStore
+from workbench.training import checkpoint as ckpt
+from workbench.training import run_files
+from workbench.trajectory import TrajectoryBatch
+
+__all__ = ["Run", "RunError", "load_run"]
+
+#: What reading a damaged batch file raises (a cut gzip stream, a half JSON line, a bad record).
+_READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, zlib.error)
+
+
+class RunError(RuntimeError):
+    """A run folder (or one of its files) cannot be read; the message names the path,
+    what is missing or damaged, and what to do."""
+
+
+def load_run(run_dir: str | Path) -> "Run":
+    """Open the run in `run_dir` (the CLI's `--output`, or `training.log_dir`, else
+    `checkpoint.output_dir`, of a notebook run): its config, metrics and evaluation
+    numbers are read now, batches when asked for. Raises `RunError`."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise RunError(f"{path}: no such folder; give the run's output folder (the CLI's --output, or "
+                       "training.log_dir, else checkpoint.output_dir, of a run trained in a notebook)")
+    if not (path / run_files.ROLLOUTS).is_dir():
+        raise RunError(
+            f"{path} has no {run_files.ROLLOUTS}/ folder, so its batches cannot be reopened: it was written "
+            "before runs saved each step's batch, or with training.save_rollouts_every=0. Train it again "
+            "with save_rollouts_every >= 1 (the default) to reopen it; its numbers are in metrics.jsonl")
+    return Run(path, _read_config(path / run_files.CONFIG_FILE), _read_metrics(path / run_files.METRICS_FILE),
+               _read_evals(path / run_files.EVALS_FILE))
+
+
+class Run:
+    """A run folder, reopened (see the module docstring; build it with `load_run`).
+
+    Attributes:
+        path: the run folder.
+        config: the run's `ConfigStore` (config.yaml).
+        metrics: pandas DataFrame, one row per training step (metrics.jsonl; "step" is 0-based
+            and pairs with `batch(step)`).
+        evals: held-out evaluations `[{"step": S, "eval/success_rate": ..., ...}]`
+            (evals.json; [] when the run has none).
+    """
+
+    def __init__(self, path: Path, config: ConfigStore, metrics: Any, evals: list[dict[str, Any]]):
+        self.path = Path(path)
+        self.config = config
+        self.metrics = metrics
+        self.evals = evals
+        self._tokenizer: Any = None
+
+    # -- what was saved -----------------------------------------------------------------------
+    @property
+    def steps(self) -> list[int]:
+        """0-based steps whose batch is saved (`rollouts/`), ascending (read from the folder
+        each time, so a run still training shows its new steps)."""
+        return run_files.saved_steps(self.path / run_files.ROLLOUTS)
+
+    @property
+    def eval_steps(self) -> list[int]:
+        """Steps (`global_step` at the time) whose held-out batch is saved (`evals/`), ascending."""
+        return run_files.saved_steps(self.path / run_files.EVALS)
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        """Checkpoint folders, oldest first: under `checkpoints/` (CLI runs), else in the run
+        folder itself (a notebook run whose logs went to `checkpoint.output_dir`), else in the
+        config's `checkpoint.output_dir` when that is an absolute path. [] when there are none.
+        Listing tidies folders left by dead writers (`checkpoint.list_checkpoints`)."""
+        places = [self.path / run_files.CHECKPOINTS, self.path]
+        if Path(self.config.checkpoint.output_dir).is_absolute():
+            places.append(Path(self.config.checkpoint.output_dir))
+        for place in places:
+            found = ckpt.list_checkpoints(place)
+            if found:
+                return found
+        return []
+
+    # -- batches --------------------------------------------------------------------------------
+    def batch(self, step: int | None = None) -> TrajectoryBatch:
+        """The batch of training step `step` (0-based, as in `metrics["step"]`) exactly as
+        it stood after that step's update; None = the last saved step."""
+        step = self._pick(step, self.steps, "training batch", run_files.ROLLOUTS)
+        return _read_batch(run_files.rollout_path(self.path, step), step)
+
+    def eval_batch(self, step: int | None = None) -> TrajectoryBatch:
+        """The held-out batch evaluated at `global_step == step` (0 = before training);
+        None = the last one."""
+        step = self._pick(step, self.eval_steps, "evaluation batch", run_files.EVALS)
+        return _read_batch(run_files.eval_path(self.path, step), step, check_step=False)
+
+    def tokenizer(self) -> Any:
+        """The tokenizer of the run's model (`config.model.path`), to decode batches' tokens;
+        loaded on the first call, then kept."""
+        from workbench.models.loading import load_tokenizer
+
+        if self._tokenizer is not None:
+            return self._tokenizer
+        try:
+            self._tokenizer = load_tokenizer(self.config.model.path, self.config.model.trust_remote_code)
+            return self._tokenizer
+        except (OSError, ValueError) as exc:
+            raise RunError(f"the tokenizer of this run's model {self.config.model.path!r} (config.yaml, "
+                           f"model.path) does not load here: {exc}; pass one yourself, e.g. "
+                           "TokenView(run, tokenizer=...)") from exc
+
+    def _pick(self, step: int | None, saved: list[int], what: str, folder: str) -> int:
+        if step is None:
+            if not saved:
+                raise RunError(f"{self.path / folder} holds no {what} yet (no step finished, or "
+                               "training.save_rollouts_every=0 and no evaluation ran)")
+            return saved[-1]
+        if step not in saved:
+            every = self.config.training.save_rollouts_every
+            raise RunError(f"{self.path / folder / run_files.step_file_name(int(step))} is missing: no {what} "
+                           f"of step {step} was saved (saved steps: {_ranges(saved) or 'none'}; the run saved "
+                           f"every {every} steps and each fit's last). Ask for one of those")
+        return int(step)
+
+    # -- display -------------------------------------------------------------------------------
+    def _summary(self) -> dict[str, Any]:
+        t, df = self.config.training, self.metrics
+        last = df.iloc[-1].to_dict() if len(df) else {}
+        return {
+            "algorithm": t.adv_estimator, "environment": self.config.environment.name,
+            "model": self.config.model.path, "metric steps": len(df),
+            "saved steps": _ranges(self.steps) or "none",
+            "last reward": last.get("reward/mean"), "last success": last.get("env/success_rate"),
+            "evals": ", ".join(f"step {e.get('step')}: {e.get('eval/success_rate', float('nan')):.2f}"
+                               for e in self.evals) or "none",
+        }
+
+    def __repr__(self) -> str:
+        s = self._summary()
+        return (f"Run({str(self.path)!r}: {s['algorithm']} on {s['environment']}, {s['metric steps']} steps, "
+                f"saved batches {s['saved steps']}, evals [{s['evals']}])")
+
+    def _repr_html_(self) -> str:
+        s = self._summary()
+        s["checkpoints"] = ", ".join(p.name for p in self.checkpoints) or "none"
+        rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
+                       f"<td style='text-align:left'>{html.escape(_cell(v))}</td></tr>" for k, v in s.items())
+        return f"<p><b>Run</b> <code>{html.escape(str(self.path))}</code></p><table>{rows}</table>"
+
+
+def _cell(value: Any) -> str:
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
+
+
+def _ranges(steps: list[int]) -> str:
+    """[0, 1, 2, 5, 7, 8] -> "0-2, 5, 7-8"."""
+    spans: list[list[int]] = []
+    for s in steps:
+        if spans and s == spans[-1][1] + 1:
+            spans[-1][1] = s
+        else:
+            spans.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in spans)
+
+
+def _read_config(path: Path) -> ConfigStore:
+    if not path.is_file():
+        raise RunError(f"{path} is missing: a run folder holds the config it trained with (written by fit and "
+                       "the CLI); copy it from where the run was trained, or save it there with "
+                       "trainer.config.save(...)")
+    try:
+        return ConfigStore.load(path)
+    except ConfigError as exc:
+        raise RunError(f"{path} does not load as a ConfigStore: {exc}") from exc
+
+
+def _read_metrics(path: Path) -> Any:
+    import pandas as pd
+
+    if not path.is_file():
+        raise RunError(f"{path} is missing: the run was trained without the jsonl logger (training.loggers) "
+                       "or stopped before its first step; train it with 'jsonl' in training.loggers")
+    rows = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise RunError(f"{path} line {number} is cut short or damaged ({exc}): the run was killed while "
+                           "writing it; resuming the run rewrites the file without it, or delete that line") from exc
+        if not isinstance(row, dict) or "step" not in row:
+            raise RunError(f"{path} line {number} is not a metrics row (a JSON object with a 'step')")
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def _read_evals(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    try:
+        evals = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise RunError(f"{path} is cut short or damaged ({exc}); the CLI writes it once at the end of a "
+                       "run: run the evaluation again or delete the file") from exc
+    if not isinstance(evals, list) or not all(isinstance(e, dict) for e in evals):
+        raise RunError(f"{path} is not a list of evaluations ([{{'step': ..., 'eval/...': ...}}, ...])")
+    return evals
+
+
+def _read_batch(path: Path, step: int, check_step: bool = True) -> TrajectoryBatch:
+    try:
+        batch = TrajectoryBatch.load(path)
+    except FileNotFoundError as exc:
+        raise RunError(f"{path} is missing (deleted while the run was open?)") from exc
+    except _READ_ERRORS as exc:
+        raise RunError(
+            f"{path} is cut short or damaged ({type(exc).__name__}: {exc}). Batches are written whole and "
+            "renamed into place, so it was cut later (an interrupted copy, a full disk): copy it again from "
+            "where the run was trained, or delete it to reopen the other steps") from exc
+    saved = batch.meta.get("step")
+    if check_step and saved is not None and saved != step:
+        raise RunError(f"{path} holds the batch of step {saved}, not of step {step}: the file was renamed "
+                       "or copied over; put it back under its own name")
+    return batch
