@@ -1,0 +1,159 @@
+# %% [markdown]
+# # Debugging a run: reopen it, fork an episode, see what training changed
+#
+# A training run leaves a folder behind. This notebook trains a few GRPO steps on the
+# embedded model, then works only from that folder, as you would the morning after:
+#
+# 1. **reopen** the run: its config, its metrics, and every step's batch exactly as it was trained on;
+# 2. **fork** a held-out episode at turn 1 with a guess typed in, and let the model go on from there;
+# 3. **diff** the trained checkpoint against the base model on the same tokens, and list the tokens
+#    whose probability moved most.
+
+# %%
+import os
+import warnings
+
+# Idle torch threads sleep instead of spinning: on a busy, shared CPU spinning threads
+# fight each other and a forward pass can get 10x slower. Must be set before torch loads.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch
+from transformers.utils import logging as hf_logging
+
+SMOKE = os.environ.get("WORKBENCH_SMOKE") == "1"   # CI: smaller budgets, every cell still runs for real
+torch.set_num_threads(int(os.environ.get("WORKBENCH_THREADS", 2)))
+hf_logging.disable_progress_bar()
+warnings.filterwarnings("ignore", category=FutureWarning)
+print("smoke mode" if SMOKE else "full mode")
+
+# %% [markdown]
+# ## Train a few steps
+#
+# The demo's game: guess a secret from 1 to 8 in 4 guesses. The run folder gets the config,
+# `metrics.jsonl`, a checkpoint after every step, and `rollouts/step_XXXXXX.jsonl.gz`: each
+# step's scored batch (`training.save_rollouts_every`, default 1).
+
+# %%
+import tempfile
+from pathlib import Path
+
+from workbench import ConfigStore, Trainer
+
+run_dir = Path(tempfile.mkdtemp(prefix="wb-debugging-"))
+config = ConfigStore()
+config.environment.name = "guess_number"
+config.environment.params = {"low": 1, "high": 8}
+config.environment.max_steps = 4
+config.environment.system_prompt = "Guess my secret number from 1 to 8. Answer with just the number."
+config.update("inference", {"max_tokens": 8, "max_turns": 4})
+config.update("training", {"batch_size": 4 if SMOKE else 8, "group_size": 2 if SMOKE else 4,
+                           "micro_batch_size": 8, "learning_rate": 5e-4, "log_dir": str(run_dir)})
+config.checkpoint.output_dir = str(run_dir / "checkpoints")
+config.checkpoint.save_interval = 1
+config.checkpoint.resume = False
+trainer = Trainer(config)
+history = trainer.fit(steps=2 if SMOKE else 4)
+print(trainer)
+
+# %% [markdown]
+# ## 1. Reopen the run
+#
+# `load_run` reads only the folder. `run.batch(step)` is the batch of that step (the one whose
+# metrics row has that `step`), with everything the update saw: rewards on tokens, advantages,
+# old and new logprobs, the ratio, the entropy.
+
+# %%
+from workbench.debug import load_run
+
+run = load_run(run_dir)
+run
+
+# %%
+# NBVAL_CHECK_OUTPUT
+last = run.steps[-1]
+reopened = run.batch(last)
+print("saved steps:", run.steps, "| checkpoints:", [p.name for p in run.checkpoints])
+print("metrics rows:", len(run.metrics), "| fields of the reopened batch:", sorted(reopened.tensors))
+same = all(torch.equal(reopened.tensors[k], trainer.last_batch.tensors[k]) for k in trainer.last_batch.tensors)
+print("every tensor equal to the batch the trainer just trained on:", same)
+print("every episode equal:", [e.to_dict() for e in reopened] == [e.to_dict() for e in trainer.last_batch])
+
+# %% [markdown]
+# Every view takes the run as it takes a batch (the last saved step, or `step=`): the conversation,
+# the tokens coloured by advantage, the table, the reward tuner, and the dashboard from its metrics.
+
+# %%
+from workbench.widgets import ConversationView, TokenView, TrainingDashboard
+
+TokenView(run, field="advantages")
+
+# %%
+TrainingDashboard(run)
+
+# %% [markdown]
+# ## 2. Fork a held-out episode
+#
+# The trainer plays 4 unseen secrets greedily. `trainer.fork(episode, turn=1, action="5")` rebuilds
+# the environment from the run's config and seed, replays turn 0 exactly as recorded (checking that
+# the environment answers the same: a difference would be a `ReplayMismatch` naming the turn), types
+# "5" as the turn-1 guess (loss mask 0, marked "edited"), and lets the policy play on.
+
+# %%
+held_out = trainer.evaluate(list(range(10_000, 10_004)))
+episode = next(ep for ep in trainer.last_eval_batch if ep.num_turns > 1)
+branches = trainer.fork(episode, turn=1, action="5", n=2, temperature=1.0)
+for b in branches:
+    print(f"branch {b.episode_id}: return {b.outcome:+.2f}, turns {[t.action.strip() for t in b.turns]} "
+          f"({[t.source for t in b.turns]})")
+print(f"original: return {episode.outcome:+.2f}, turns {[t.action.strip() for t in episode.turns]}")
+
+# %%
+# NBVAL_CHECK_OUTPUT
+cut = branches.meta["fork"]["token_position"]
+print("fork point: turn", branches.meta["fork"]["turn"])
+print("tokens before the fork equal the original's:",
+      all(b.token_ids[:cut] == episode.token_ids[:cut] for b in branches))
+print("the typed guess is not trained on:", all(
+    b.turns[1].source == "edited" and not any(b.loss_mask[b.turns[1].token_start:b.turns[1].token_end])
+    for b in branches))
+
+# %% [markdown]
+# In the conversation view, pick a turn, type an action or an observation and press
+# **continue from here**: the branches appear beside the episode, with their returns and the turn
+# where they part.
+
+# %%
+ConversationView(trainer.last_eval_batch, engine=trainer)
+
+# %% [markdown]
+# ## 3. What did training change?
+#
+# `compare_policies(a, b, batch)` scores the same sampled tokens under two policies: here the base
+# model ("base": the adapters off) and the last checkpoint, on the held-out episodes. A policy
+# compared with itself gives exactly 0.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+from workbench.debug import compare_policies
+
+final = run.checkpoints[-1]
+same = compare_policies(final, final, trainer.last_eval_batch)
+print("a checkpoint against itself: max |Δ logprob| =", same.max_abs_delta)
+
+# %%
+diff = compare_policies("base", final, trainer.last_eval_batch, top=8)
+print(diff)
+diff.top_tokens
+
+# %% [markdown]
+# `Δ` is the logprob under the checkpoint minus under the base model: positive where training made
+# that token more likely. The token view colours the same episodes by it:
+
+# %%
+TokenView(diff.batch, trainer.tokenizer, field="diff_delta")
+
+# %% [markdown]
+# The same from a shell, on any run folder:
+#
+# ```bash
+# python -m workbench diff base RUN/checkpoints/step_000004 --run RUN --step 3 --top 10
+# ```
