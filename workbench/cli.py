@@ -264,8 +264,9 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     """Train with `config` and write the run's files into `out`: held-out evaluation on
     seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
-    `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
-    None), "stopped" (why fit stopped early, or "")}."""
+    `summary.md` (with the run doctor's findings). Returns {"trainer", "evals", "before",
+    "after" (the held-out batches or None), "stopped" (why fit stopped early, or ""),
+    "findings" (`workbench.debug.doctor.diagnose_parts` over the steps and held-out batches)}."""
     from workbench.training import Trainer
     from workbench.training.progress import write
 
@@ -313,9 +314,16 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
             for m in trainer.metrics_history]
     table = summary_table(rows)
     stopped = report["stopped"]
+    # The run doctor over the training steps and the held-out batches (workbench.debug.doctor).
+    from workbench.debug.doctor import diagnose_parts, findings_markdown, findings_table
+
+    report["findings"] = diagnose_parts(trainer.doctor.history if trainer.doctor else None,
+                                        [(e["step"], b) for e, b in zip(evals, [report["before"], report["after"]])])
     (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
-                                    + ("\n" + summary_table(evals) + "\n" if evals else ""))
+                                    + ("\n" + summary_table(evals) + "\n" if evals else "")
+                                    + "\n" + findings_markdown(report["findings"]) + "\n")
     print(table)
+    print(findings_table(report["findings"]))
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
     return report
 
@@ -403,6 +411,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     x.add_argument("--train-size", type=int, default=None,
                    help="rows (seeds 0..N-1) in train.parquet (default: num_iters_per_epoch x batch_size / group_size)")
     x.add_argument("--val-size", type=int, default=32, help="rows (seeds from 10000) in val.parquet (default 32)")
+    from workbench.debug.doctor import add_diagnose_parser  # python -m workbench diagnose RUN_DIR
+
+    add_diagnose_parser(sub)
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -417,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             from workbench.verl_export import cmd_export_verl
 
             return cmd_export_verl(args)
+        if args.command == "diagnose":
+            return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing
         print(f"config error: {exc}", file=sys.stderr)

@@ -35,6 +35,7 @@ from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.engines import GenerationEngine, make_engine
 from workbench.env_registry import describe_env, make_env
+from workbench.doctor_checks import StepDoctor
 from workbench.data import EpisodeDataset, PromptEnvironment, episode_inputs, make_episode_env
 from workbench.reward import RewardFn, RewardManager, score_batch
 from workbench.rollout.async_rollout import AsyncRollout
@@ -42,7 +43,7 @@ from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
 from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
-from workbench.training.progress import fit_postfix, progress_bar
+from workbench.training.progress import fit_postfix, progress_bar, write
 from workbench.training.update import plan_update, set_kl, update_actor, update_critic
 from workbench.trajectory import TrajectoryBatch
 
@@ -120,6 +121,8 @@ class Trainer:
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
+        # fit runs the doctor's batch checks each step (workbench.doctor_checks); None turns them off.
+        self.doctor: StepDoctor | None = StepDoctor(write=write)
         # ray.use_ray: rollout workers and FSDP2 learners as Ray actors (workbench.distributed.controller).
         self.ray_stages = None
         if config.ray.use_ray:
@@ -356,7 +359,9 @@ class Trainer:
         counter continues from there.
 
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), and
-        a progress bar counts steps up to the target (`training.progress`).
+        a progress bar counts steps up to the target (`training.progress`). Each step's
+        batch goes through the run doctor's checks (`self.doctor`, `workbench.doctor_checks`):
+        a line per new finding, `diagnose/<name>` in the metrics.
         """
         t, c = self.config.training, self.config.checkpoint
         if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
@@ -388,6 +393,8 @@ class Trainer:
                 if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
                     self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
                                         f"of {total} steps")
+                if self.doctor is not None:  # one line per new finding; diagnose/<name> in the metrics
+                    metrics.update(self.doctor.observe(self.last_batch, metrics["step"], self.metrics_history))
                 self.loggers.log_step(metrics, self.last_batch, self.global_step)
                 bar.update(1)
                 bar.set_postfix(fit_postfix(metrics))
