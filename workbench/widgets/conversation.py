@@ -10,7 +10,9 @@ turn number and reward; tool calls are boxed under the action with their result;
 parse errors and environment errors are shown in red. The episode's ending
 (success, truncation, error, score, warnings) closes the transcript.
 
-`render_episode_html(episode)` is the plain function behind the widget.
+`render_episode_html(episode)` is the plain function behind the widget. A span of a
+reply can be highlighted (`highlight={turn: [start, end]}`, or `view.highlight`), which
+is how the run doctor's findings panel points at the part of a reply that matters.
 """
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ import traitlets
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.widgets._html import STYLE, esc
 
-__all__ = ["ConversationView", "render_episode_html", "episode_label", "as_episodes"]
+__all__ = ["ConversationView", "render_episode_html", "highlight_html", "episode_label", "as_episodes"]
 
 
 def as_episodes(data: TrajectoryBatch | Episode | Sequence[Episode] | None) -> list[Episode]:
@@ -82,7 +84,15 @@ def _tool_calls_html(turn: Turn) -> str:
     return "".join(parts)
 
 
-def _turn_html(turn: Turn) -> str:
+def highlight_html(text: str, span: Sequence[int] | None) -> str:
+    """`text` escaped, with characters `span` = [start, end] wrapped in `<mark class="wb-span">`."""
+    if not span or not 0 <= span[0] <= span[1] <= len(text):
+        return esc(text)
+    s, e = span
+    return f'{esc(text[:s])}<mark class="wb-span">{esc(text[s:e])}</mark>{esc(text[e:])}'
+
+
+def _turn_html(turn: Turn, span: Sequence[int] | None = None) -> str:
     human = turn.source == "human"
     label = f"{'human' if human else 'assistant'} · turn {turn.index}"
     if human:
@@ -92,7 +102,7 @@ def _turn_html(turn: Turn) -> str:
         right.append(_badge("cut at max_tokens", "warn"))
     if turn.done:
         right.append(_badge("done"))
-    body = esc(turn.action) if turn.action else '<i style="color:#888">(empty)</i>'
+    body = highlight_html(turn.action, span) if turn.action else '<i style="color:#888">(empty)</i>'
     body += _tool_calls_html(turn)
     extra = "wb-human" if human else ""
     if turn.parse_error:
@@ -113,8 +123,10 @@ def _turn_html(turn: Turn) -> str:
     return "".join(out)
 
 
-def render_episode_html(episode: Episode | None, show_system: bool = True, style: bool = True) -> str:
-    """The transcript of one episode as HTML (chat bubbles)."""
+def render_episode_html(episode: Episode | None, show_system: bool = True, style: bool = True,
+                        highlight: dict[int, Sequence[int]] | None = None) -> str:
+    """The transcript of one episode as HTML (chat bubbles); `highlight` maps a turn index
+    to the [start, end] of its reply to mark."""
     css = STYLE if style else ""
     if episode is None:
         return f'{css}<div class="wb-root wb-conv-body"><i>no episode</i></div>'
@@ -148,7 +160,7 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
         else:
             parts.append(_bubble("user", "environment" if role == "user" else str(role), esc(m.get("content", ""))))
     for turn in ep.turns:
-        parts.append(_turn_html(turn))
+        parts.append(_turn_html(turn, (highlight or {}).get(turn.index)))
     end = []
     if ep.error:
         end.append(f'<div class="wb-errline">episode error: {esc(ep.error)}</div>')
@@ -176,6 +188,7 @@ class ConversationView(widgets.VBox):
     """
 
     index = traitlets.Int(0, help="position of the shown episode in the batch")
+    highlight = traitlets.Dict({}, help="turn index -> [start, end] of its reply to mark (shown episode)")
 
     def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | None = None, index: int = 0,
                  show_system: bool = True, **kwargs: Any):
@@ -223,7 +236,8 @@ class ConversationView(widgets.VBox):
             self.index = new
 
     def show(self, index: int) -> None:
-        """Show episode `index` (clamped to the batch)."""
+        """Show episode `index` (clamped to the batch), with no span highlighted."""
+        self.highlight = {}
         n = len(self._episodes)
         self.index = max(0, min(index, n - 1)) if n else 0
 
@@ -233,13 +247,17 @@ class ConversationView(widgets.VBox):
         self._render()
 
     # -- internals ------------------------------------------------------------------
+    @traitlets.observe("highlight")
+    def _on_highlight(self, change: dict) -> None:
+        self._render()
+
     @traitlets.observe("index")
     def _on_index(self, change: dict) -> None:
         self._render()
 
     def _on_pick(self, change: dict) -> None:
         if change["new"] is not None and change["new"] != self.index:
-            self.index = change["new"]
+            self.show(change["new"])
 
     def _refresh_options(self) -> None:
         opts = [(episode_label(i, ep), i) for i, ep in enumerate(self._episodes)]
@@ -248,7 +266,7 @@ class ConversationView(widgets.VBox):
 
     def _render(self) -> None:
         n = len(self._episodes)
-        self._body.value = render_episode_html(self.episode, self.show_system)
+        self._body.value = render_episode_html(self.episode, self.show_system, highlight=self.highlight)
         if n and self._pick.value != self.index:
             self._pick.value = self.index
         self._prev.disabled = self.index <= 0
