@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from collections import Counter
 from statistics import median
 from typing import Any, Callable
@@ -362,7 +363,8 @@ def run_checks(history: History, config: DoctorConfig | None = None,
 class StepDoctor:
     """The per-step doctor `Trainer.fit` runs: `observe(batch, step, metrics)` adds the
     step, runs every check, prints one line per finding not printed before (through
-    `write`), and returns `{"diagnose/<name>": value}` for every measured check.
+    `write`), and returns `{"diagnose/<name>": value}` for every measured check plus
+    `perf/doctor_seconds` (what the checks cost this step).
 
     Args:
         config: thresholds (default `DoctorConfig()`).
@@ -379,6 +381,7 @@ class StepDoctor:
         """Names already printed."""
 
     def observe(self, batch: Any, step: int, metrics: list[dict[str, Any]]) -> dict[str, float]:
+        start = time.perf_counter()
         self.history.add(batch, step)
         self.history.metrics = list(metrics)
         measured = run_checks(self.history, self.config)
@@ -387,4 +390,6 @@ class StepDoctor:
             if f.name not in self.reported:
                 self.reported.add(f.name)
                 self.write(f.line())
-        return {f"diagnose/{f.name}": f.value for f in measured}
+        out = {f"diagnose/{f.name}": f.value for f in measured}
+        out["perf/doctor_seconds"] = time.perf_counter() - start
+        return out
