@@ -1,8 +1,9 @@
-"""Command line: `python -m workbench {train,rollout,demo,export-verl}`.
+"""Command line: `python -m workbench {train,rollout,demo,export-verl,diagnose}`.
 
     python -m workbench rollout --env guess_number --episodes 8
     python -m workbench train --env guess_number --algo grpo --steps 20 --output runs/gn
     python -m workbench demo            # what `make demo` runs
+    python -m workbench diagnose runs/gn   # the run doctor (workbench.debug.doctor)
     python -m workbench train --config run.yaml --lr 1e-4   # the file, with one field changed
 
 Flags override `--config` only when given on the command line; without `--config`, a
