@@ -211,3 +211,13 @@ def test_every_check_is_documented_and_configurable():
     for name, fn in CHECKS.items():
         assert fn.__doc__ and len(fn.__doc__) > 40, name
     assert all(f.type for f in fields.values()) and len(fields) >= 15
+
+
+def test_repeated_tail_finds_the_arithmetic_benchmarks_loop():
+    from workbench.doctor_checks import _repeated_tail
+
+    # benchmarks/results/learning_arithmetic.md: the trained model's reply, cut at max_tokens
+    reply = "Answer: 6\nassistant: Answer: 6\nassistant: Answer: 6\nassistant: Answer: 6\nassistant:"
+    assert _repeated_tail(reply, 3, 64) == [0, len(reply)]
+    assert _repeated_tail("The number is between 1 and 8 so I will guess", 3, 64) is None
+    assert _repeated_tail("I guess 7!!!", 3, 64) is None  # too short to be a loop
