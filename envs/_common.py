@@ -33,6 +33,22 @@ def first_int(text: str) -> int | None:
     return int(match.group()) if match else None
 
 
+def first_number_span(text: str) -> tuple[int | None, list[int] | None]:
+    """(value, [start, end]) of what `first_number` reads in `text`, or (None, None).
+
+    The span is the characters of `text` the number came from, so a caller can put it
+    in `info["action_span"]` ("I guess 8." -> (8, [8, 9])).
+    """
+    text = text or ""
+    match = _INT_RE.search(text)
+    if match:
+        return int(match.group()), [match.start(), match.end()]
+    match = _NUMBER_WORD_RE.search(text)
+    if match:
+        return NUMBER_WORDS[match.group(1).lower()], [match.start(1), match.end(1)]
+    return None, None
+
+
 NUMBER_WORDS = {w: i for i, w in enumerate(
     "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
     "fifteen sixteen seventeen eighteen nineteen twenty".split())}
@@ -54,17 +70,28 @@ def find_direction(text: str) -> str | None:
     Accepts up/down/left/right and north/south/west/east in any case; a reply that is
     only a single letter (u/d/l/r/n/s/w/e) is accepted too.
     """
+    return find_direction_span(text)[0]
+
+
+def find_direction_span(text: str) -> tuple[str | None, list[int] | None]:
+    """(direction, [start, end]) of what `find_direction` reads in `text`, or (None, None)."""
     text = text or ""
     match = _LONG_DIRECTION_RE.search(text)
     if match:
-        return DIRECTIONS[match.group(1).lower()]
-    bare = text.strip().strip(".!").lower()
+        return DIRECTIONS[match.group(1).lower()], [match.start(1), match.end(1)]
+    stripped = text.strip()
+    bare = stripped.strip(".!").lower()
     single = {"u": "up", "d": "down", "l": "left", "r": "right"}
-    if bare in single:
-        return single[bare]
-    if bare in DIRECTIONS:
-        return DIRECTIONS[bare]
-    return None
+    move = single.get(bare) or DIRECTIONS.get(bare)
+    if move is None:
+        return None, None
+    start = text.index(stripped) + (len(stripped) - len(stripped.lstrip(".!")))
+    return move, [start, start + len(bare)]
+
+
+def word_spans(text: str) -> list[tuple[str, int, int]]:
+    """(word, start, end) for each alphabetic word of `text`, in order (what `words` reads)."""
+    return [(m.group(), m.start(), m.end()) for m in _WORD_RE.finditer(text or "")]
 
 
 def words(text: str) -> list[str]:

@@ -43,8 +43,8 @@ _CALL_RE = re.compile(r"\b(calculator|calculate|calc|answer)\s*\(", re.IGNORECAS
 _REACT_RE = re.compile(r"Action:\s*(calculator|answer)\s*\n\s*Action Input:\s*(.+)", re.IGNORECASE)
 
 
-def _json_objects(text: str) -> list[tuple[int, dict]]:
-    """(position, object) for every top-level JSON object embedded in `text`."""
+def _json_objects(text: str) -> list[tuple[int, int, dict]]:
+    """(start, end, object) for every top-level JSON object embedded in `text`."""
     found, decoder, i = [], json.JSONDecoder(), text.find("{")
     while i != -1:
         try:
@@ -53,7 +53,7 @@ def _json_objects(text: str) -> list[tuple[int, dict]]:
             i = text.find("{", i + 1)
             continue
         if isinstance(obj, dict):
-            found.append((i, obj))
+            found.append((i, end, obj))
         i = text.find("{", end)
     return found
 
@@ -87,33 +87,39 @@ def _call_from_json(obj: dict) -> tuple[str, dict] | None:
 def parse_action(text: str) -> tuple[str, Any] | None:
     """The first calculator call or answer in `text`: ("calculator", expr) or
     ("answer", value_text), or None when there is neither."""
-    events: list[tuple[int, str, Any]] = []
-    for pos, obj in _json_objects(text):
+    found = parse_action_span(text)
+    return None if found is None else found[:2]
+
+
+def parse_action_span(text: str) -> tuple[str, Any, list[int]] | None:
+    """`parse_action` plus the [start, end] of the call or answer it read in `text`."""
+    events: list[tuple[int, int, str, Any]] = []
+    for start, end, obj in _json_objects(text):
         call = _call_from_json(obj)
         if call and call[0] in ("calculator", "calculate", "calc"):
             expr = call[1].get("expression", next(iter(call[1].values()), ""))
-            events.append((pos, "calculator", str(expr)))
+            events.append((start, end, "calculator", str(expr)))
         elif call and call[0] == "answer":
-            events.append((pos, "answer", str(call[1].get("answer", next(iter(call[1].values()), "")))))
+            events.append((start, end, "answer", str(call[1].get("answer", next(iter(call[1].values()), "")))))
     for m in _CALL_RE.finditer(text):
-        arg = _balanced(text, m.end())
-        if arg is None:
+        raw = _balanced(text, m.end())
+        if raw is None:
             continue
         kind = "answer" if m.group(1).lower() == "answer" else "calculator"
-        arg = re.sub(r"^\s*\w+\s*=\s*", "", arg).strip().strip("'\"")
-        events.append((m.start(), kind, arg))
+        arg = re.sub(r"^\s*\w+\s*=\s*", "", raw).strip().strip("'\"")
+        events.append((m.start(), m.end() + len(raw) + 1, kind, arg))
     for m in _REACT_RE.finditer(text):
-        events.append((m.start(), m.group(1).lower(), m.group(2).strip().strip("'\"")))
+        events.append((m.start(), m.end(), m.group(1).lower(), m.group(2).strip().strip("'\"")))
     m = _ANSWER_RE.search(text)
     if m:
-        events.append((m.start(), "answer", m.group(1)))
+        events.append((m.start(), m.end(), "answer", m.group(1)))
     m = _NUMBER_ONLY_RE.match(text)
     if m:
-        events.append((0, "answer", m.group(1)))
+        events.append((m.start(1), m.end(1), "answer", m.group(1)))
     if not events:
         return None
-    _, kind, arg = min(events, key=lambda e: e[0])
-    return kind, arg
+    start, end, kind, arg = min(events, key=lambda e: e[0])
+    return kind, arg, [start, end]
 
 
 def _group(expr: str) -> str:
@@ -211,21 +217,21 @@ class ArithmeticEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Run a calculator call or grade an answer; see the module docstring."""
-        parsed = parse_action(action or "")
+        parsed = parse_action_span(action or "")
         last = self.step_count + 1 >= self.max_steps
         if parsed is None:
             obs = "Call the calculator or reply 'Answer: <number>'."
             if last:
                 obs += f" Out of steps. The answer was {self.answer}."
             return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True}
-        kind, arg = parsed
+        kind, arg, span = parsed
         if kind == "calculator":
             try:
                 result = str(self.get_tools()[0].execute(expression=arg))
-                info: dict[str, Any] = {"tool": "calculator", "tool_result": result}
+                info: dict[str, Any] = {"tool": "calculator", "tool_result": result, "action_span": span}
             except Exception as exc:  # the calculator rejects bad expressions with ValueError
                 result = f"error: {exc}"
-                info = {"tool": "calculator", "tool_error": str(exc)}
+                info = {"tool": "calculator", "tool_error": str(exc), "action_span": span}
             self.calls.append((arg, result))
             obs = f"calculator({arg}) = {result}"
             if last:
@@ -233,12 +239,14 @@ class ArithmeticEnv(ParamsEnvironment):
             return obs, 0.0, False, info
         value = _to_number(arg)
         if value is None:
-            return "The answer must be a number.", float(self.params["invalid_reward"]), False, {"invalid_action": True}
+            return ("The answer must be a number.", float(self.params["invalid_reward"]), False,
+                    {"invalid_action": True, "action_span": span})
         self._done = True
         if abs(value - self.answer) < 1e-6:
-            return f"Correct! The answer is {self.answer}.", float(self.params["correct_reward"]), True, {"success": True}
+            return (f"Correct! The answer is {self.answer}.", float(self.params["correct_reward"]), True,
+                    {"success": True, "action_span": span})
         return (f"Wrong. The answer was {self.answer}.", float(self.params["wrong_reward"]), True,
-                {"success": False, "given": value})
+                {"success": False, "given": value, "action_span": span})
 
     def get_state_description(self) -> str:
         """The problem and the calculator calls so far."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from envs._common import ParamsEnvironment, find_direction
+from envs._common import ParamsEnvironment, find_direction_span
 from workbench.environment import StepResult
 
 Cell = tuple[int, int]  # (row, col), 0-based
@@ -121,13 +121,13 @@ class GridEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Move one cell; see the module docstring for the rewards."""
-        move = find_direction(action)
+        move, span = find_direction_span(action)
         if move is None:
             obs = f"No direction found. Reply with up, down, left or right.\n{self.render()}"
             return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True}
         dr, dc = MOVES[move]
         nxt = (self.agent[0] + dr, self.agent[1] + dc)
-        info: dict[str, Any] = {"move": move, "success": False}
+        info: dict[str, Any] = {"move": move, "success": False, "action_span": span}
         if not (0 <= nxt[0] < self.size and 0 <= nxt[1] < self.size):
             note = f"You bumped into the edge moving {move}."
             info["bump"] = True

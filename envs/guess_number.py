@@ -7,7 +7,8 @@ to halve the range always wins. Observations are one short line each and the rep
 format is "a single number", so a 135M model can start learning at once.
 
 Action: any text; the first integer in it is the guess ("I guess 8" -> 8); a reply
-without digits may spell it ("eight").
+without digits may spell it ("eight"). `info["action_span"]` is the [start, end] of the
+characters the guess was read from.
 
 Rewards (defaults in `GuessNumberEnv.DEFAULT_PARAMS`):
   * correct guess: `success_reward` (1.0). With `scale_by_remaining=True` it is
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs._common import ParamsEnvironment, first_number
+from envs._common import ParamsEnvironment, first_number_span
 from workbench.environment import StepResult
 
 
@@ -77,16 +78,17 @@ class GuessNumberEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Score one guess; see the module docstring for the rewards."""
-        guess = first_number(action)
+        guess, span = first_number_span(action)
         left = self.max_steps - self.step_count - 1  # guesses left after this one
         reveal = f" Out of guesses. The number was {self.secret}." if left <= 0 else ""
         if guess is None or not self.low <= guess <= self.high:
             why = "No number found" if guess is None else f"{guess} is out of range"
             obs = f"{why}. Reply with a single number between {self.low} and {self.high}.{reveal}"
-            return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True}
+            info = {"invalid_action": True} if span is None else {"invalid_action": True, "action_span": span}
+            return obs, float(self.params["invalid_reward"]), False, info
 
         self.guesses.append(guess)
-        info: dict[str, Any] = {"guess": guess, "success": False}
+        info: dict[str, Any] = {"guess": guess, "success": False, "action_span": span}
         if guess == self.secret:
             reward = float(self.params["success_reward"])
             if self.params["scale_by_remaining"]:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from envs._common import ParamsEnvironment, words
+from envs._common import ParamsEnvironment, word_spans, words
 from workbench.environment import StepResult
 
 VERBS: dict[str, str] = {
@@ -119,6 +119,16 @@ class TextGameEnv(ParamsEnvironment):
             verb = "go"
         return verb, tokens, direction
 
+    def command_span(self, action: str) -> list[int] | None:
+        """[start, end] of the command in a reply: from its first verb or direction word
+        through the last word the command reads (a verb, direction, "key", "door", the
+        weapon or the monster), or None when the reply has no verb or direction."""
+        nouns = {"key", "door", self.weapon, self.monster, *self.key_name.split()}
+        read = [(w.lower(), a, b) for w, a, b in word_spans(action)
+                if w.lower() in VERBS or _DIRECTION_WORDS.get(w.lower()) or w.lower() in nouns]
+        starts = [a for w, a, _ in read if w in VERBS or _DIRECTION_WORDS.get(w)]
+        return [starts[0], read[-1][2]] if starts else None
+
     # -- episode -----------------------------------------------------------------
     def reset(self) -> str:
         """Draw a new map and describe the first room."""
@@ -136,6 +146,8 @@ class TextGameEnv(ParamsEnvironment):
         verb, tokens, direction = self.parse(action)
         useless = -float(self.params["useless_penalty"])
         info: dict[str, Any] = {"success": False, "verb": verb}
+        if verb is not None:
+            info["action_span"] = self.command_span(action)
         if verb is None:
             info["invalid_action"] = True
             msg = "I don't understand. Try 'take key', 'open door', 'go north' or 'attack'."

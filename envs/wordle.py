@@ -12,7 +12,7 @@ up to the number of times the letter occurs in the secret).
 
 Action: any text. The guess is the first 5-letter word of the reply that is in the
 word list, preferring a word written in CAPITALS, then one that is not a chat filler
-word ("I think the word is CRANE" -> CRANE).
+word ("I think the word is CRANE" -> CRANE). `info["action_span"]` is where that word is.
 
 Invalid guesses (no 5-letter word, or not in the list, unless `allow_any_word`) give
 `invalid_reward` (-0.1) and `info["invalid_action"] = True` and do NOT use up one of
@@ -30,7 +30,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from envs._common import ParamsEnvironment, words
+from envs._common import ParamsEnvironment, word_spans
 from workbench.environment import StepResult
 
 WORDS_PATH = Path(__file__).parent / "data" / "words.txt"
@@ -108,22 +108,27 @@ class WordleEnv(ParamsEnvironment):
 
     def parse_guess(self, action: str) -> tuple[str | None, str]:
         """(guess, "") or (None, reason) for a reply; see the module docstring."""
-        five = [w for w in words(action) if len(w) == 5]
-        listed = [w for w in five if w.lower() in self._word_set]
-        for pool in ([w for w in listed if w.isupper()],
-                     [w for w in listed if w.lower() not in FILLER],
+        guess, reason, _ = self.parse_guess_span(action)
+        return guess, reason
+
+    def parse_guess_span(self, action: str) -> tuple[str | None, str, list[int] | None]:
+        """`parse_guess` plus the [start, end] of the word that became the guess (None if none)."""
+        five = [(w, a, b) for w, a, b in word_spans(action) if len(w) == 5]
+        listed = [x for x in five if x[0].lower() in self._word_set]
+        for pool in ([x for x in listed if x[0].isupper()],
+                     [x for x in listed if x[0].lower() not in FILLER],
                      listed):
             if pool:
-                return pool[0].lower(), ""
+                return pool[0][0].lower(), "", [pool[0][1], pool[0][2]]
         if five and self.params["allow_any_word"]:
-            return five[0].lower(), ""
+            return five[0][0].lower(), "", [five[0][1], five[0][2]]
         if five:
-            return None, f"{five[0].upper()} is not in the word list."
-        return None, "No 5-letter word found."
+            return None, f"{five[0][0].upper()} is not in the word list.", None
+        return None, "No 5-letter word found.", None
 
     def step(self, action: str) -> StepResult:
         """Score one guess; see the module docstring for the rewards."""
-        guess, reason = self.parse_guess(action)
+        guess, reason, span = self.parse_guess_span(action)
         left = self.max_guesses - len(self.history)
         if guess is None:
             obs = f"{reason} Reply with a single 5-letter word. ({left} guesses left)"
@@ -132,7 +137,7 @@ class WordleEnv(ParamsEnvironment):
         self.history.append((guess, marks))
         left -= 1
         line = f"{guess.upper()}  {' '.join(marks)}"
-        info: dict[str, Any] = {"guess": guess, "marks": marks, "success": False}
+        info: dict[str, Any] = {"guess": guess, "marks": marks, "success": False, "action_span": span}
         if guess == self.secret:
             info["success"] = True
             self._done = True

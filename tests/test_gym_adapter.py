@@ -57,7 +57,7 @@ def test_step_maps_terminated_and_truncated():
     word = obs.split(": ")[1]
     obs, reward, done, info = env.step(word[::-1].upper())
     assert reward == 1.0 and not done and info["correct"] and info == {
-        "correct": True, "terminated": False, "truncated": False}
+        "correct": True, "terminated": False, "truncated": False, "action_span": [0, len(word)]}
     env.step("nope")
     obs, reward, done, info = env.step("nope")
     assert done and info["terminated"] and not info["truncated"] and reward == 0.0

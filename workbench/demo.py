@@ -12,7 +12,8 @@ Two parts, both on the embedded SmolLM2-135M-Instruct (on the GPU when torch see
    with one held-out episode before and after training side by side, `reward_curve.png`,
    `summary.md`, `metrics.jsonl`, `evals.json`, `config.yaml`.
 
-The run ends with a line saying what to open next. With `WORKBENCH_SMOKE=1` (the test
+The run ends with the run doctor's first finding on the held-out episodes (all of them
+in `summary.md`; `workbench.debug.doctor`) and a line saying what to open next. With `WORKBENCH_SMOKE=1` (the test
 suite) every count is cut down so it runs in seconds on a tiny model.
 """
 from __future__ import annotations
@@ -161,5 +162,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"({n['eval_episodes']} unseen secrets, greedy)")
     print(f"the same held-out episode before and after: {train_out / 'transcript.md'}; "
           f"curve: {train_out / 'reward_curve.png'}")
+    held_out = [f for f in report["findings"] if f.source == "eval"] or report["findings"]
+    print("\n" + (held_out[0].line() if held_out else "doctor: no findings")
+          + f"\n(every finding with its evidence episodes: {train_out / 'summary.md'})")
     print(NEXT)
     return 0

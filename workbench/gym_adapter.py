@@ -16,7 +16,9 @@ What it maps:
   * observations that are not str go through `obs_to_text` (default `str`);
     actions go through `text_to_action` (default: the text unchanged). Actions are
     not validated against the Text space's charset or length (a model's reply often
-    is not), the gym env sees exactly what the model wrote.
+    is not), the gym env sees exactly what the model wrote. Without `text_to_action`
+    `info["action_span"]` is the whole reply (the gym env received all of it); with one
+    the adapter cannot know which part it read and sets none.
   * the system prompt is `config.system_prompt`, else the gym env's
     `metadata["system_prompt"]`, else a generic one.
 
@@ -150,6 +152,8 @@ class GymTextEnvironment(BaseEnvironment):
         obs, reward, terminated, truncated, info = self.gym_env.step(gym_action)
         info = dict(info or {})
         info["terminated"], info["truncated"] = bool(terminated), bool(truncated)
+        if self.text_to_action is None and isinstance(action, str):
+            info.setdefault("action_span", [0, len(action)])
         if not (terminated or truncated) and self.step_count + 1 >= self.max_steps:
             info["truncated"] = True  # the workbench max_steps limit ends this episode
         self.last_info = info

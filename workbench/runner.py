@@ -69,8 +69,9 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     """Train with `config` and write the run's files into `out`: held-out evaluation on
     seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
-    `summary.md`. Returns {"trainer", "evals", "before", "after" (the held-out batches or
-    None), "stopped" (why fit stopped early, or "")}."""
+    `summary.md` (with the run doctor's findings). Returns {"trainer", "evals", "before",
+    "after" (the held-out batches or None), "stopped" (why fit stopped early, or ""),
+    "findings" (`workbench.debug.doctor.diagnose_parts` over the steps and held-out batches)}."""
     from workbench.progress import write
     from workbench.training import Trainer, run_files
 
@@ -120,8 +121,15 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
             for m in trainer.metrics_history]
     table = summary_table(rows)
     stopped = report["stopped"]
+    # The run doctor over the training steps and the held-out batches (workbench.debug.doctor).
+    from workbench.debug.doctor import diagnose_parts, findings_markdown, findings_table
+
+    report["findings"] = diagnose_parts(trainer.doctor.history if trainer.doctor else None,
+                                        [(e["step"], b) for e, b in zip(evals, [report["before"], report["after"]])])
     (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
-                                    + ("\n" + summary_table(evals) + "\n" if evals else ""))
+                                    + ("\n" + summary_table(evals) + "\n" if evals else "")
+                                    + "\n" + findings_markdown(report["findings"]) + "\n")
     print(table)
+    print(findings_table(report["findings"]))
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
     return report

@@ -16,8 +16,11 @@ whole reply stripped) and scores it with `score_fn`.
     and how many attempts are left (the sample's answer is never shown).
   * on the last attempt the reward is that answer's score (partial credit counts), so
     an episode's total reward is the score of its final answer.
-  * info: `score`, `success`, `answer` (what was extracted) and `invalid_action` (no
-    answer could be extracted, `answer_fn` returned None or "").
+  * info: `score`, `success`, `answer` (what was extracted), `invalid_action` (no
+    answer could be extracted, `answer_fn` returned None or "") and `action_span`, the
+    [start, end] of the reply the answer came from (`answer_span`: the tag's inside for
+    the default `answer_fn`; for another `answer_fn`, the last place its str answer
+    occurs in the reply; absent when it does not occur).
 
 `sample_fn` and `score_fn` may also be given as "module:function" import paths; the
 config then records them (`params["sample_fn"]`, `params["score_fn"]`), so
@@ -55,6 +58,23 @@ def extract_answer(reply: str) -> str:
     """The last `<answer>...</answer>` of `reply` (stripped), else the whole reply stripped."""
     found = _ANSWER_RE.findall(reply or "")
     return (found[-1] if found else (reply or "")).strip()
+
+
+def answer_span(reply: str, answer: Any, answer_fn: Callable[[str], Any] = extract_answer) -> list[int] | None:
+    """[start, end] of the characters of `reply` that `answer` was read from, or None."""
+    reply = reply or ""
+    if answer_fn is extract_answer:
+        found = list(_ANSWER_RE.finditer(reply))
+        start, end = (found[-1].start(1), found[-1].end(1)) if found else (0, len(reply))
+        while start < end and reply[start].isspace():
+            start += 1
+        while end > start and reply[end - 1].isspace():
+            end -= 1
+        return [start, end]
+    if isinstance(answer, str) and answer:
+        at = reply.rfind(answer)
+        return [at, at + len(answer)] if at >= 0 else None
+    return None
 
 
 def _function(fn: SampleFn | ScoreFn | str, role: str) -> tuple[Callable, str | None]:
@@ -178,6 +198,9 @@ class VerifierEnvironment(BaseEnvironment):
         left = self.attempts - self.step_count - 1
         info: dict[str, Any] = {"score": score, "success": success, "answer": answer,
                                 "invalid_action": answer is None or answer == ""}
+        span = answer_span(action, answer, self.answer_fn)
+        if span is not None and not info["invalid_action"]:
+            info["action_span"] = span
         if success:
             return "Correct.", score, True, info
         if left > 0:

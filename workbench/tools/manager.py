@@ -19,6 +19,15 @@ One :meth:`MultiTurnManager.step` call handles one assistant turn:
 assistant message: ``{"role": "tool", "name", "content", "tool_call_id"}`` per
 executed (or skipped) tool call, and ``{"role": "user", "content"}`` for an
 environment observation or an error notice.
+
+Action spans: ``TurnResult.info["action_span"] = [start, end]`` says which characters
+of the model output became the action, so the run doctor can tell "the reply was the
+action" from "a number was pulled out of a sentence". The environment reports the span
+it read as ``info["action_span"]`` relative to the action text it received; the
+manager moves it by where that text sits in the model output (a parser's final answer,
+its content, or the ``action`` argument of an ``environment_step`` call). A turn that
+only called tools gets the span of its calls (``ParseResult.span``). No span is set
+when the environment reports none or the action text cannot be found in the output.
 """
 
 from __future__ import annotations
@@ -69,6 +78,23 @@ class TurnResult:
     action: str | None = None
     state: str | None = None
     turn: int = 0
+
+
+def _valid_span(span: Any, length: int) -> bool:
+    """True for ``[start, end]`` ints with ``0 <= start <= end <= length``."""
+    return (isinstance(span, (list, tuple)) and len(span) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) for x in span)
+            and 0 <= span[0] <= span[1] <= length)
+
+
+def _locate(output: str, action: Any, near: int = 0) -> int | None:
+    """Offset of ``action`` in ``output`` (searching from ``near``, then anywhere), or None."""
+    if not isinstance(action, str) or not action:
+        return None
+    at = output.find(action, near)
+    if at < 0:
+        at = output.find(action)
+    return at if at >= 0 else None
 
 
 def _error_text(exc: BaseException) -> str:
@@ -208,7 +234,7 @@ class MultiTurnManager:
             turn=len(self.turns) + 1,
         )
         if self.parser is None:
-            self._env_action(result, model_output)
+            self._env_action(result, model_output, offset=0)
         else:
             parsed = self.parser.parse(model_output)
             if parsed.error is not None:
@@ -227,8 +253,11 @@ class MultiTurnManager:
         self.turns.append(result)
         return result
 
-    def _env_action(self, result: TurnResult, action: str) -> None:
-        """Send ``action`` straight to the environment and record the outcome."""
+    def _env_action(self, result: TurnResult, action: str, offset: int | None) -> None:
+        """Send ``action`` straight to the environment and record the outcome.
+
+        ``offset`` is where ``action`` starts in the model output (None: unknown).
+        """
         result.action = action
         try:
             env = self.environment
@@ -239,8 +268,17 @@ class MultiTurnManager:
             return
         result.observation, result.reward, result.done = obs, reward, done
         result.info.update(info)
+        self._move_span(result, action, offset)
         if obs:
             result.messages.append({"role": "user", "content": obs})
+
+    @staticmethod
+    def _move_span(result: TurnResult, action: Any, offset: int | None) -> None:
+        """Make the environment's ``info["action_span"]`` (relative to ``action``) relative
+        to the model output; drop it when it is malformed or ``offset`` is unknown."""
+        span = result.info.pop("action_span", None)
+        if offset is not None and isinstance(action, str) and _valid_span(span, len(action)):
+            result.info["action_span"] = [offset + span[0], offset + span[1]]
 
     def _env_failure(self, result: TurnResult, exc: BaseException, as_tool: ToolCall | None = None) -> None:
         result.env_error = _error_text(exc)
@@ -269,7 +307,8 @@ class MultiTurnManager:
         if parsed.final_answer is not None:
             result.info["final_answer"] = parsed.final_answer
         if self.environment is not None and self.plain_text_is_action:
-            self._env_action(result, text)
+            near = parsed.span[0] if parsed.span else 0
+            self._env_action(result, text, _locate(result.model_output, text, near))
         elif self.environment is None or parsed.final_answer is not None:
             # a plain answer without tools ends a tool-use episode
             result.done = True
@@ -314,10 +353,14 @@ class MultiTurnManager:
                 result.reward += reward
                 result.done = done
                 result.info.update(info)
+                near = call.span[0] if call.span else 0
+                self._move_span(result, result.action, _locate(result.model_output, result.action, near))
             else:
                 observations.append(outcome.result)
         if not stepped:
             result.observation = "\n".join(observations)
+            if parsed.span is not None:
+                result.info["action_span"] = list(parsed.span)
         result.info["tool_failures"] = failures
 
     # -- summary -------------------------------------------------------------------

@@ -26,7 +26,7 @@ from typing import Any, Iterable
 from .base import Tool, ToolDefinition
 
 __all__ = ["ToolCall", "ParseResult", "ActionParser", "example_arguments", "resolve_raw_arguments",
-           "decode_json", "loads_json", "MAX_JSON_DEPTH", "DEFAULT_MAX_CHARS"]
+           "decode_json", "loads_json", "stripped_span", "MAX_JSON_DEPTH", "DEFAULT_MAX_CHARS"]
 
 MAX_JSON_DEPTH = 64
 """Deepest JSON nesting (objects and arrays) a parser decodes; deeper is a parse error."""
@@ -96,6 +96,16 @@ def loads_json(text: str) -> Any:
     return value
 
 
+def stripped_span(text: str, start: int = 0, end: int | None = None) -> tuple[int, int]:
+    """``(start, end)`` of ``text[start:end].strip()`` inside ``text`` (whitespace trimmed)."""
+    end = len(text) if end is None else end
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    return start, end
+
+
 def _new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:12]}"
 
@@ -113,6 +123,8 @@ class ToolCall:
             object; the value is then stored as ``arguments["input"]``.
         result: Filled in after execution with the tool's output or error message.
         success: Filled in after execution; None while not executed.
+        span: ``(start, end)`` character offsets of ``raw`` in the parsed text, or None
+            (a call built by hand).
     """
 
     name: str
@@ -122,6 +134,7 @@ class ToolCall:
     raw_arguments: bool = False
     result: str | None = None
     success: bool | None = None
+    span: tuple[int, int] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         """Plain-dict view (for logging and JSON)."""
@@ -143,12 +156,18 @@ class ParseResult:
         content: Text outside the calls (e.g. the model's reasoning or a plain answer).
         error: Description of the format problem, or None.
         final_answer: Text after ``Final Answer:`` (or a JSON final answer), or None.
+        span: ``(start, end)`` character offsets of the parsed text that the result was
+            read from: the tool calls (first call's start to last call's end), else the
+            final answer, else the stripped content; None with ``error`` set. Lets the
+            run doctor tell "the reply was the action" from "the action was a small
+            part of the reply".
     """
 
     tool_calls: list[ToolCall] = field(default_factory=list)
     content: str = ""
     error: str | None = None
     final_answer: str | None = None
+    span: tuple[int, int] | None = None
 
     @property
     def ok(self) -> bool:

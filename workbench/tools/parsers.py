@@ -50,6 +50,7 @@ from .parser_base import (
     example_arguments,
     loads_json,
     resolve_raw_arguments,
+    stripped_span,
 )
 
 __all__ = [
@@ -99,6 +100,7 @@ class JSONActionParser(ActionParser):
         calls: list[ToolCall] = []
         spans: list[tuple[int, int]] = []
         final_answer: str | None = None
+        answer_span: tuple[int, int] | None = None
         broken: str | None = None
         keyless: str | None = None
         pos = 0
@@ -124,15 +126,20 @@ class JSONActionParser(ActionParser):
                 return ParseResult(content=text.strip(), error=problem)
             spans.append((start, end))
             if call is not None:
+                call.span = (start, end)
                 calls.append(call)
             if answer is not None:
-                final_answer = answer
+                final_answer, answer_span = answer, (start, end)
         content = self._strip_spans(text, spans)
         if broken is not None:
             return ParseResult(content=content, error=broken)
         if not calls and final_answer is None and keyless is not None:
             return ParseResult(content=content, error=keyless)
-        return ParseResult(tool_calls=calls, content=content, final_answer=final_answer)
+        if calls:
+            span = (calls[0].span[0], calls[-1].span[1])
+        else:
+            span = answer_span if answer_span is not None else stripped_span(text)
+        return ParseResult(tool_calls=calls, content=content, final_answer=final_answer, span=span)
 
     @staticmethod
     def _strip_spans(text: str, spans: list[tuple[int, int]]) -> str:
@@ -252,9 +259,10 @@ class ReActActionParser(ActionParser):
             observation = _OBSERVATION_RE.search(answer)
             if observation:
                 answer = answer[: observation.start()]
-            return ParseResult(content=self._thought(text[: final.start()]), final_answer=answer.strip())
+            span = stripped_span(text, final.end(), final.end() + len(answer))
+            return ParseResult(content=self._thought(text[: final.start()]), final_answer=answer.strip(), span=span)
         if action is None:
-            return ParseResult(content=self._thought(text))
+            return ParseResult(content=self._thought(text), span=stripped_span(text))
         content = self._thought(text[: action.start()])
         name = action.group(1).strip().strip("`'\"*[]").strip()
         if not name:
@@ -271,9 +279,9 @@ class ReActActionParser(ActionParser):
         if problem:
             return ParseResult(content=content, error=problem)
         consumed = len(rest[: stop.start()] if stop else rest)
-        raw = text[action.start(): action.end() + input_match.end() + consumed]
-        call = ToolCall(name, arguments, raw.strip(), raw_arguments=is_raw)
-        return ParseResult(tool_calls=[call], content=content)
+        span = stripped_span(text, action.start(), action.end() + input_match.end() + consumed)
+        call = ToolCall(name, arguments, text[span[0]:span[1]], raw_arguments=is_raw, span=span)
+        return ParseResult(tool_calls=[call], content=content, span=span)
 
     @staticmethod
     def _thought(text: str) -> str:
@@ -394,9 +402,11 @@ class FunctionCallingParser(ActionParser):
             call, problem = self._decode(text[body_start:close_at], text[open_at:end], index)
             if problem:
                 return ParseResult(content="".join(outside).strip(), error=problem)
+            call.span = (open_at, end)
             calls.append(call)
             pos = end
-        return ParseResult(tool_calls=calls, content="".join(outside).strip())
+        span = (calls[0].span[0], calls[-1].span[1]) if calls else stripped_span(text)
+        return ParseResult(tool_calls=calls, content="".join(outside).strip(), span=span)
 
     @staticmethod
     def _decode(body: str, raw: str, index: int) -> tuple[ToolCall | None, str | None]:

@@ -41,6 +41,7 @@ from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.engines import GenerationEngine, make_engine
+from workbench.doctor_checks import StepDoctor
 from workbench.env_registry import make_env, make_environment, record_environment
 from workbench.reward import RewardFn, RewardManager, score_batch
 from workbench.rollout.fork import fork_episode
@@ -50,7 +51,7 @@ from workbench.training import run_files
 from workbench.training.loggers import LoggerGroup, log_dir
 from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
-from workbench.progress import fit_postfix, progress_bar
+from workbench.progress import fit_postfix, progress_bar, write
 from workbench.training.stages import LocalStages, make_stages
 from workbench.training.update import set_kl
 from workbench.trajectory import TrajectoryBatch
@@ -125,6 +126,8 @@ class Trainer:
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
+        # fit runs the doctor's batch checks each step (workbench.doctor_checks); None turns them off.
+        self.doctor: StepDoctor | None = StepDoctor(write=write)
         # Where rollout and update run: this process, or Ray workers (ray.use_ray).
         self.stages = make_stages(self)
 
@@ -354,7 +357,9 @@ class Trainer:
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), its
         scored batch to `rollouts/` in the run folder (`training.save_rollouts_every`,
         `workbench.training.run_files`), and a progress bar counts steps up to the target
-        (`training.progress`).
+        (`training.progress`). Each step's batch goes through the run doctor's checks
+        (`self.doctor`, `workbench.doctor_checks`): a line per new finding, `diagnose/<name>`
+        in the metrics.
         """
         t, c = self.config.training, self.config.checkpoint
         if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
@@ -388,6 +393,8 @@ class Trainer:
                 if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
                     self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
                                         f"of {total} steps")
+                if self.doctor is not None:  # one line per new finding; diagnose/<name> in the metrics
+                    metrics.update(self.doctor.observe(self.last_batch, metrics["step"], self.metrics_history))
                 run_files.record_step(run_dir, self.config, metrics["step"], self.last_batch,
                                       last=self.global_step >= total or self.stop_reason is not None)
                 self.loggers.log_step(metrics, self.last_batch, self.global_step)

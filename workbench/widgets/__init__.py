@@ -8,6 +8,7 @@
 | `PlayWidget`        | play an environment by hand; the game is kept as a trajectory      |
 | `RewardTuner`       | reward-shaping sliders re-scoring a stored batch                    |
 | `TrajectoryTable`   | sortable, filterable episode list linked to the two viewers         |
+| `FindingsPanel`     | the run doctor's findings; evidence opens with its span marked      |
 
 The viewers (`ConversationView`, `TokenView`, `TrajectoryTable`, `RewardTuner`) take a
 reopened run (`workbench.debug.load_run`) where they take a batch, showing its last saved
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from workbench.widgets.conversation import ConversationView, render_episode_html
 from workbench.widgets.dashboard import PANELS, TrainingDashboard, history_series
+from workbench.widgets.findings import FindingsPanel
 from workbench.widgets.play import PlayWidget, TokenizerOnlyEngine
 from workbench.widgets.reward_tuner import RewardTuner, grpo_advantages, rescore_table
 from workbench.widgets.table import TrajectoryTable, episode_frame, filter_sort
@@ -35,7 +37,7 @@ VOILA_JUPYTER_PATH = Path(__file__).resolve().parent / "share"
 
 __all__ = [
     "VOILA_JUPYTER_PATH",
-    "ConversationView", "TokenView", "TrainingDashboard", "PlayWidget", "RewardTuner", "TrajectoryTable",
+    "ConversationView", "TokenView", "TrainingDashboard", "FindingsPanel", "PlayWidget", "RewardTuner", "TrajectoryTable",
     "TokenizerOnlyEngine", "render_episode_html", "render_tokens_html", "history_series", "rescore_table",
     "grpo_advantages", "filter_sort", "episode_frame", "available_fields", "PANELS",
 ]

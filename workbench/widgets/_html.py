@@ -23,6 +23,7 @@ STYLE = """
 <style>
 .wb-root { font-family: var(--jp-ui-font-family, -apple-system, "Segoe UI", Roboto, sans-serif); font-size: 13px; color: #222; }
 .wb-head { margin: 2px 0 6px 0; color: #444; }
+.wb-span { background: #ffe066; color: inherit; padding: 0 1px; border-radius: 2px; }
 .wb-badge { display: inline-block; padding: 0 6px; margin: 0 2px; border-radius: 8px; font-size: 11px; background: #eee; color: #333; }
 .wb-badge.wb-good { background: #d9f2d0; color: #225c12; }
 .wb-badge.wb-bad { background: #fbd5d5; color: #8a1414; }

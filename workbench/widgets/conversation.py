@@ -11,7 +11,9 @@ turn number and reward; tool calls are boxed under the action with their result;
 parse errors and environment errors are shown in red. The episode's ending
 (success, truncation, error, score, warnings) closes the transcript.
 
-`render_episode_html(episode)` is the plain function behind the widget.
+`render_episode_html(episode)` is the plain function behind the widget. A span of a
+reply can be highlighted (`highlight={turn: [start, end]}`, or `view.highlight`), which
+is how the run doctor's findings panel points at the part of a reply that matters.
 
 Forking (when the view is given `engine=`: a Trainer, or an engine plus `config=`, the
 run's config): pick a turn, edit its action (or the observation before it, or leave it
@@ -32,8 +34,8 @@ from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.widgets._html import STYLE, esc
 from workbench.widgets._runs import batch_of
 
-__all__ = ["ConversationView", "render_episode_html", "episode_label", "as_episodes", "continue_from",
-           "render_branches_html"]
+__all__ = ["ConversationView", "render_episode_html", "highlight_html", "episode_label", "as_episodes",
+           "continue_from", "render_branches_html"]
 
 
 def as_episodes(data: TrajectoryBatch | Episode | Sequence[Episode] | None) -> list[Episode]:
@@ -92,7 +94,15 @@ def _tool_calls_html(turn: Turn) -> str:
     return "".join(parts)
 
 
-def _turn_html(turn: Turn) -> str:
+def highlight_html(text: str, span: Sequence[int] | None) -> str:
+    """`text` escaped, with characters `span` = [start, end] wrapped in `<mark class="wb-span">`."""
+    if not span or not 0 <= span[0] <= span[1] <= len(text):
+        return esc(text)
+    s, e = span
+    return f'{esc(text[:s])}<mark class="wb-span">{esc(text[s:e])}</mark>{esc(text[e:])}'
+
+
+def _turn_html(turn: Turn, span: Sequence[int] | None = None) -> str:
     human = turn.source in ("human", "edited")
     label = f"{turn.source if human else 'assistant'} · turn {turn.index}"
     if human:
@@ -102,7 +112,7 @@ def _turn_html(turn: Turn) -> str:
         right.append(_badge("cut at max_tokens", "warn"))
     if turn.done:
         right.append(_badge("done"))
-    body = esc(turn.action) if turn.action else '<i style="color:#888">(empty)</i>'
+    body = highlight_html(turn.action, span) if turn.action else '<i style="color:#888">(empty)</i>'
     body += _tool_calls_html(turn)
     extra = "wb-human" if human else ""
     if turn.parse_error:
@@ -123,8 +133,10 @@ def _turn_html(turn: Turn) -> str:
     return "".join(out)
 
 
-def render_episode_html(episode: Episode | None, show_system: bool = True, style: bool = True) -> str:
-    """The transcript of one episode as HTML (chat bubbles)."""
+def render_episode_html(episode: Episode | None, show_system: bool = True, style: bool = True,
+                        highlight: dict[int, Sequence[int]] | None = None) -> str:
+    """The transcript of one episode as HTML (chat bubbles); `highlight` maps a turn index
+    to the [start, end] of its reply to mark."""
     css = STYLE if style else ""
     if episode is None:
         return f'{css}<div class="wb-root wb-conv-body"><i>no episode</i></div>'
@@ -158,7 +170,7 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
         else:
             parts.append(_bubble("user", "environment" if role == "user" else str(role), esc(m.get("content", ""))))
     for turn in ep.turns:
-        parts.append(_turn_html(turn))
+        parts.append(_turn_html(turn, (highlight or {}).get(turn.index)))
     end = []
     if ep.error:
         end.append(f'<div class="wb-errline">episode error: {esc(ep.error)}</div>')
@@ -267,6 +279,7 @@ class ConversationView(widgets.VBox):
     fork_text = traitlets.Unicode("", help="the edited action or observation")
     fork_n = traitlets.Int(2, help="branches per fork")
     fork_status = traitlets.Unicode("", help="outcome of the last fork (or its error)")
+    highlight = traitlets.Dict({}, help="turn index -> [start, end] of its reply to mark (shown episode)")
 
     def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any = None, index: int = 0,
                  show_system: bool = True, *, step: int | None = None, engine: Any = None, config: Any = None,
@@ -383,7 +396,8 @@ class ConversationView(widgets.VBox):
             self.fork_text = ep.turns[self.fork_turn - 1].observation if self.fork_turn else (ep.states or [""])[0]
 
     def show(self, index: int) -> None:
-        """Show episode `index` (clamped to the batch)."""
+        """Show episode `index` (clamped to the batch), with no span highlighted."""
+        self.highlight = {}
         n = len(self._episodes)
         self.index = max(0, min(index, n - 1)) if n else 0
 
@@ -393,13 +407,17 @@ class ConversationView(widgets.VBox):
         self._render()
 
     # -- internals ------------------------------------------------------------------
+    @traitlets.observe("highlight")
+    def _on_highlight(self, change: dict) -> None:
+        self._render()
+
     @traitlets.observe("index")
     def _on_index(self, change: dict) -> None:
         self._render()
 
     def _on_pick(self, change: dict) -> None:
         if change["new"] is not None and change["new"] != self.index:
-            self.index = change["new"]
+            self.show(change["new"])
 
     def _refresh_options(self) -> None:
         opts = [(episode_label(i, ep), i) for i, ep in enumerate(self._episodes)]
@@ -408,7 +426,7 @@ class ConversationView(widgets.VBox):
 
     def _render(self) -> None:
         n = len(self._episodes)
-        self._body.value = render_episode_html(self.episode, self.show_system)
+        self._body.value = render_episode_html(self.episode, self.show_system, highlight=self.highlight)
         if self.fork_engine is not None:
             ep = self.episode
             self._fork_pick.options = [(f"turn {t.index}", t.index) for t in ep.turns] if ep is not None else []

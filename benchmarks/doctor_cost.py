@@ -1,0 +1,48 @@
+"""What the run doctor costs on a real run: the demo's GRPO part (embedded SmolLM2-135M,
+guess_number 1..8, 8 LoRA GRPO steps) with every step's batch and the held-out batches
+before and after saved in the run-folder layout, then `diagnose(RUN)` timed.
+
+    python benchmarks/doctor_cost.py /tmp/doctor_run     # ~8 min on a 2-core CPU
+
+Prints the findings table and one JSON line: the run's seconds, the per-step checks'
+total (`perf/doctor_seconds` summed over the steps) and `diagnose` over the folder
+(reading the gzip batches included), each also as a share of the run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from workbench.debug.doctor import diagnose, findings_table
+from workbench.demo import counts, demo_config
+from workbench.training import Trainer
+
+
+def main(out: Path) -> dict[str, float]:
+    args = argparse.Namespace(model="smollm2-135m-instruct", device="auto", dtype="auto", minutes=0)
+    cfg = demo_config(args, out)
+    cfg.training.log_dir = str(out)
+    cfg.training.loggers = [*cfg.training.loggers, "jsonl"]  # RUN/metrics.jsonl
+    start = time.perf_counter()
+    trainer = Trainer(cfg)
+    seeds = list(range(10_000, 10_000 + counts()["eval_episodes"]))
+    trainer.evaluate(seeds)
+    trainer.last_eval_batch.save(out / "evals" / "step_000000.jsonl.gz")
+    trainer.fit(callbacks=[lambda tr, m: tr.last_batch.save(out / "rollouts" / f"step_{m['step']:06d}.jsonl.gz")])
+    trainer.evaluate(seeds)
+    trainer.last_eval_batch.save(out / "evals" / f"step_{trainer.global_step:06d}.jsonl.gz")
+    run_s = time.perf_counter() - start
+    hook_s = sum(m.get("perf/doctor_seconds", 0.0) for m in trainer.metrics_history)
+    start = time.perf_counter()
+    findings = diagnose(str(out))
+    diagnose_s = time.perf_counter() - start
+    print(findings_table(findings))
+    return {"run_seconds": run_s, "per_step_checks_seconds": hook_s, "diagnose_seconds": diagnose_s,
+            "per_step_checks_share": hook_s / run_s, "diagnose_share": diagnose_s / run_s}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/doctor_cost"))))

@@ -1,0 +1,225 @@
+"""The run doctor: names reward hacking, collapse and dead signal in a run, with the
+episodes that show it.
+
+    from workbench.debug import diagnose
+    findings = diagnose("runs/demo/train")     # a run folder, a reopened run, a batch or a list of batches
+    for f in findings:
+        print(f.line())                        # name, severity, number vs threshold, evidence episode
+    f.evidence[0]                              # episode id, step, turn, the reply and the span that matters
+
+    python -m workbench diagnose runs/demo/train [--json]
+
+The checks are small named functions in `workbench.doctor_checks` (core layer, so
+`Trainer.fit` runs them on every step's batch and records `diagnose/<name>`); each has
+a threshold in `DoctorConfig`. This module adds what needs a whole run: it reads the run
+(its steps' batches, metrics.jsonl and the held-out batches), runs the checks over the
+training steps (the latest batch is the evidence; the drift checks compare every step's
+numbers with the first steps'), again over the held-out batches (first = before
+training), takes metric findings' evidence from the batch of the step they name, and
+prints or serialises the findings.
+
+Checks: parse-from-incidental-span, reward-without-success, tool-result-ignored
+(reward hacking); template-collapse, repetition-to-limit, length-drift,
+truncation-surge, entropy-collapse, kl-spike (collapse); zero-variance-groups,
+format-errors, tokenization-mismatch (dead signal, broken data).
+
+Which can fire on an untrained model (one batch, no history): format-errors (a base
+model often ignores the reply format; guess_number calls an out-of-range number
+invalid), parse-from-incidental-span (a model that answers in sentences, "The number
+is 3.", is rewarded for a number read out of a sentence: true, and worth knowing before
+training exploits it), repetition-to-limit (base models loop), zero-variance-groups
+(a task too hard for it: every group fails alike), tool-result-ignored and
+tokenization-mismatch. The drift and metric checks (template-collapse, length-drift,
+truncation-surge, reward-without-success, entropy-collapse, kl-spike) need at least two
+steps and compare with the first ones, so they cannot fire before training moves the
+policy. Scripted experts (`envs.EXPERTS`) give no finding (tests/test_doctor_experts.py).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Iterable
+
+from workbench.doctor_checks import CHECKS, run_checks
+from workbench.doctor_findings import DoctorConfig, Evidence, Finding, History
+from workbench.trajectory import TrajectoryBatch
+
+__all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", "CHECKS",
+           "findings_table", "findings_markdown", "add_diagnose_parser", "cmd_diagnose"]
+
+_STEP_FILE = re.compile(r"step_(\d+)\.jsonl\.gz$")
+#: Checks that read the metric rows; their evidence comes from the batch of the step they name.
+_METRIC_CHECKS = ("entropy-collapse", "kl-spike")
+
+
+class _FolderRun:
+    """A run folder read directly (the layout `load_run` reads): `rollouts/step_*.jsonl.gz`,
+    `evals/step_*.jsonl.gz`, `metrics.jsonl`. Enough for `diagnose` without `load_run`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"diagnose: {self.path} is not a run folder")
+        self.steps = self._steps("rollouts")
+        self.eval_steps = self._steps("evals")
+        self.metrics = []
+        metrics = self.path / "metrics.jsonl"
+        if metrics.exists():
+            for line in metrics.read_text().splitlines():
+                try:
+                    self.metrics.append(json.loads(line))
+                except ValueError:
+                    continue  # a line cut by a crash: the others still count
+
+    def _steps(self, folder: str) -> list[int]:
+        found = (_STEP_FILE.match(p.name) for p in (self.path / folder).glob("step_*.jsonl.gz"))
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def batch(self, step: int) -> TrajectoryBatch:
+        return TrajectoryBatch.load(self.path / "rollouts" / f"step_{step:06d}.jsonl.gz")
+
+    def eval_batch(self, step: int) -> TrajectoryBatch:
+        return TrajectoryBatch.load(self.path / "evals" / f"step_{step:06d}.jsonl.gz")
+
+
+def _rows(metrics: Any) -> list[dict[str, Any]]:
+    """Metric rows as dicts: a DataFrame (`to_dict("records")`), a list of dicts, or None."""
+    if metrics is None:
+        return []
+    if hasattr(metrics, "to_dict"):
+        return [dict(r) for r in metrics.to_dict("records")]
+    return [dict(r) for r in metrics]
+
+
+def _eval_steps(run: Any) -> list[int]:
+    steps = getattr(run, "eval_steps", None)
+    if steps is None:
+        steps = sorted({int(e["step"]) for e in (getattr(run, "evals", None) or []) if "step" in e})
+    return list(steps) if hasattr(run, "eval_batch") else []
+
+
+def _history(batches: Iterable[tuple[int, TrajectoryBatch]], source: str, metrics: list[dict] | None = None) -> History:
+    h = History(source=source, metrics=list(metrics or []))
+    for step, batch in batches:
+        h.add(batch, step)
+    return h
+
+
+def diagnose_parts(train: History | None, evals: Iterable[tuple[int, TrajectoryBatch]] = (),
+                   config: DoctorConfig | None = None, batch_at: Any = None) -> list[Finding]:
+    """The fired findings of a training `History` (as `StepDoctor` keeps it) and of the
+    held-out batches `evals` ((step, batch), first = before training). `batch_at(step)`
+    (optional) gives a step's batch for the metric findings' evidence."""
+    cfg = config or DoctorConfig()
+    out: list[Finding] = []
+    if train is not None and (train.stats or train.metrics):
+        for f in run_checks(train, cfg):
+            if f.fired and f.name in _METRIC_CHECKS and batch_at is not None and f.step not in (None, train.step):
+                again = _metric_evidence(train, f, cfg, batch_at)
+                f = again or f
+            if f.fired:
+                out.append(f)
+    evals = [(s, b) for s, b in evals if b is not None]
+    if evals:
+        names = [n for n in CHECKS if n not in _METRIC_CHECKS]
+        out += [f for f in run_checks(_history(evals, "eval"), cfg, names) if f.fired]
+    order = {n: i for i, n in enumerate(CHECKS)}
+    return sorted(out, key=lambda f: (order[f.name], f.source != "eval"))
+
+
+def _metric_evidence(train: History, f: Finding, cfg: DoctorConfig, batch_at: Any) -> Finding | None:
+    """Run a metric check again with the batch of the step it names as the evidence batch."""
+    try:
+        batch = batch_at(f.step)
+    except (OSError, ValueError, KeyError):
+        return None
+    h = History(source=train.source, stats=train.stats, batch=batch, step=f.step, metrics=train.metrics)
+    return CHECKS[f.name](h, cfg)
+
+
+def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Finding]:
+    """Run the doctor; returns the findings that crossed their thresholds.
+
+    Args:
+        run_or_batches: one `TrajectoryBatch`; a list of batches (first = earliest, steps
+            0, 1, ...); a run folder path (`RUN/rollouts/step_*.jsonl.gz`, `RUN/evals/...`,
+            `RUN/metrics.jsonl`); a `History`; or a reopened run (`.steps`, `.batch(step)`,
+            `.metrics`, optionally `.eval_batch(step)` with `.eval_steps` or `.evals`).
+        config: thresholds (default `DoctorConfig()`).
+    """
+    cfg = config or DoctorConfig()
+    run = run_or_batches
+    if isinstance(run, History):
+        return diagnose_parts(run, (), cfg)
+    if isinstance(run, TrajectoryBatch):
+        return diagnose_parts(_history([(0, run)], "train"), (), cfg)
+    if isinstance(run, (list, tuple)):
+        if not all(isinstance(b, TrajectoryBatch) for b in run):
+            raise TypeError("diagnose: a list must hold TrajectoryBatch objects")
+        return diagnose_parts(_history(enumerate(run), "train"), (), cfg)
+    if isinstance(run, (str, os.PathLike)):
+        run = _FolderRun(run)
+    if not (hasattr(run, "steps") and callable(getattr(run, "batch", None))):
+        raise TypeError(f"diagnose: expected a batch, a list of batches, a run folder or a run, "
+                        f"got {type(run).__name__}")
+    train = _history(((s, run.batch(s)) for s in run.steps), "train", _rows(getattr(run, "metrics", None)))
+    evals = [(s, run.eval_batch(s)) for s in _eval_steps(run)]
+    return diagnose_parts(train, evals, cfg, batch_at=run.batch)
+
+
+# -- reports ----------------------------------------------------------------------------------
+def _where(f: Finding) -> str:
+    return ("held-out" if f.source == "eval" else "train") + (f", step {f.step}" if f.step is not None else "")
+
+
+def findings_table(findings: list[Finding]) -> str:
+    """Plain text: one row per finding, then what was measured, what to do and the evidence."""
+    if not findings:
+        return "doctor: no findings"
+    head = ("check", "severity", "value", "threshold", "where")
+    rows = [(f.name, f.severity, f"{f.value:.3g}", f"{f.threshold:.3g}", _where(f)) for f in findings]
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(head, widths))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    for f in findings:
+        lines += ["", f"{f.name} ({_where(f)}): {f.message}.", f"  do: {f.advice}"]
+        lines += [f"  - {e.where()}: {e.quote()!r}" for e in f.evidence]
+    return "\n".join(lines)
+
+
+def findings_markdown(findings: list[Finding]) -> str:
+    """Markdown for summary.md: a table, then each finding's message, advice and evidence."""
+    if not findings:
+        return "## Run doctor\n\nNo findings."
+    lines = ["## Run doctor", "", "| check | severity | value | threshold | where | evidence |", "|---|---|---|---|---|---|"]
+    for f in findings:
+        ev = f.evidence[0].where() if f.evidence else ""
+        lines.append(f"| {f.name} | {f.severity} | {f.value:.3g} | {f.threshold:.3g} | {_where(f)} | {ev} |")
+    for f in findings:
+        lines += ["", f"**{f.name}** ({_where(f)}): {f.message}. *Do:* {f.advice}"]
+        lines += [f"- {e.where()}: `{e.quote()}`" for e in f.evidence]
+    return "\n".join(lines)
+
+
+# -- command line -------------------------------------------------------------------------------
+def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """`python -m workbench diagnose RUN_DIR [--json]`."""
+    p = subparsers.add_parser("diagnose", help="the run doctor: name reward hacking, collapse and dead signal "
+                                                "in a run folder, with the episodes that show it")
+    p.add_argument("run_dir", help="a run folder (rollouts/, evals/, metrics.jsonl), e.g. runs/demo/train")
+    p.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
+    p.set_defaults(output=None, run=cmd_diagnose)  # reads a run, writes nothing
+    return p
+
+
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    """Print the findings of `args.run_dir` (a table, or JSON with --json); 0 even with findings."""
+    findings = diagnose(args.run_dir)
+    if args.json:
+        print(json.dumps([f.to_dict() for f in findings], indent=1))
+    else:
+        print(findings_table(findings))
+    return 0

@@ -1,0 +1,395 @@
+"""The run doctor's checks: small named functions over a `History` (the latest batch,
+per-step stats since the first steps, metric rows), like `check_env`'s.
+
+Each check is `check(history, config) -> Finding | None`: None when it cannot judge
+(too few samples, no history, a metric not recorded), else a `Finding` whose `fired`
+says whether the threshold (a `DoctorConfig` field) was crossed. `CHECKS` lists them by
+name; `run_checks` runs them all; `StepDoctor` is what `Trainer.fit` calls once per step
+(cheap: string work on one batch, no model, no files).
+
+Core layer: imports only `trajectory` and `doctor_findings`, so `training` can call it;
+`workbench.debug.doctor` is the public front (`diagnose`, the CLI).
+"""
+from __future__ import annotations
+
+import math
+import re
+import time
+from collections import Counter
+from statistics import median
+from typing import Any, Callable
+
+from workbench.doctor_findings import DoctorConfig, Finding, History, model_turns
+
+Check = Callable[[History, DoctorConfig], "Finding | None"]
+_NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+#: Episode warnings that are not token alignment problems (context cuts, settle hooks).
+_NOT_ALIGNMENT = ("context:", "on_truncate(")
+
+
+def _span(turn: Any) -> list[int] | None:
+    span = turn.info.get("action_span")
+    ok = isinstance(span, (list, tuple)) and len(span) == 2 and 0 <= span[0] <= span[1] <= len(turn.action)
+    return list(span) if ok else None
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _finding(name: str, severity: str, value: float, threshold: float, fired: bool, message: str, advice: str,
+             h: History, evidence: list, cfg: DoctorConfig, step: int | None = None) -> Finding:
+    return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
+                   advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
+                   source=h.source, fired=bool(fired))
+
+
+# -- reward hacking ---------------------------------------------------------------------
+def check_parse_from_incidental_span(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Rewarded turns whose action (the span the environment read, `info["action_span"]`)
+    is a small part of the reply: the reward comes from what a parser pulled out of a
+    sentence ("You have [[5]] guesses left, so"), not from an answer."""
+    if h.batch is None:
+        return None
+    rewarded = [(ep, t, _span(t)) for ep, t in model_turns(h.batch) if t.reward > 0 and _span(t)]
+    if len(rewarded) < cfg.min_samples:
+        return None
+    cover = [(s[1] - s[0]) / max(len(t.action.strip()), 1) for _, t, s in rewarded]
+    incidental = [(r, c) for r, c in zip(rewarded, cover) if c < cfg.incidental_coverage]
+    share = len(incidental) / len(rewarded)
+    example = ""
+    if incidental:
+        (ep, t, s), _ = incidental[0]
+        example = f", e.g. {t.action[s[0]:s[1]]!r} read from {t.action.strip()!r}"
+    return _finding(
+        "parse-from-incidental-span", "warning", share, cfg.incidental_share, share >= cfg.incidental_share,
+        f"{len(incidental)} of {len(rewarded)} rewarded turns were rewarded for an action that is a small part "
+        f"of the reply (median {median(cover):.0%} of it){example}: the parser pulled the action out of a "
+        "sentence, so the reward may come from a parser exploit rather than the task",
+        "Make the action format strict (reward only a reply that is the action, e.g. a bare number) or penalise "
+        "extra text, and read the evidence episodes before trusting the success rate.",
+        h, [h.evidence(ep, t, s) for ((ep, t, s), _) in incidental], cfg)
+
+
+def check_reward_without_success(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Mean reward rising over the first steps' while the environment's success rate does
+    not: the policy found reward the task did not mean to give (shaping, partial credit)."""
+    base = h.baseline(cfg.baseline_steps)
+    if not base or h.batch is None or not h.stats[-1].reports_success:
+        return None
+    last = h.stats[-1]
+    rise = last.reward_mean - _mean([b.reward_mean for b in base])
+    success_rise = last.success_rate - _mean([b.success_rate for b in base])
+    fired = rise >= cfg.reward_rise and success_rise < cfg.success_rise
+    unsuccessful = sorted((e for e in h.batch if not e.success), key=lambda e: -e.outcome)
+    return _finding(
+        "reward-without-success", "warning", rise, cfg.reward_rise, fired,
+        f"mean reward rose by {rise:+.3f} over the first steps while the success rate moved {success_rise:+.3f}",
+        "Look at what the rewarded unsuccessful episodes do and remove the reward they exploit (shaping, "
+        "partial credit, a lenient check).",
+        h, [h.evidence(e, None, text=f"reward {e.outcome:+.3f}, success {e.success}") for e in unsuccessful], cfg)
+
+
+def check_tool_result_ignored(h: History, cfg: DoctorConfig) -> Finding | None:
+    """In tool environments, final answers that contain none of the tool results the
+    episode received (numbers compared as numbers): the tool call is decoration."""
+    if h.batch is None:
+        return None
+    judged, ignored = 0, []
+    for ep in h.batch:
+        results: list[str] = []
+        final = None
+        for t in ep.turns:
+            if t.source != "model":
+                continue
+            if t.tool_calls or "tool_result" in t.info:
+                results += [str(c.get("result")) for c in t.tool_calls if c.get("success") and c.get("result")]
+                results += [str(t.info["tool_result"])] if "tool_result" in t.info else []
+            elif results and not t.parse_error and not t.info.get("invalid_action"):
+                final = t
+        if final is None:
+            continue
+        judged += 1
+        said = final.action
+        numbers = {float(x) for x in _NUMBER_RE.findall(said)}
+        used = any(r.strip() and (r.strip() in said or {float(x) for x in _NUMBER_RE.findall(r)} & numbers)
+                   for r in results)
+        if not used:
+            ignored.append(h.evidence(ep, final, _span(final)))
+    if judged < cfg.min_samples:
+        return None
+    share = len(ignored) / judged
+    return _finding(
+        "tool-result-ignored", "warning", share, cfg.tool_ignored_share, share >= cfg.tool_ignored_share,
+        f"{len(ignored)} of {judged} final answers given after a tool result contain none of the results",
+        "Reward answers that use the tool's result (or check the result reaches the model in a form it reads).",
+        h, ignored, cfg)
+
+
+# -- collapse -----------------------------------------------------------------------------
+def check_template_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Replies collapsing onto a template: the share of distinct replies in the batch fell
+    below a threshold and far below the first steps', or the replies' word-bigram entropy
+    fell far below the first steps'. Needs at least two batches."""
+    base = h.baseline(cfg.baseline_steps)
+    if not base or h.batch is None or h.stats[-1].model_turns < cfg.min_samples:
+        return None
+    last = h.stats[-1]
+    ratio0, ent0 = _mean([b.distinct_ratio for b in base]), _mean([b.bigram_entropy for b in base])
+    by_ratio = last.distinct_ratio < cfg.min_distinct_ratio and last.distinct_ratio < cfg.collapse_fraction * ratio0
+    by_entropy = ent0 > 0 and last.bigram_entropy < cfg.collapse_fraction * ent0
+    turns = model_turns(h.batch)
+    common, count = Counter(t.action.strip() for _, t in turns).most_common(1)[0]
+    return _finding(
+        "template-collapse", "warning", last.distinct_ratio, min(cfg.min_distinct_ratio, cfg.collapse_fraction * ratio0),
+        by_ratio or by_entropy,
+        f"{last.distinct_ratio:.0%} of replies are distinct (first steps {ratio0:.0%}), reply bigram entropy "
+        f"{last.bigram_entropy:.2f} nats (first steps {ent0:.2f}); the most common reply, {common!r}, is "
+        f"{count} of {len(turns)}",
+        "Raise the entropy bonus or temperature, add a KL term, or vary the prompts; check whether the common "
+        "reply is a trick (see the other findings).",
+        h, [h.evidence(ep, t) for ep, t in turns if t.action.strip() == common], cfg)
+
+
+def check_repetition_to_limit(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Replies cut at max_tokens (`finish_reason == "length"`) that end inside a repeated
+    unit ("Answer: 12 Answer: 12 Answer: 1"): the model loops until the token limit."""
+    if h.batch is None:
+        return None
+    turns = model_turns(h.batch)
+    if len(turns) < cfg.min_samples:
+        return None
+    looping = []
+    for ep, t in turns:
+        if t.finish_reason == "length":
+            tail = _repeated_tail(t.action.rstrip(), cfg.repeat_count, cfg.repeat_max_period)
+            if tail:
+                looping.append(h.evidence(ep, t, tail))
+    share = len(looping) / len(turns)
+    return _finding(
+        "repetition-to-limit", "warning", share, cfg.repetition_share, share >= cfg.repetition_share and looping,
+        f"{len(looping)} of {len(turns)} replies hit max_tokens while repeating the same text",
+        "Penalise truncated replies (or end the turn at the answer with a stop string) so looping to the "
+        "limit earns nothing.",
+        h, looping, cfg)
+
+
+def _repeated_tail(text: str, count: int, max_period: int) -> list[int] | None:
+    """[start, end] of the longest periodic tail of `text` holding >= `count` repeats of a unit."""
+    n = len(text)
+    for p in range(1, min(max_period, n // count) + 1):
+        if text[n - p * count:n - p] == text[n - p * (count - 1):n]:  # the last count*p chars have period p
+            start = n - p * count
+            while start > 0 and text[start - 1] == text[start - 1 + p]:
+                start -= 1
+            if n - start >= 8 and text[start:n].strip():
+                return [start, n]
+    return None
+
+
+def check_length_drift(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Mean reply length (tokens per model turn) moving far from the first steps'."""
+    base = h.baseline(cfg.baseline_steps)
+    if not base or h.batch is None:
+        return None
+    last, ref = h.stats[-1], _mean([b.reply_tokens_mean for b in base])
+    if ref <= 0 or last.model_turns < cfg.min_samples:
+        return None
+    ratio = last.reply_tokens_mean / ref
+    fired = ratio >= cfg.length_ratio or ratio <= 1 / cfg.length_ratio
+    turns = sorted(model_turns(h.batch), key=lambda x: x[1].token_end - x[1].token_start, reverse=ratio >= 1)
+    return _finding(
+        "length-drift", "warning", ratio, cfg.length_ratio, fired,
+        f"replies average {last.reply_tokens_mean:.1f} tokens, {ratio:.2f}x the first steps' {ref:.1f}",
+        "Read the longest (or shortest) replies: padding, looping or answer-only collapse; add a length penalty "
+        "or adjust max_tokens if it is a hack.",
+        h, [h.evidence(ep, t) for ep, t in turns], cfg)
+
+
+def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:
+    """The share of replies cut at max_tokens rising far above the first steps'."""
+    base = h.baseline(cfg.baseline_steps)
+    if not base or h.batch is None or h.stats[-1].model_turns < cfg.min_samples:
+        return None
+    last, ref = h.stats[-1], _mean([b.truncation_rate for b in base])
+    rise = last.truncation_rate - ref
+    cut = [(ep, t) for ep, t in model_turns(h.batch) if t.finish_reason == "length"]
+    return _finding(
+        "truncation-surge", "warning", rise, cfg.truncation_rise, rise >= cfg.truncation_rise,
+        f"{last.truncation_rate:.0%} of replies end at max_tokens (first steps {ref:.0%})",
+        "Read the truncated replies; penalise running to the limit or raise max_tokens if the answers need it.",
+        h, [h.evidence(ep, t) for ep, t in cut], cfg)
+
+
+def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
+    """`actor/entropy` (recorded by the update) falling far below the first steps'."""
+    rows = [(r.get("step"), float(r["actor/entropy"])) for r in h.metrics
+            if isinstance(r.get("actor/entropy"), (int, float)) and math.isfinite(r["actor/entropy"])]
+    if len(rows) <= cfg.baseline_steps:
+        return None
+    ref = _mean([v for _, v in rows[:cfg.baseline_steps]])
+    if ref <= 0:
+        return None
+    step, last = rows[-1]
+    ratio = last / ref
+    ev = []
+    if h.batch is not None:
+        common = Counter(t.action.strip() for _, t in model_turns(h.batch)).most_common(1)
+        ev = [h.evidence(ep, t) for ep, t in model_turns(h.batch) if common and t.action.strip() == common[0][0]]
+    return _finding(
+        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction,
+        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: the policy has nearly "
+        "stopped exploring",
+        "Add an entropy bonus (training.entropy_coeff) or a KL term (use_kl_loss), or lower the learning rate.",
+        h, ev, cfg, step=step)
+
+
+def check_kl_spike(h: History, cfg: DoctorConfig) -> Finding | None:
+    """A step whose `kl/mean` (policy vs reference) jumps far above the median of the steps
+    before it; the worst such step is reported."""
+    rows = [(r.get("step"), float(r["kl/mean"])) for r in h.metrics
+            if isinstance(r.get("kl/mean"), (int, float)) and math.isfinite(r["kl/mean"])]
+    if len(rows) <= cfg.baseline_steps:
+        return None
+    worst = None
+    for i in range(cfg.baseline_steps, len(rows)):
+        ref = max(median(abs(v) for _, v in rows[:i]), 1e-12)
+        ratio = abs(rows[i][1]) / ref
+        if worst is None or ratio > worst[0]:
+            worst = (ratio, rows[i][0], rows[i][1], ref)
+    ratio, step, value, ref = worst
+    threshold = max(cfg.kl_spike_factor * ref, cfg.kl_spike_min)
+    ev = []
+    if h.batch is not None and h.step == step and h.batch.has("kl"):
+        kl = h.batch.kl.abs().sum(dim=1)  # (B,)
+        order = sorted(range(len(h.batch)), key=lambda b: -float(kl[b]))
+        ev = [h.evidence(h.batch[b], None, text=f"summed |KL| {float(kl[b]):.3g}") for b in order]
+    return _finding(
+        "kl-spike", "warning", value, threshold, abs(value) >= threshold,
+        f"kl/mean {value:.3g} at step {step} is {ratio:.1f}x the median {ref:.3g} of the steps before",
+        "Lower the learning rate or raise the KL coefficient, and look at that step's batch for a degenerate reply.",
+        h, ev, cfg, step=step)
+
+
+# -- dead signal ----------------------------------------------------------------------------
+def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Share of GRPO groups (episodes with one `group_id`) whose rewards are all equal,
+    in a batch that is not solved: those groups give a group-relative estimator nothing."""
+    if h.batch is None:
+        return None
+    groups: dict[str, list] = {}
+    for ep in h.batch:
+        groups.setdefault(ep.group_id, []).append(ep)
+    groups = {g: eps for g, eps in groups.items() if len(eps) > 1}
+    if len(groups) < 2:
+        return None
+    flat = [eps for eps in groups.values() if len({round(e.outcome, 9) for e in eps}) == 1]
+    share = len(flat) / len(groups)
+    success = h.stats[-1].success_rate
+    fired = share >= cfg.zero_variance_share and success < cfg.solved_success_rate
+    return _finding(
+        "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired,
+        f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): their "
+        "advantages are 0 and they teach nothing",
+        "Make the task easier (or harder), raise group_size or the temperature, or shape the reward so a "
+        "group's episodes differ.",
+        h, [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards {eps[0].outcome:+.3f}")
+            for eps in flat], cfg)
+
+
+def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Share of model turns whose action could not be parsed (`Turn.parse_error`) or that
+    the environment called invalid (`info["invalid_action"]`)."""
+    if h.batch is None:
+        return None
+    turns = model_turns(h.batch)
+    if len(turns) < cfg.min_samples:
+        return None
+    bad = [(ep, t) for ep, t in turns if t.parse_error or t.info.get("invalid_action")]
+    share = len(bad) / len(turns)
+    return _finding(
+        "format-errors", "warning", share, cfg.format_error_share, share >= cfg.format_error_share,
+        f"{len(bad)} of {len(turns)} replies could not be parsed or were invalid actions",
+        "Show the reply format in the system prompt (an example turn), use a lenient parser, or warm up with "
+        "a few SFT examples.",
+        h, [h.evidence(ep, t) for ep, t in bad], cfg)
+
+
+def check_tokenization_mismatch(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Episodes whose tokens differ from a re-render of their conversation (the alignment
+    warnings in `Episode.warnings`): the trained tokens are not what the model will see."""
+    if h.batch is None or not len(h.batch):
+        return None
+    bad = [ep for ep in h.batch if any(not w.startswith(_NOT_ALIGNMENT) for w in ep.warnings)]
+    share = len(bad) / len(h.batch)
+    return _finding(
+        "tokenization-mismatch", "error", share, cfg.mismatch_share, share > cfg.mismatch_share,
+        f"{len(bad)} of {len(h.batch)} episodes have token alignment warnings",
+        "Fix the chat template or the observation rendering named in the episode warning before training on "
+        "these tokens.",
+        h, [h.evidence(ep, None, text=next(w for w in ep.warnings if not w.startswith(_NOT_ALIGNMENT)))
+            for ep in bad], cfg)
+
+
+#: Every check by name, in report order.
+CHECKS: dict[str, Check] = {
+    "parse-from-incidental-span": check_parse_from_incidental_span,
+    "reward-without-success": check_reward_without_success,
+    "tool-result-ignored": check_tool_result_ignored,
+    "template-collapse": check_template_collapse,
+    "repetition-to-limit": check_repetition_to_limit,
+    "length-drift": check_length_drift,
+    "truncation-surge": check_truncation_surge,
+    "entropy-collapse": check_entropy_collapse,
+    "kl-spike": check_kl_spike,
+    "zero-variance-groups": check_zero_variance_groups,
+    "format-errors": check_format_errors,
+    "tokenization-mismatch": check_tokenization_mismatch,
+}
+
+
+def run_checks(history: History, config: DoctorConfig | None = None,
+               names: list[str] | None = None) -> list[Finding]:
+    """Every check (or `names`) on `history`; measured ones, fired or not, in `CHECKS` order."""
+    cfg = config or DoctorConfig()
+    out = []
+    for name in names or CHECKS:
+        found = CHECKS[name](history, cfg)
+        if found is not None:
+            out.append(found)
+    return out
+
+
+class StepDoctor:
+    """The per-step doctor `Trainer.fit` runs: `observe(batch, step, metrics)` adds the
+    step, runs every check, prints one line per finding not printed before (through
+    `write`), and returns `{"diagnose/<name>": value}` for every measured check plus
+    `perf/doctor_seconds` (what the checks cost this step).
+
+    Args:
+        config: thresholds (default `DoctorConfig()`).
+        write: where finding lines go (default `print`).
+    """
+
+    def __init__(self, config: DoctorConfig | None = None, write: Callable[[str], Any] = print):
+        self.config = config or DoctorConfig()
+        self.write = write
+        self.history = History()
+        self.findings: list[Finding] = []
+        """The fired findings of the latest step."""
+        self.reported: set[str] = set()
+        """Names already printed."""
+
+    def observe(self, batch: Any, step: int, metrics: list[dict[str, Any]]) -> dict[str, float]:
+        start = time.perf_counter()
+        self.history.add(batch, step)
+        self.history.metrics = list(metrics)
+        measured = run_checks(self.history, self.config)
+        self.findings = [f for f in measured if f.fired]
+        for f in self.findings:
+            if f.name not in self.reported:
+                self.reported.add(f.name)
+                self.write(f.line())
+        out = {f"diagnose/{f.name}": f.value for f in measured}
+        out["perf/doctor_seconds"] = time.perf_counter() - start
+        return out

@@ -1,0 +1,255 @@
+"""What the run doctor reports and what it keeps between steps: `DoctorConfig` (every
+threshold, one field each), `Finding` and `Evidence`, `BatchStats` (a few numbers per
+batch that the drift checks compare with the first steps) and `History` (the stats of
+every step seen, the latest batch and the metric rows).
+
+Core layer (beside `trajectory`): `workbench.doctor_checks` holds the checks,
+`Trainer.fit` runs them per step, `workbench.debug.doctor` is the public front.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from workbench.trajectory import Episode, TrajectoryBatch, Turn
+
+#: Severities, mildest first.
+SEVERITIES = ("info", "warning", "error")
+_WORD_RE = re.compile(r"\S+")
+
+
+@dataclass
+class DoctorConfig:
+    """Thresholds of the doctor's checks (`workbench.doctor_checks`)."""
+
+    baseline_steps: int = 2
+    """How many first batches (or metric rows) the drift checks take as "the first steps"."""
+    min_samples: int = 4
+    """Fewest units a check judges from (rewarded turns, model turns, groups, episodes);
+    with fewer it stays silent."""
+    incidental_coverage: float = 0.5
+    """parse-from-incidental-span: a rewarded turn's action is incidental when its span
+    covers less than this share of the (stripped) reply."""
+    incidental_share: float = 0.5
+    """parse-from-incidental-span fires when at least this share of rewarded turns is incidental."""
+    min_distinct_ratio: float = 0.25
+    """template-collapse: distinct replies / model turns of the latest batch must be below this..."""
+    collapse_fraction: float = 0.5
+    """...and below this fraction of the first steps' ratio; or the replies' word-bigram
+    entropy fell below this fraction of the first steps'."""
+    repeat_count: int = 3
+    """repetition-to-limit: a reply cut at max_tokens ends inside a unit (of at most
+    `repeat_max_period` characters) repeated at least this many times."""
+    repeat_max_period: int = 64
+    """repetition-to-limit: longest repeated unit looked for, in characters."""
+    repetition_share: float = 0.25
+    """repetition-to-limit fires when at least this share of model turns ends that way."""
+    length_ratio: float = 2.0
+    """length-drift fires when the mean reply length is this many times the first steps'
+    (or less than 1 / this)."""
+    truncation_rise: float = 0.25
+    """truncation-surge fires when the share of replies cut at max_tokens rose by this much
+    (absolute) over the first steps'."""
+    zero_variance_share: float = 0.75
+    """zero-variance-groups fires when at least this share of GRPO groups has all rewards equal..."""
+    solved_success_rate: float = 0.9
+    """...and the batch's success rate is below this (a solved batch has nothing left to learn;
+    that is not a dead signal)."""
+    reward_rise: float = 0.25
+    """reward-without-success: mean reward rose by at least this much over the first steps'..."""
+    success_rise: float = 0.05
+    """...while the success rate rose by less than this."""
+    tool_ignored_share: float = 0.5
+    """tool-result-ignored fires when at least this share of final answers after a tool
+    result contains none of the results."""
+    entropy_fraction: float = 0.2
+    """entropy-collapse fires when `actor/entropy` fell below this fraction of the first steps'."""
+    kl_spike_factor: float = 10.0
+    """kl-spike: `kl/mean` of a step is this many times the median of the steps before it..."""
+    kl_spike_min: float = 0.05
+    """...and at least this large."""
+    format_error_share: float = 0.3
+    """format-errors fires when at least this share of model turns could not be parsed or was invalid."""
+    mismatch_share: float = 0.0
+    """tokenization-mismatch fires when more than this share of episodes has an alignment warning."""
+    max_evidence: int = 3
+    """Evidence episodes kept per finding."""
+
+
+@dataclass
+class Evidence:
+    """Where a finding shows: one turn of one episode, with the span of its reply."""
+
+    episode_id: int
+    """`Episode.episode_id` in the batch of `step`."""
+    step: int | None
+    """Training step of the batch (for `source="eval"`: the global step it was evaluated at)."""
+    turn: int | None
+    """0-based turn index, or None when the whole episode is the evidence."""
+    text: str = ""
+    """The reply of that turn (or a short description of the episode)."""
+    span: list[int] | None = None
+    """[start, end] of `text` that matters (the action read, the repeated tail), or None."""
+    source: str = "train"
+    """"train" (a training step's batch) or "eval" (a held-out batch)."""
+    seed: int | None = None
+    """The episode's environment seed."""
+
+    def quote(self, width: int = 60) -> str:
+        """The reply with the span in [[...]], cut to about `width` characters around it."""
+        text = self.text
+        if self.span:
+            s, e = self.span
+            text = f"{text[:s]}[[{text[s:e]}]]{text[e:]}"
+            s = max(0, s - width // 2)
+            text = ("..." if s else "") + text[s:s + width + 4] + ("..." if len(text) > s + width + 4 else "")
+        elif len(text) > width:
+            text = text[:width] + "..."
+        return text.replace("\n", " ")
+
+    def where(self) -> str:
+        """"held-out episode 3 (seed 10003), step 8, turn 1"-style location."""
+        kind = "held-out episode" if self.source == "eval" else "episode"
+        parts = [f"{kind} {self.episode_id}" + (f" (seed {self.seed})" if self.seed is not None else "")]
+        if self.step is not None:
+            parts.append(f"step {self.step}")
+        if self.turn is not None:
+            parts.append(f"turn {self.turn}")
+        return ", ".join(parts)
+
+
+@dataclass
+class Finding:
+    """One check's verdict: what was measured, against which threshold, where it shows,
+    and one sentence of what to do. `fired` is False for a measurement under threshold
+    (kept for the `diagnose/<name>` metrics; `diagnose` returns only fired ones)."""
+
+    name: str
+    """The check's name, e.g. "parse-from-incidental-span" (metric `diagnose/<name>`)."""
+    severity: str
+    """"info", "warning" or "error"."""
+    value: float
+    """The measured number."""
+    threshold: float
+    """The threshold it was compared with (`DoctorConfig`)."""
+    message: str
+    """What was measured, in one or two sentences."""
+    advice: str
+    """One sentence of what to do."""
+    evidence: list[Evidence] = field(default_factory=list)
+    """Episodes that show it (up to `DoctorConfig.max_evidence`)."""
+    step: int | None = None
+    """Step (batch or metrics row) the number was measured at."""
+    source: str = "train"
+    """"train" or "eval" (the held-out batches)."""
+    fired: bool = True
+    """Whether the threshold was crossed."""
+
+    def line(self) -> str:
+        """One line: name, severity, the number against its threshold, the first evidence."""
+        where = f"; see {self.evidence[0].where()}: {self.evidence[0].quote()!r}" if self.evidence else ""
+        held = " (held-out)" if self.source == "eval" else ""
+        return (f"doctor: {self.name}{held} [{self.severity}] {self.value:.3g} vs {self.threshold:.3g}: "
+                f"{self.message}{where}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Finding":
+        data = dict(data)
+        data["evidence"] = [Evidence(**e) for e in data.get("evidence", [])]
+        return cls(**data)
+
+    def __str__(self) -> str:
+        return self.line()
+
+
+def model_turns(batch: TrajectoryBatch) -> list[tuple[Episode, Turn]]:
+    """(episode, turn) for every turn the policy sampled."""
+    return [(ep, t) for ep in batch for t in ep.turns if t.source == "model"]
+
+
+def bigram_entropy(texts: list[str]) -> float:
+    """Entropy (nats) of the word bigrams of all `texts` pooled (0.0 when there are none)."""
+    counts: Counter = Counter()
+    for text in texts:
+        words = ["<s>", *_WORD_RE.findall(text), "</s>"]
+        counts.update(zip(words, words[1:]))
+    n = sum(counts.values())
+    return -sum(c / n * math.log(c / n) for c in counts.values()) if n else 0.0
+
+
+@dataclass
+class BatchStats:
+    """The numbers of one batch that the drift checks compare across steps."""
+
+    step: int
+    """Training step (or evaluation step) of the batch."""
+    model_turns: int
+    """Turns sampled by the policy."""
+    reply_tokens_mean: float
+    """Mean tokens per model turn."""
+    truncation_rate: float
+    """Share of model turns that ended at max_tokens (`finish_reason == "length"`)."""
+    distinct_ratio: float
+    """Distinct (stripped) replies / model turns."""
+    bigram_entropy: float
+    """`bigram_entropy` of the model turns' replies."""
+    reward_mean: float
+    """Mean episode outcome (`Episode.outcome`)."""
+    success_rate: float
+    """Share of episodes with `success`."""
+    reports_success: bool
+    """Whether the environment put a "success" key in any step info."""
+
+    @classmethod
+    def of(cls, batch: TrajectoryBatch, step: int) -> "BatchStats":
+        turns = model_turns(batch)
+        replies = [t.action.strip() for _, t in turns]
+        n, eps = max(len(turns), 1), max(len(batch), 1)
+        return cls(
+            step=step, model_turns=len(turns),
+            reply_tokens_mean=sum(t.token_end - t.token_start for _, t in turns) / n,
+            truncation_rate=sum(t.finish_reason == "length" for _, t in turns) / n,
+            distinct_ratio=len(set(replies)) / n, bigram_entropy=bigram_entropy(replies),
+            reward_mean=sum(e.outcome for e in batch) / eps,
+            success_rate=sum(bool(e.success) for e in batch) / eps,
+            reports_success=any("success" in t.info for e in batch for t in e.turns))
+
+
+@dataclass
+class History:
+    """What the checks look at: per-step `BatchStats` (earliest first), the latest batch
+    (the evidence comes from it) and the metric rows (one dict per training step)."""
+
+    source: str = "train"
+    """"train" or "eval"."""
+    stats: list[BatchStats] = field(default_factory=list)
+    """One entry per batch added, earliest first."""
+    batch: TrajectoryBatch | None = None
+    """The latest batch added."""
+    step: int | None = None
+    """Its step."""
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    """Metric rows (`Trainer.metrics_history` or metrics.jsonl), earliest first."""
+
+    def add(self, batch: TrajectoryBatch, step: int) -> "History":
+        """Record `batch` as step `step` (its stats are kept, the batch replaces the last one)."""
+        self.stats.append(BatchStats.of(batch, step))
+        self.batch, self.step = batch, step
+        return self
+
+    def baseline(self, n: int) -> list[BatchStats]:
+        """The first steps' stats: at most `n`, never the latest one (empty with one batch)."""
+        return self.stats[:max(0, min(n, len(self.stats) - 1))]
+
+    def evidence(self, ep: Episode, turn: Turn | None, span: list[int] | None = None,
+                 text: str | None = None) -> Evidence:
+        """Evidence for a turn (or a whole episode) of the latest batch."""
+        return Evidence(episode_id=ep.episode_id, step=self.step, turn=None if turn is None else turn.index,
+                        text=text if text is not None else (turn.action if turn is not None else ""),
+                        span=list(span) if span else None, source=self.source, seed=ep.env_seed)
