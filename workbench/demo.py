@@ -164,6 +164,8 @@ def run_demo(args: argparse.Namespace) -> int:
           f"curve: {train_out / 'reward_curve.png'}")
     held_out = [f for f in report["findings"] if f.source == "eval"] or report["findings"]
     print("\n" + (held_out[0].line() if held_out else "doctor: no findings")
-          + f"\n(every finding with its evidence episodes: {train_out / 'summary.md'})")
+          + f"\n(every finding with its evidence episodes: {train_out / 'summary.md'}, or "
+            f"`python -m workbench diagnose {train_out}`; reopen the run with "
+            f"`workbench.debug.load_run({str(train_out)!r})`)")
     print(NEXT)
     return 0
