@@ -11,7 +11,7 @@ from envs import make_env
 from tests.doctor_policies import count_up_from_4, expert, roll, roll_steps
 from tests.test_doctor_checks import GUESS, diverse
 from tests.test_trainer import tiny_config
-from workbench import Trainer
+from workbench import ConfigStore, Trainer
 from workbench.cli import main
 from workbench.debug.doctor import diagnose, findings_markdown, findings_table
 
@@ -28,6 +28,7 @@ def run_dir(tiny_model_and_tokenizer, tmp_path_factory):
         batch.save(run / "rollouts" / f"step_{step:06d}.jsonl.gz")
         rows.append({"step": step, **batch.summary(), "actor/entropy": [2.0, 1.9, 0.1][step]})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    ConfigStore().save(run / "config.yaml")
     roll(tok, "guess_number", expert("guess_number"), first_seed=10_000, group_size=1, groups=8,
          **GUESS).save(run / "evals" / "step_000000.jsonl.gz")
     roll(tok, "guess_number", count_up_from_4, first_seed=10_000, group_size=1, groups=8,
@@ -89,7 +90,9 @@ def test_reports_say_so_when_nothing_is_found():
 
 
 def test_diagnose_refuses_what_it_cannot_read(tmp_path):
-    with pytest.raises(FileNotFoundError):
+    from workbench.debug import RunError
+
+    with pytest.raises(RunError, match="nope"):
         diagnose(str(tmp_path / "nope"))
     with pytest.raises(TypeError):
         diagnose(42)

@@ -39,50 +39,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
-from pathlib import Path
 from typing import Any, Iterable
 
 from workbench.doctor_checks import CHECKS, run_checks
+from workbench.debug.runs import load_run
 from workbench.doctor_findings import DoctorConfig, Evidence, Finding, History
 from workbench.trajectory import TrajectoryBatch
 
 __all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", "CHECKS",
            "findings_table", "findings_markdown", "add_diagnose_parser", "cmd_diagnose"]
 
-_STEP_FILE = re.compile(r"step_(\d+)\.jsonl\.gz$")
 #: Checks that read the metric rows; their evidence comes from the batch of the step they name.
 _METRIC_CHECKS = ("entropy-collapse", "kl-spike")
-
-
-class _FolderRun:
-    """A run folder read directly (the layout `load_run` reads): `rollouts/step_*.jsonl.gz`,
-    `evals/step_*.jsonl.gz`, `metrics.jsonl`. Enough for `diagnose` without `load_run`."""
-
-    def __init__(self, path: str | os.PathLike):
-        self.path = Path(path)
-        if not self.path.is_dir():
-            raise FileNotFoundError(f"diagnose: {self.path} is not a run folder")
-        self.steps = self._steps("rollouts")
-        self.eval_steps = self._steps("evals")
-        self.metrics = []
-        metrics = self.path / "metrics.jsonl"
-        if metrics.exists():
-            for line in metrics.read_text().splitlines():
-                try:
-                    self.metrics.append(json.loads(line))
-                except ValueError:
-                    continue  # a line cut by a crash: the others still count
-
-    def _steps(self, folder: str) -> list[int]:
-        found = (_STEP_FILE.match(p.name) for p in (self.path / folder).glob("step_*.jsonl.gz"))
-        return sorted(int(m.group(1)) for m in found if m)
-
-    def batch(self, step: int) -> TrajectoryBatch:
-        return TrajectoryBatch.load(self.path / "rollouts" / f"step_{step:06d}.jsonl.gz")
-
-    def eval_batch(self, step: int) -> TrajectoryBatch:
-        return TrajectoryBatch.load(self.path / "evals" / f"step_{step:06d}.jsonl.gz")
 
 
 def _rows(metrics: Any) -> list[dict[str, Any]]:
@@ -145,8 +113,8 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
 
     Args:
         run_or_batches: one `TrajectoryBatch`; a list of batches (first = earliest, steps
-            0, 1, ...); a run folder path (`RUN/rollouts/step_*.jsonl.gz`, `RUN/evals/...`,
-            `RUN/metrics.jsonl`); a `History`; or a reopened run (`.steps`, `.batch(step)`,
+            0, 1, ...); a run folder path (read with `load_run`: `RUN/rollouts/step_*.jsonl.gz`,
+            `RUN/evals/...`, `RUN/metrics.jsonl`, `RUN/config.yaml`); a `History`; or a reopened run (`.steps`, `.batch(step)`,
             `.metrics`, optionally `.eval_batch(step)` with `.eval_steps` or `.evals`).
         config: thresholds (default `DoctorConfig()`).
     """
@@ -161,7 +129,7 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
             raise TypeError("diagnose: a list must hold TrajectoryBatch objects")
         return diagnose_parts(_history(enumerate(run), "train"), (), cfg)
     if isinstance(run, (str, os.PathLike)):
-        run = _FolderRun(run)
+        run = load_run(run)  # a RunError says what is missing from the folder
     if not (hasattr(run, "steps") and callable(getattr(run, "batch", None))):
         raise TypeError(f"diagnose: expected a batch, a list of batches, a run folder or a run, "
                         f"got {type(run).__name__}")
