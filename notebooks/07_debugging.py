@@ -152,8 +152,33 @@ diff.top_tokens
 TokenView(diff.batch, trainer.tokenizer, field="diff_delta")
 
 # %% [markdown]
+# ## 4. The run doctor
+#
+# `diagnose` runs small named checks over the reopened run, step by step: is the
+# action the environment received a small part of the reply (a number pulled out of a sentence),
+# do replies collapse to one template, run into the token limit, do groups carry no signal, ...
+# Each finding names its number, its threshold and the episodes that show it. `FindingsPanel`
+# lists them; picking one opens its evidence episode with the part of the reply that matters
+# marked. What it finds depends on how far this short run got; `make demo`'s longer run ends with
+# a `parse-from-incidental-span` finding (see the README).
+
+# %%
+from workbench.debug import diagnose
+from workbench.widgets import FindingsPanel
+
+findings = diagnose(run)
+for f in findings:
+    print(f.line())
+print(f"{len(findings)} finding(s)")
+panel = FindingsPanel(findings, run)   # evidence episodes come from the run's saved batches
+if findings:
+    panel.pick(0)
+panel
+
+# %% [markdown]
 # The same from a shell, on any run folder:
 #
 # ```bash
 # python -m workbench diff base RUN/checkpoints/step_000004 --run RUN --step 3 --top 10
+# python -m workbench diagnose RUN
 # ```
