@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import torch
 
 from workbench.distributed.learners import LearnerGroup, optimizer_pairs, trained_names
+from workbench.distributed.placement import reserve
 from workbench.distributed.rollout_workers import RolloutWorkerGroup
 from workbench.trajectory import TrajectoryBatch
 
@@ -48,9 +49,15 @@ class RayStages:
 
     def __init__(self, trainer: Any):
         cfg = trainer.config
-        self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
-                                                  trainer.tools, trainer.parser)
-        self.learners = LearnerGroup(cfg, cfg.ray.num_learners)
+        # One placement group for both (or PlacementError now, never a silent wait).
+        self.placement = reserve(cfg)
+        try:
+            self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
+                                                      trainer.tools, trainer.parser, placement=self.placement)
+            self.learners = LearnerGroup(cfg, cfg.ray.num_learners, placement=self.placement)
+        except BaseException:
+            self.shutdown()
+            raise
         self.push(trainer)
 
     def _state(self, trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -95,11 +102,14 @@ class RayStages:
 
     def shutdown(self) -> None:
         """End the workers and learners (the Ray cluster itself keeps running)."""
-        for group in (self.rollout_workers, self.learners):
+        for name in ("rollout_workers", "learners"):
+            group = getattr(self, name, None)
             try:
-                group.shutdown()
+                if group is not None:
+                    group.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+        self.placement.remove()
 
 
 def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:

@@ -32,6 +32,7 @@ controller's `Trainer.compute_logprobs`); one learner per GPU, no tensor paralle
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import time
@@ -43,7 +44,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
-from workbench.distributed.rollout_workers import require_ray
+from workbench.distributed.placement import Placement, require_ray, reserve, wait_started
 from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rows_of, set_actor_fields, shard_plan, split_groups, update_actor,
@@ -253,27 +254,35 @@ class LearnerGroup:
         config: the run's ConfigStore (model, training; `ray.address` if Ray is not started).
         num_learners: ranks of the group (defaults to `config.ray.num_learners`).
         num_gpus_per_learner: GPUs per actor; None: `config.ray.num_gpus_per_learner`, whose
-            None is 1 when CUDA is available, else 0.
+            None is 1 when CUDA is available, else 0 (ignored when `placement` is given:
+            its bundles decide).
         num_threads: torch threads per actor (None: torch's default).
+        placement: the `Placement` whose "learner" bundles the ranks run in (`RayStages`
+            reserves one for workers and learners together); None reserves one for this
+            group alone, or raises `PlacementError` if the cluster cannot hold it.
+
+    A rank that dies while starting raises `ActorStartError` naming it and the cause.
     """
 
     def __init__(self, config: ConfigStore, num_learners: int | None = None,
-                 num_gpus_per_learner: float | None = None, num_threads: int | None = 1):
+                 num_gpus_per_learner: float | None = None, num_threads: int | None = 1,
+                 placement: Placement | None = None):
         ray = require_ray("Ray learners (ray.num_learners)")
         self.config = config.validate()
         n = num_learners if num_learners is not None else config.ray.num_learners
         if n < 1:
             raise ConfigError(f"num_learners must be >= 1, got {n}")
-        if not ray.is_initialized():
-            ray.init(address=config.ray.address, include_dashboard=False)
-        if num_gpus_per_learner is None:
-            num_gpus_per_learner = config.ray.num_gpus_per_learner
-        gpus = num_gpus_per_learner if num_gpus_per_learner is not None else float(torch.cuda.is_available())
-        actor = ray.remote(num_cpus=1, num_gpus=gpus)(LearnerWorker)
+        if placement is None and num_gpus_per_learner is not None:
+            config = copy.deepcopy(config)
+            config.ray.num_gpus_per_learner = num_gpus_per_learner
+        self._own_placement = placement is None
+        self.placement = placement or reserve(config, num_actors=0, num_learners=n)
+        actor = ray.remote(LearnerWorker)
         env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         self.num_learners = n
-        self.workers = [actor.options(runtime_env={"env_vars": env}).remote(config, r, n, num_threads)
-                        for r in range(n)]
+        self.workers = [actor.options(runtime_env={"env_vars": env}, **self.placement.options("learner", r))
+                        .remote(self.config, r, n, num_threads) for r in range(n)]
+        wait_started((f"learner rank {r}", w) for r, w in enumerate(self.workers))
         host, port = ray.get(self.workers[0].free_address.remote())
         self.backend = ray.get([w.setup.remote(host, port) for w in self.workers])[0]
 
@@ -380,6 +389,8 @@ class LearnerGroup:
             for w in self.workers:
                 ray.kill(w)
             self.workers = []
+            if self._own_placement:
+                self.placement.remove()
 
     def __repr__(self) -> str:
         return f"LearnerGroup({self.num_learners} learners, backend={getattr(self, 'backend', '?')})"
