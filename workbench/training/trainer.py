@@ -43,7 +43,7 @@ from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
 from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
 from workbench.training.progress import fit_postfix, progress_bar
-from workbench.training.update import plan_update, set_kl, update_actor, update_critic
+from workbench.training.update import plan_update, require_trained_tokens, set_kl, update_actor, update_critic
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
@@ -311,6 +311,7 @@ class Trainer:
         """One full step: rollout, score, advantages, update; metrics appended to history."""
         start = time.perf_counter()
         batch = self.rollout()
+        require_trained_tokens(batch)  # every episode failed: name their errors, not a shape error
         self.score(batch)
         self.compute_advantages(batch, old_logprobs=not self._reuse_update_logprobs())
         update_metrics = self.update(batch)
