@@ -43,6 +43,7 @@ from workbench.training import checkpoint as ckpt
 from workbench.training.loggers import LoggerGroup
 from workbench.training.policy import Critic, Policy, batch_logprobs, batch_values
 from workbench.training.progress import fit_postfix, progress_bar
+from workbench.training.run_lock import begin_run
 from workbench.training.update import plan_update, require_trained_tokens, set_kl, update_actor, update_critic
 from workbench.trajectory import TrajectoryBatch
 
@@ -354,7 +355,11 @@ class Trainer:
 
         Resumes (`resume`) from the newest valid checkpoint in `checkpoint.output_dir`
         when `checkpoint.resume` is set and no step was taken (or resumed) yet; the step
-        counter continues from there.
+        counter continues from there. With `checkpoint.resume=False` an earlier run's
+        checkpoints and logs in that folder are moved to `previous_runs/<date-time>/`
+        first. While it trains, `fit` holds the folder's lock: a second run into the same
+        folder raises `RunLockedError` naming the process that holds it
+        (`workbench.training.run_lock`).
 
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), and
         a progress bar counts steps up to the target (`training.progress`).
@@ -364,11 +369,12 @@ class Trainer:
             raise ValueError("fit: give steps=N (N more steps) or an absolute target (until_step, or "
                              "num_epochs/num_iters_per_epoch), not both")
         num_iters = num_iters_per_epoch or t.num_iters_per_epoch
-        if c.resume and self.global_step == 0 and not self._resume_tried:
-            self.resume()
+        if steps is not None and (not isinstance(steps, int) or steps < 0):
+            raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
+        self.loggers = LoggerGroup(self.config)
+        # One run per folder (lock, released below); resumes, or moves an earlier run aside.
+        run_lock = begin_run(self)
         if steps is not None:
-            if not isinstance(steps, int) or steps < 0:
-                raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
             total = self.global_step + steps
         else:
             total = until_step if until_step is not None else (num_epochs or t.num_epochs) * num_iters
@@ -378,7 +384,6 @@ class Trainer:
                               FitTargetReachedWarning, stacklevel=2)
         deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.stop_reason: str | None = None
-        self.loggers = LoggerGroup(self.config)
         bar = progress_bar(t.progress, total=total, initial=min(self.global_step, total), desc="fit", unit="step")
         self._fitting = True
         try:
@@ -401,6 +406,7 @@ class Trainer:
                     break
         finally:
             self._fitting = False
+            run_lock.release()
             bar.close()
             self.loggers.close()
         return self.metrics_history
