@@ -318,9 +318,9 @@ class RayConfig:
     address: str | None = None
     """Address of an existing Ray cluster; None starts a local one."""
     num_cpus_per_actor: float | None = None
-    """CPUs Ray reserves per rollout worker; None: 1, or the cluster's CPUs shared out
-    over all rollout workers and learners when it has fewer (they mostly wait on each
-    other), so the groups fit (`workbench.distributed.placement`)."""
+    """CPUs Ray reserves per rollout worker; None: 1, or the cluster's free CPUs shared
+    out over all rollout workers and learners when it has fewer (they mostly wait on
+    each other), so the groups fit (`workbench.distributed.placement`)."""
     num_cpus_per_learner: float | None = None
     """CPUs Ray reserves per learner rank; None: as for `num_cpus_per_actor`."""
     placement_timeout_s: float = 30.0

@@ -10,9 +10,9 @@ What is asked (`demands`): one bundle per rollout worker (`ray.num_actors`) and 
 learner (`ray.num_learners`). GPUs per bundle come from `ray.num_gpus_per_actor` /
 `ray.num_gpus_per_learner` (which `workbench.verl_compat.ray_groups_from_pools` sets
 from verl's placement table). CPUs per bundle: `ray.num_cpus_per_actor` /
-`ray.num_cpus_per_learner`, whose None is 1, or the cluster's CPUs shared out evenly
-when it has fewer than rollout workers + learners: on a 2-core laptop the README's 2
-workers + 2 learners get 0.5 CPU each. They mostly wait on each other (workers sample
+`ray.num_cpus_per_learner`, whose None is 1, or the cluster's free CPUs shared out
+evenly when it has fewer than rollout workers + learners: on a 2-core laptop the
+README's 2 workers + 2 learners get 0.5 CPU each. They mostly wait on each other (workers sample
 while learners idle, then the other way round), so a fraction costs little time.
 
 All bundles go into one placement group (strategy PACK: on one node when they fit). A
@@ -107,7 +107,7 @@ def fair_cpu_share(cluster_cpus: float, actors: int) -> float:
 
 def demands(config: Any, cluster_cpus: float, num_actors: int | None = None,
             num_learners: int | None = None) -> list[Demand]:
-    """The bundles the configured groups need on a cluster of `cluster_cpus` CPUs
+    """The bundles the configured groups need on a cluster with `cluster_cpus` free CPUs
     (`num_actors` / `num_learners` override the config's counts; 0 leaves a role out)."""
     r = config.ray
     n_act = r.num_actors if num_actors is None else num_actors
@@ -212,7 +212,8 @@ def reserve(config: Any, num_actors: int | None = None, num_learners: int | None
     from ray.util.placement_group import placement_group, remove_placement_group
 
     total = {k: float(v) for k, v in ray.cluster_resources().items()}
-    asked = demands(config, total.get("CPU", 0.0), num_actors, num_learners)
+    free_cpus = float(ray.available_resources().get("CPU", 0.0))
+    asked = demands(config, free_cpus or total.get("CPU", 0.0), num_actors, num_learners)
     need = _totals(asked)
     grows = config.ray.address is not None  # a joined cluster may autoscale; ours cannot
     too_big = [k for k in ("CPU", "GPU") if need[k] > total.get(k, 0.0) + 1e-9]
