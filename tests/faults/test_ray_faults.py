@@ -4,9 +4,12 @@ this machine's real CPU count (2 here), in a fresh Python process (the session's
 
 One subprocess (a Ray cluster start costs ~20 s on 2 cores) checks, in order:
   * 8 learners asking for a GPU each on a CPU machine: `PlacementError` naming what was
-    asked and what the cluster has, well within 30 s;
+    asked and what the machine has, well within 30 s (before Ray is started);
   * the README's snippet (2 rollout workers, 2 learners) with the tiny model and an
-    environment class from a module found only through `sys.path.insert`: one GRPO step;
+    environment class from a module found only through `sys.path.insert`: one GRPO step
+    on a cluster of this machine's CPUs;
+  * while it holds every CPU, a second trainer joining the cluster (`ray.address`) waits
+    `ray.placement_timeout_s` (2 s) and fails naming what is free;
   * an environment that cannot be rebuilt on a worker: `ActorStartError` naming the
     rollout worker and the cause, not a hang and not Ray's traceback.
 """
@@ -65,8 +68,6 @@ try:
     Trainer(c, environment=driver_only_env.DriverOnlyGuess())
 except PlacementError as exc:
     out["unfit"] = [str(exc), time.monotonic() - t]
-import ray
-out["cpus"] = ray.cluster_resources().get("CPU")
 
 t = time.monotonic()
 trainer = Trainer(cfg("snippet"), environment=driver_only_env.DriverOnlyGuess())
@@ -76,6 +77,18 @@ metrics = trainer.train_step()
 out["step_s"] = time.monotonic() - t
 out["step"] = [trainer.global_step, len(trainer.last_batch), metrics["reward/mean"]]
 out["errors"] = [e.error for e in trainer.last_batch if getattr(e, "error", None)]
+import ray
+out["cpus"] = ray.cluster_resources().get("CPU")
+
+# The snippet's trainer holds every CPU: on a joined cluster (which might grow) a second
+# one waits ray.placement_timeout_s, then fails naming what is free.
+c = cfg("second")
+c.ray.address, c.ray.placement_timeout_s, c.ray.num_cpus_per_actor = "auto", 2.0, 1.0
+t = time.monotonic()
+try:
+    Trainer(c, environment=driver_only_env.DriverOnlyGuess())
+except PlacementError as exc:
+    out["wait"] = [str(exc), time.monotonic() - t]
 trainer.cleanup()
 
 t = time.monotonic()
@@ -108,7 +121,10 @@ def test_ray_as_a_user_starts_it(tiny_model_path, tmp_path):
     assert "8 learners x (" in message and "8 GPU" in message and "0 GPU" in message
     assert "ray.num_gpus_per_learner" in message and "ray.num_learners" in message
 
-    assert out["step"][:2] == [1, 4] and not out["errors"]
+    assert out["step"][:2] == [1, 4] and not out["errors"] and out["cpus"] == os.cpu_count()
+
+    message, seconds = out["wait"]
+    assert "within ray.placement_timeout_s=2 s" in message and "(0 CPU, 0 GPU free)" in message and seconds < 15
 
     message, seconds, cause = out["broken"]
     assert message.startswith("rollout worker 0 died while starting") or "rollout worker" in message

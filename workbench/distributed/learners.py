@@ -44,7 +44,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
-from workbench.distributed.placement import Placement, require_ray, reserve, wait_started
+from workbench.distributed.placement import Placement, require_ray, reserve, start_error, wait_started
 from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rows_of, set_actor_fields, shard_plan, split_groups, update_actor,
@@ -282,9 +282,19 @@ class LearnerGroup:
         self.num_learners = n
         self.workers = [actor.options(runtime_env={"env_vars": env}, **self.placement.options("learner", r))
                         .remote(self.config, r, n, num_threads) for r in range(n)]
-        wait_started((f"learner rank {r}", w) for r, w in enumerate(self.workers))
-        host, port = ray.get(self.workers[0].free_address.remote())
-        self.backend = ray.get([w.setup.remote(host, port) for w in self.workers])[0]
+        try:
+            wait_started((f"learner rank {r}", w) for r, w in enumerate(self.workers))
+            host, port = ray.get(self.workers[0].free_address.remote())
+            refs = [w.setup.remote(host, port) for w in self.workers]
+            for r, ref in enumerate(refs):  # building the models: a failure names its rank
+                try:
+                    ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                    raise start_error(f"learner rank {r}", exc, "failed while building its model") from exc
+            self.backend = ray.get(refs[0])
+        except BaseException:
+            self.shutdown(timeout=0)
+            raise
 
     def _ray(self):
         return require_ray("Ray learners (ray.num_learners)")
@@ -380,11 +390,13 @@ class LearnerGroup:
         ref = self._ray().put(states)
         self._gather([w.load_optimizer_state.remote(ref) for w in self.workers], "load_optimizer_state")
 
-    def shutdown(self) -> None:
-        """Leave the process group and end the actors."""
+    def shutdown(self, timeout: float = 60) -> None:
+        """Leave the process group and end the actors (waiting up to `timeout` s for them
+        to leave it; 0: end them at once)."""
         ray = self._ray()
         try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=60)
+            if timeout:
+                ray.get([w.shutdown.remote() for w in self.workers], timeout=timeout)
         finally:
             for w in self.workers:
                 ray.kill(w)

@@ -17,8 +17,9 @@ while learners idle, then the other way round), so a fraction costs little time.
 
 All bundles go into one placement group (strategy PACK: on one node when they fit). A
 local cluster the workbench starts cannot grow, so a demand beyond its total fails at
-once; on a cluster joined by `ray.address` (which may autoscale) the reservation waits
-up to `ray.placement_timeout_s`. Either way the `PlacementError` names what was asked,
+once (before Ray is even started, when the workbench would start it: the machine's CPU
+and GPU counts are what that cluster would have); on a cluster joined by `ray.address`
+(which may autoscale) the reservation waits up to `ray.placement_timeout_s`. Either way the `PlacementError` names what was asked,
 what the cluster has and the settings to change, instead of an actor waiting forever in
 Ray's queue.
 
@@ -121,6 +122,12 @@ def demands(config: Any, cluster_cpus: float, num_actors: int | None = None,
     return out
 
 
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def ensure_ray(config: Any) -> Any:
     """The `ray` module, with Ray started (`ray.address`: None starts a local cluster of
     this machine's CPUs; an address joins that cluster)."""
@@ -208,7 +215,17 @@ def reserve(config: Any, num_actors: int | None = None, num_learners: int | None
     """Start Ray if needed, then reserve one bundle per rollout worker and learner
     (`demands`); raise `PlacementError` if the cluster cannot hold them (at once when a
     local cluster is too small, else after `ray.placement_timeout_s`)."""
-    ray = ensure_ray(config)
+    ray = require_ray("Ray rollout workers and learners (ray.use_ray)")
+    if not ray.is_initialized() and config.ray.address is None and not os.environ.get("RAY_ADDRESS"):
+        # The local cluster ray.init would start has this machine's CPUs and GPUs: a demand
+        # beyond them fails now, without the ~20 s of starting Ray first.
+        machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(_cuda_devices())}
+        asked = demands(config, machine["CPU"], num_actors, num_learners)
+        short = [k for k in ("CPU", "GPU") if _totals(asked)[k] > machine[k] + 1e-9]
+        if short:
+            raise placement_error(asked, machine, machine, f"it needs more {' and '.join(short)} than this "
+                                  "machine has (Ray was not started)")
+    ensure_ray(config)
     from ray.util.placement_group import placement_group, remove_placement_group
 
     total = {k: float(v) for k, v in ray.cluster_resources().items()}
@@ -277,8 +294,14 @@ def wait_started(actors: Iterable[tuple[str, Any]], timeout: float | None = None
         except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
             for _, a in pairs:
                 ray.kill(a)
-            cause = _cause(exc)
-            raise ActorStartError(f"{refs[ready[0]]} died while starting: {cause}.{import_advice(cause)}") from exc
+            raise start_error(refs[ready[0]], exc) from exc
+
+
+def start_error(name: str, exc: BaseException, what: str = "died while starting") -> ActorStartError:
+    """`ActorStartError` for actor `name`: the cause read out of Ray's error (`_cause`),
+    with advice when it is a module the workers cannot import."""
+    cause = _cause(exc)
+    return ActorStartError(f"{name} {what}: {cause}.{import_advice(cause)}")
 
 
 # -- environment code for the workers -------------------------------------------------------
@@ -369,5 +392,5 @@ def ship_modules(objects: Iterable[Any]) -> list[str]:
     return names
 
 
-__all__ = ["RAY_INSTALL_COMMAND", "require_ray", "ActorStartError", "Demand", "Placement", "PlacementError", "demands", "driver_only_modules",
+__all__ = ["RAY_INSTALL_COMMAND", "require_ray", "start_error", "ActorStartError", "Demand", "Placement", "PlacementError", "demands", "driver_only_modules",
            "ensure_ray", "fair_cpu_share", "reserve", "ship_modules", "wait_started"]

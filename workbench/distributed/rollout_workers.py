@@ -242,9 +242,14 @@ class RolloutWorkerGroup:
         self._actor_cls = self.ray.remote(RolloutWorker)
         self._weights: Any = None  # ObjectRef of the last synced weights
         self.version: int | None = None
-        self.workers = [self._start(w) for w in range(self.num_workers)]
-        wait_started((f"rollout worker {w}", a) for w, a in enumerate(self.workers))
+        self.workers: list[Any] = []
         self.restarts = 0
+        try:
+            self.workers = [self._start(w) for w in range(self.num_workers)]
+            wait_started((f"rollout worker {w}", a) for w, a in enumerate(self.workers))
+        except BaseException:
+            self.shutdown()
+            raise
 
     def _start(self, index: int) -> Any:
         """A fresh actor in bundle `index`, loaded with the last synced weights (if any)."""
