@@ -27,6 +27,10 @@ Optimizer state travels apart from weights: `load_state_dict` starts fresh AdamW
 moments, `optimizer_state()` / `load_optimizer_state()` gather and set the full states
 keyed by parameter name (the controller does this around checkpoints).
 
+Placement: each rank runs in its own bundle of a Ray placement group reserved before any
+actor starts (`workbench.distributed.placement`); a rank that dies while starting or
+fails while building its model is an `ActorStartError` naming the rank and the cause.
+
 Simplified: learners hold no reference model (reference logprobs come from the
 controller's `Trainer.compute_logprobs`); one learner per GPU, no tensor parallelism.
 """
