@@ -149,7 +149,7 @@ def _describe(resources: dict[str, float]) -> str:
 
 
 def placement_error(asked: Sequence[Demand], total: dict[str, float], available: dict[str, float],
-                    why: str) -> PlacementError:
+                    why: str, where: str = "the cluster") -> PlacementError:
     """The error for a demand the cluster cannot hold: what was asked, what there is, what to set."""
     need = _totals(asked)
     short = [k for k in ("CPU", "GPU") if need[k] > total.get(k, 0) + 1e-9] or ["CPU", "GPU"]
@@ -167,7 +167,7 @@ def placement_error(asked: Sequence[Demand], total: dict[str, float], available:
                 if "GPU" in short and not total.get("GPU") else "")
     return PlacementError(
         f"Ray cannot place the rollout workers and learners: {why}. Asked for "
-        f"{' + '.join(str(d) for d in asked)} = {_describe(need)}; the cluster has {_describe(total)} "
+        f"{' + '.join(str(d) for d in asked)} = {_describe(need)}; {where} has {_describe(total)} "
         f"({_describe(available)} free). Lower {hint}{gpu_note}, or join a larger cluster with ray.address.")
 
 
@@ -224,7 +224,7 @@ def reserve(config: Any, num_actors: int | None = None, num_learners: int | None
         short = [k for k in ("CPU", "GPU") if _totals(asked)[k] > machine[k] + 1e-9]
         if short:
             raise placement_error(asked, machine, machine, f"it needs more {' and '.join(short)} than this "
-                                  "machine has (Ray was not started)")
+                                  "machine has (Ray was not started)", where="this machine")
     ensure_ray(config)
     from ray.util.placement_group import placement_group, remove_placement_group
 
