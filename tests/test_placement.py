@@ -58,3 +58,11 @@ def test_the_cause_is_read_out_of_a_ray_error():
     text = ("The actor died because of an error raised in its creation task\nTraceback (most recent call last):\n"
             '  File "x.py", line 1\nModuleNotFoundError: No module named \'my_env\'')
     assert _cause(RuntimeError(text)) == "ModuleNotFoundError: No module named 'my_env'"
+
+
+def test_an_actor_killed_for_memory_is_named_out_of_memory():
+    import ray
+
+    exc = ray.exceptions.OutOfMemoryError("Task was killed due to the node running low on memory.\n"
+                                          "Memory on the node was 22.51GB used / 23.54GB limit\n" + "detail\n" * 40)
+    assert _cause(exc) == "out of memory: Task was killed due to the node running low on memory."

@@ -293,7 +293,7 @@ class LearnerGroup:
             for r, ref in enumerate(refs):  # building the models: a failure names its rank
                 try:
                     ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+                except ray.exceptions.RayError as exc:
                     raise start_error(f"learner rank {r}", exc, "failed while building its model") from exc
             self.backend = ray.get(refs[0])
         except BaseException:

@@ -211,32 +211,44 @@ class Placement:
         return f"Placement({' + '.join(str(d) for d in self.asked)})"
 
 
+def check_fits(config: Any, num_actors: int | None = None, num_learners: int | None = None) -> None:
+    """Raise `PlacementError` now if the configured groups cannot fit what Ray has or would
+    have, reserving nothing and starting nothing (`Trainer` calls it before loading any
+    model): with Ray not started and no `ray.address` / `RAY_ADDRESS`, the cluster
+    `ray.init` would start has this machine's CPUs and GPUs; a running local cluster has
+    its totals. A cluster joined by address may grow, so it is left to `reserve`'s wait."""
+    ray = require_ray("Ray rollout workers and learners (ray.use_ray)")
+    joined = config.ray.address is not None or bool(os.environ.get("RAY_ADDRESS"))
+    if ray.is_initialized():
+        if config.ray.address is not None:
+            return
+        where, total = "the cluster", {k: float(v) for k, v in ray.cluster_resources().items()}
+        free = {k: float(v) for k, v in ray.available_resources().items()}
+        why = "it needs more {} than this local cluster has"
+    elif not joined:
+        where, total = "this machine", {"CPU": float(os.cpu_count() or 1), "GPU": float(_cuda_devices())}
+        free = total
+        why = "it needs more {} than this machine has (Ray was not started)"
+    else:
+        return
+    asked = demands(config, free.get("CPU", 0.0) or total.get("CPU", 0.0), num_actors, num_learners)
+    short = [k for k in ("CPU", "GPU") if _totals(asked)[k] > total.get(k, 0.0) + 1e-9]
+    if short:
+        raise placement_error(asked, total, free, why.format(" and ".join(short)), where=where)
+
+
 def reserve(config: Any, num_actors: int | None = None, num_learners: int | None = None) -> Placement:
     """Start Ray if needed, then reserve one bundle per rollout worker and learner
     (`demands`); raise `PlacementError` if the cluster cannot hold them (at once when a
-    local cluster is too small, else after `ray.placement_timeout_s`)."""
-    ray = require_ray("Ray rollout workers and learners (ray.use_ray)")
-    if not ray.is_initialized() and config.ray.address is None and not os.environ.get("RAY_ADDRESS"):
-        # The local cluster ray.init would start has this machine's CPUs and GPUs: a demand
-        # beyond them fails now, without the ~20 s of starting Ray first.
-        machine = {"CPU": float(os.cpu_count() or 1), "GPU": float(_cuda_devices())}
-        asked = demands(config, machine["CPU"], num_actors, num_learners)
-        short = [k for k in ("CPU", "GPU") if _totals(asked)[k] > machine[k] + 1e-9]
-        if short:
-            raise placement_error(asked, machine, machine, f"it needs more {' and '.join(short)} than this "
-                                  "machine has (Ray was not started)", where="this machine")
-    ensure_ray(config)
+    local cluster is too small, see `check_fits`, else after `ray.placement_timeout_s`)."""
+    check_fits(config, num_actors, num_learners)
+    ray = ensure_ray(config)
     from ray.util.placement_group import placement_group, remove_placement_group
 
     total = {k: float(v) for k, v in ray.cluster_resources().items()}
     free_cpus = float(ray.available_resources().get("CPU", 0.0))
     asked = demands(config, free_cpus or total.get("CPU", 0.0), num_actors, num_learners)
-    need = _totals(asked)
-    grows = config.ray.address is not None  # a joined cluster may autoscale; ours cannot
-    too_big = [k for k in ("CPU", "GPU") if need[k] > total.get(k, 0.0) + 1e-9]
-    if too_big and not grows:
-        raise placement_error(asked, total, ray.available_resources(),
-                              f"it needs more {' and '.join(too_big)} than this local cluster has")
+    check_fits(config, num_actors, num_learners)  # the cluster just started: its real totals
     bundles = [d.bundle() for d in asked for _ in range(d.count)]
     group = placement_group(bundles, strategy="PACK", name=f"workbench-{os.getpid()}-{id(asked):x}")
     timeout = config.ray.placement_timeout_s
@@ -253,6 +265,8 @@ def _cause(exc: BaseException) -> str:
     """The line of a Ray error that says what went wrong (`ModuleNotFoundError: ...`),
     without Ray's own wrapper names."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    if type(exc).__name__ == "OutOfMemoryError":  # Ray's memory monitor killed it
+        return f"out of memory: {lines[0][:300] if lines else 'killed by Ray'}"
     for ln in reversed(lines):  # the innermost exception is printed last
         head, _, rest = ln.partition(": ")
         kind = head.rsplit(".", 1)[-1]
@@ -291,7 +305,7 @@ def wait_started(actors: Iterable[tuple[str, Any]], timeout: float | None = None
             raise ActorStartError(f"{', '.join(refs[r] for r in pending)} did not start within {timeout:g} s")
         try:
             ray.get(ready[0])
-        except (ray.exceptions.RayActorError, ray.exceptions.RayTaskError) as exc:
+        except ray.exceptions.RayError as exc:  # died in __init__, killed (OOM), lost its node
             for _, a in pairs:
                 ray.kill(a)
             raise start_error(refs[ready[0]], exc) from exc
@@ -392,5 +406,5 @@ def ship_modules(objects: Iterable[Any]) -> list[str]:
     return names
 
 
-__all__ = ["RAY_INSTALL_COMMAND", "require_ray", "start_error", "ActorStartError", "Demand", "Placement", "PlacementError", "demands", "driver_only_modules",
+__all__ = ["RAY_INSTALL_COMMAND", "require_ray", "start_error", "check_fits", "ActorStartError", "Demand", "Placement", "PlacementError", "demands", "driver_only_modules",
            "ensure_ray", "fair_cpu_share", "reserve", "ship_modules", "wait_started"]

@@ -90,6 +90,10 @@ class Trainer:
                  dataset: Any = None, tools: Sequence[Any] = (), parser: Any = None,
                  engine: GenerationEngine | None = None):
         self.config = config.validate()
+        if config.ray.use_ray:  # groups Ray cannot hold: PlacementError now, before any model loads
+            from workbench.distributed.placement import check_fits
+
+            check_fits(config)
         t = config.training
         torch.manual_seed(t.seed)
         self.dataset = EpisodeDataset(dataset) if dataset is not None else None
