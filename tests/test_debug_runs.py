@@ -206,17 +206,25 @@ def test_tokenizer_of_a_run_whose_model_is_not_here_is_a_run_error(ppo_run, tmp_
         load_run(copy).tokenizer()
 
 
+class Unwritable:
+    """A value no JSON writer can turn into text (even its repr fails)."""
+
+    def __repr__(self):
+        raise ValueError("this value cannot be written")
+
+
 class GuessWithASetInInfo(GuessNumberEnv):
-    """guess_number whose step info holds a set, which JSON cannot write."""
+    """guess_number whose step info holds a value that cannot be saved (numpy arrays and
+    sets are saved as lists; this one cannot be written at all)."""
 
     def step(self, action):
         obs, reward, done, info = super().step(action)
-        return obs, reward, done, {**info, "tried": {action}}
+        return obs, reward, done, {**info, "tried": Unwritable()}
 
 
 def test_a_batch_that_cannot_be_saved_warns_and_training_goes_on(tiny_model_path, tmp_path):
     trainer = Trainer(tiny_config(tiny_model_path, tmp_path), environment=GuessWithASetInInfo())
-    with pytest.warns(run_files.RunFilesWarning, match=r"training step 0 to .*step_000000\.jsonl\.gz: TypeError"):
+    with pytest.warns(run_files.RunFilesWarning, match=r"training step 0 to .*step_000000\.jsonl\.gz: ValueError"):
         trainer.fit(steps=1)
     assert trainer.global_step == 1
     assert list((tmp_path / "ckpt" / "rollouts").iterdir()) == []  # nothing half-written left behind

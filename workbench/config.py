@@ -25,7 +25,7 @@ import yaml
 
 from workbench.config_checks import (  # noqa: F401 - ConfigError, DTYPES, resolve_*: public here too
     DTYPES, ConfigError, _check_types, _choice, _coerce_number, _field_types, _parse_device, _positive_int,
-    _short, resolve_device, resolve_dtype,
+    MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
 )
 
 if TYPE_CHECKING:
@@ -324,6 +324,16 @@ class RayConfig:
     """GPUs reserved per learner rank; None: 1 when CUDA is available, else 0."""
     address: str | None = None
     """Address of an existing Ray cluster; None starts a local one."""
+    num_cpus_per_actor: float | None = None
+    """CPUs Ray reserves per rollout worker; None: 1, or the cluster's free CPUs shared
+    out over all rollout workers and learners when it has fewer (they mostly wait on
+    each other), so the groups fit (`workbench.distributed.placement`)."""
+    num_cpus_per_learner: float | None = None
+    """CPUs Ray reserves per learner rank; None: as for `num_cpus_per_actor`."""
+    placement_timeout_s: float = 30.0
+    """Seconds to wait for Ray to reserve every worker's and learner's resources (one
+    placement group) before raising `PlacementError`, which names what was asked and
+    what the cluster has."""
 
 
 SECTIONS = {
@@ -426,9 +436,13 @@ class ConfigStore:
 
     @classmethod
     def load(cls, path: str | Path) -> "ConfigStore":
-        """Read a YAML file written by `save` (or by hand); an empty file is the defaults."""
+        """Read a YAML file written by `save` (or by hand); an empty file is the defaults.
+        A file whose aliases expand past `MAX_YAML_NODES` values (an anchor bomb) or that
+        is larger than `MAX_YAML_BYTES` is refused (`workbench.config_checks.safe_load_bounded`)."""
         try:
-            data = yaml.safe_load(Path(path).read_text())
+            data = safe_load_bounded(Path(path).read_text(), str(path))
+        except ConfigError:
+            raise
         except (yaml.YAMLError, ValueError) as exc:  # ValueError: e.g. a date like 2024-13-01
             raise ConfigError(f"{path} is not valid YAML: {exc}") from exc
         if data is not None and not isinstance(data, Mapping):
@@ -508,9 +522,9 @@ class ConfigStore:
         if c.save_interval < 0 or c.keep_last_n < 0:
             raise ConfigError("checkpoint.save_interval and checkpoint.keep_last_n must be >= 0")
         _positive_int("environment.max_steps", e.max_steps)
-        if e.step_timeout is not None and e.step_timeout < 0:
-            raise ConfigError(f"environment.step_timeout must be >= 0 seconds (0 or null: no limit), "
-                              f"got {e.step_timeout!r}")
+        if e.step_timeout is not None and not 0 <= e.step_timeout <= MAX_STEP_TIMEOUT_S:
+            raise ConfigError(f"environment.step_timeout must be between 0 and {MAX_STEP_TIMEOUT_S:g} seconds "
+                              f"(0 or null: no limit), got {e.step_timeout!r}")
         if not isinstance(e.params, dict):
             raise ConfigError(f"environment.params must be a dict, got {type(e.params).__name__}")
         _positive_int("ray.num_actors", r.num_actors)
@@ -519,6 +533,12 @@ class ConfigStore:
             value = getattr(r, name)
             if value is not None and not (math.isfinite(value) and value >= 0):
                 raise ConfigError(f"ray.{name} must be a number >= 0 (a fraction shares a GPU), got {value!r}")
+        for name in ("num_cpus_per_actor", "num_cpus_per_learner"):
+            value = getattr(r, name)
+            if value is not None and not (math.isfinite(value) and value > 0):
+                raise ConfigError(f"ray.{name} must be a number > 0 (a fraction shares a CPU), got {value!r}")
+        if not (math.isfinite(r.placement_timeout_s) and r.placement_timeout_s > 0):
+            raise ConfigError(f"ray.placement_timeout_s must be a number of seconds > 0, got {r.placement_timeout_s!r}")
         for name in ("step_reward_weight", "success_bonus", "invalid_action_penalty", "efficiency_bonus"):
             if not math.isfinite(getattr(self.reward, name)):
                 raise ConfigError(f"reward.{name} must be a finite number, got {getattr(self.reward, name)!r}")

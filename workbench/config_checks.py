@@ -15,6 +15,14 @@ if TYPE_CHECKING:
 
 DTYPES = ("float32", "bfloat16", "float16")
 
+#: Upper bound of `environment.step_timeout` (a week): longer waits overflow the timers
+#: (`threading.TIMEOUT_MAX`) and fail every reset; 0 or null means no limit.
+MAX_STEP_TIMEOUT_S = 7 * 24 * 3600.0
+#: A config YAML larger than this is refused by `ConfigStore.load`.
+MAX_YAML_BYTES = 4 * 2**20
+#: Values (mappings, lists, scalars) a config YAML may expand to, aliases counted once per use.
+MAX_YAML_NODES = 200_000
+
 
 class ConfigError(ValueError):
     """A configuration value is invalid; the message names the field."""
@@ -180,3 +188,41 @@ def _check_types(section: str, obj: Any) -> None:
 def _positive_int(name: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def safe_load_bounded(text: str, where: str = "the YAML") -> Any:
+    """`yaml.safe_load(text)`, refusing an anchor bomb before anything is built.
+
+    PyYAML builds an alias as a reference to the anchored object, so a few lines of
+    nested aliases load in microseconds and explode only later (a deep copy, a dump, a
+    loop over `environment.params`). The composed node graph is measured first: each
+    node counts once per place it appears (aliases expanded, memoised per node, so the
+    count is cheap); past `MAX_YAML_NODES`, or a text over `MAX_YAML_BYTES`, is a
+    ConfigError naming `where`."""
+    import yaml
+
+    if len(text) > MAX_YAML_BYTES:
+        raise ConfigError(f"{where} is {len(text):,} characters, over the {MAX_YAML_BYTES:,} a config may hold")
+    node = yaml.compose(text, Loader=yaml.SafeLoader)
+    if node is None:
+        return None
+    sizes: dict[int, int] = {}
+
+    def size(n: Any) -> int:
+        if id(n) in sizes:
+            return sizes[id(n)]
+        sizes[id(n)] = 1  # a recursive alias counts once instead of looping
+        total = 1
+        if isinstance(n, yaml.MappingNode):
+            total += sum(size(k) + size(v) for k, v in n.value)
+        elif isinstance(n, yaml.SequenceNode):
+            total += sum(size(v) for v in n.value)
+        sizes[id(n)] = total
+        return total
+
+    count = size(node)
+    if count > MAX_YAML_NODES:
+        raise ConfigError(f"{where} expands to {count:,} values through its anchors and aliases (&name / *name), "
+                          f"over the {MAX_YAML_NODES:,} a config may hold: write the values out or remove the "
+                          "aliases")
+    return yaml.safe_load(text)

@@ -25,8 +25,8 @@ def import_object(path: str) -> Any:
     """Import `module:attr` (attr may be dotted, `module:Outer.Inner`).
 
     Raises:
-        EnvNotFoundError: the module cannot be imported or has no such attribute; the
-            message says which part is wrong.
+        EnvNotFoundError: the module cannot be imported (or calls `sys.exit` while it is
+            imported) or has no such attribute; the message says which part is wrong.
     """
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
@@ -38,6 +38,11 @@ def import_object(path: str) -> Any:
             f"cannot import module {module_name!r} (from {path!r}): {exc}. Run from the folder that "
             f"holds it, add that folder to PYTHONPATH, or pip install the package that provides it."
         ) from exc
+    except SystemExit as exc:  # a script's sys.exit() at import would end the caller silently
+        raise EnvNotFoundError(
+            f"importing module {module_name!r} (from {path!r}) called sys.exit({exc.code!r}); a module that "
+            "provides an environment must not exit when imported: put its script part under "
+            "`if __name__ == \"__main__\":`") from None
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):

@@ -87,7 +87,6 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     if eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
         report["before"] = trainer.last_eval_batch
-        run_files.record_eval(out, config, 0, report["before"])  # OUT/evals/step_000000.jsonl.gz
         write(f"held-out before training: {evals[-1]}")
 
     def on_step(tr: Any, m: dict) -> None:
@@ -104,6 +103,9 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     if eval_episodes:
         evals.append({"step": trainer.global_step, **trainer.evaluate(eval_seeds)})
         report["after"] = trainer.last_eval_batch
+        # OUT/evals/step_XXXXXX.jsonl.gz, written after fit: a fresh run (checkpoint.resume=False)
+        # moves an earlier run's evals/ aside when fit starts.
+        run_files.record_eval(out, config, 0, report["before"])
         run_files.record_eval(out, config, trainer.global_step, report["after"])
         write(f"held-out after training: {evals[-1]}")
     if transcript is not None:

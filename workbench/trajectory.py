@@ -237,6 +237,21 @@ class Episode:
 Trajectory = Episode
 
 
+def jsonable(value: Any) -> Any:
+    """A JSON-able stand-in for a value `json` cannot write (its `default=` hook): numpy
+    arrays and tensors as nested lists (`tolist`), numpy scalars as numbers (`item`),
+    sets as sorted lists, bytes decoded (invalid UTF-8 replaced), anything else its repr."""
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if hasattr(value, "item"):
+        return value.item()
+    if isinstance(value, (set, frozenset)):
+        return sorted(value, key=repr)
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    return repr(value)
+
+
 class TrajectoryBatch:
     """Episodes plus their per-token tensors (see `TOKEN_FIELDS`)."""
 
@@ -405,20 +420,26 @@ class TrajectoryBatch:
         Floats go through Python's shortest round-trip repr, so `load` restores
         every tensor bit for bit. A path ending in ".gz" is written gzip-compressed.
         The file is written beside the target and renamed into place, so a reader
-        never sees half of it.
+        never sees half of it (and a failed save leaves no file behind). Values JSON has
+        no type for (numpy arrays and scalars, tensors, sets in a turn's `info`) are
+        written as what `jsonable` makes of them: lists and numbers, else their repr.
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         extra = [k for k in self.tensors if k not in COLLATED]
         tmp = path.with_name(f".{path.name}.tmp")
-        with _open_text(tmp, "w") as f:
-            f.write(json.dumps({"format": "workbench.trajectory_batch", "version": 1,
-                                "fields": extra, "meta": self.meta}) + "\n")
-            for b, ep in enumerate(self.episodes):
-                rec = ep.to_dict()
-                rec["_fields"] = {k: self.token_values(b, k) for k in extra}
-                f.write(json.dumps(rec) + "\n")
-        os.replace(tmp, path)
+        try:
+            with _open_text(tmp, "w") as f:
+                f.write(json.dumps({"format": "workbench.trajectory_batch", "version": 1,
+                                    "fields": extra, "meta": self.meta}, default=jsonable) + "\n")
+                for b, ep in enumerate(self.episodes):
+                    rec = ep.to_dict()
+                    rec["_fields"] = {k: self.token_values(b, k) for k in extra}
+                    f.write(json.dumps(rec, default=jsonable) + "\n")
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
         return path
 
     @classmethod

@@ -238,3 +238,57 @@ def test_redirect_off_http_is_refused(server, tok):
     msg = str(err.value)
     assert f"server backend (vllm at {server.url})" in msg and "redirect to 'ftp://127.0.0.1:1/secret' refused" in msg
     assert engine.stats()["retries"] == 0
+
+
+def test_a_reply_dripped_byte_by_byte_ends_at_the_request_timeout(tok):
+    """Why: the deadline was checked only after each 64 KiB read, and a read of a body
+    that trickles in (one byte every 20 ms, each well within the socket timeout) never
+    returned, so `request_timeout` did not bound the request."""
+    import time
+
+    body = vllm_reply([7, 8], [-1.0, -2.0]) + b" " * 20_000  # ~400 s at the drip rate
+    stop = threading.Event()
+
+    class Drip(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                for i in range(len(body)):
+                    if stop.is_set():
+                        return
+                    self.wfile.write(body[i:i + 1])
+                    self.wfile.flush()
+                    time.sleep(0.02)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Drip)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    engine = ServerEngine(f"http://127.0.0.1:{httpd.server_address[1]}", tok, kind="vllm", model="tiny",
+                          max_retries=0, timeout=1.0)
+    result: dict = {}
+
+    def call():
+        start = time.monotonic()
+        try:
+            engine.generate_ids([PROMPT], SamplingParams(max_tokens=2))
+        except EngineError as exc:
+            result["error"] = str(exc)
+        result["seconds"] = time.monotonic() - start
+
+    runner = threading.Thread(target=call, daemon=True)
+    runner.start()
+    runner.join(timeout=20)
+    stop.set()
+    httpd.shutdown()
+    httpd.server_close()
+    assert not runner.is_alive(), "the request was still running 20 s after a 1 s request_timeout"
+    assert result["seconds"] < 4, result
+    assert "still incomplete after 1 s" in result["error"], result

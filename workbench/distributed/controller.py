@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import torch
 
 from workbench.distributed.learners import LearnerGroup, optimizer_pairs, trained_names
+from workbench.distributed.placement import check_fits, reserve
 from workbench.distributed.rollout_workers import RolloutWorkerGroup
 from workbench.trajectory import TrajectoryBatch
 
@@ -47,11 +48,23 @@ class RayStages:
     """The rollout workers and learners of one `Trainer` (built by the trainer itself), with
     the methods of `workbench.training.stages.Stages`."""
 
+    @staticmethod
+    def check_config(config: Any) -> None:
+        """Groups the cluster (or this machine) cannot hold raise `PlacementError` now,
+        before the trainer loads any model (`workbench.distributed.placement.check_fits`)."""
+        check_fits(config)
+
     def __init__(self, trainer: Any):
         cfg = trainer.config
-        self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
-                                                  trainer.tools, trainer.parser)
-        self.learners = LearnerGroup(cfg, cfg.ray.num_learners)
+        # One placement group for both (or PlacementError now, never a silent wait).
+        self.placement = reserve(cfg)
+        try:
+            self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
+                                                      trainer.tools, trainer.parser, placement=self.placement)
+            self.learners = LearnerGroup(cfg, cfg.ray.num_learners, placement=self.placement)
+        except BaseException:
+            self.close()
+            raise
         self.push(trainer)
 
     def _state(self, trainer: Any) -> dict[str, dict[str, torch.Tensor]]:
@@ -104,11 +117,14 @@ class RayStages:
 
     def close(self) -> None:
         """End the workers and learners (the Ray cluster itself keeps running)."""
-        for group in (self.rollout_workers, self.learners):
+        for name in ("rollout_workers", "learners"):
+            group = getattr(self, name, None)
             try:
-                group.shutdown()
+                if group is not None:
+                    group.shutdown()
             except Exception:  # noqa: BLE001 - best effort at teardown
                 pass
+        self.placement.remove()
 
 
 def optimizer_state_by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:

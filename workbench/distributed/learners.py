@@ -27,11 +27,16 @@ Optimizer state travels apart from weights: `load_state_dict` starts fresh AdamW
 moments, `optimizer_state()` / `load_optimizer_state()` gather and set the full states
 keyed by parameter name (the controller does this around checkpoints).
 
+Placement: each rank runs in its own bundle of a Ray placement group reserved before any
+actor starts (`workbench.distributed.placement`); a rank that dies while starting or
+fails while building its model is an `ActorStartError` naming the rank and the cause.
+
 Simplified: learners hold no reference model (reference logprobs come from the
 controller's `Trainer.compute_logprobs`); one learner per GPU, no tensor parallelism.
 """
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import time
@@ -43,7 +48,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
-from workbench.distributed.rollout_workers import require_ray
+from workbench.distributed.placement import Placement, require_ray, reserve, start_error, wait_started
 from workbench.training.models import build_models, build_optimizers
 from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
 from workbench.training.update import (
@@ -249,29 +254,47 @@ class LearnerGroup:
         config: the run's ConfigStore (model, training; `ray.address` if Ray is not started).
         num_learners: ranks of the group (defaults to `config.ray.num_learners`).
         num_gpus_per_learner: GPUs per actor; None: `config.ray.num_gpus_per_learner`, whose
-            None is 1 when CUDA is available, else 0.
+            None is 1 when CUDA is available, else 0 (ignored when `placement` is given:
+            its bundles decide).
         num_threads: torch threads per actor (None: torch's default).
+        placement: the `Placement` whose "learner" bundles the ranks run in (`RayStages`
+            reserves one for workers and learners together); None reserves one for this
+            group alone, or raises `PlacementError` if the cluster cannot hold it.
+
+    A rank that dies while starting raises `ActorStartError` naming it and the cause.
     """
 
     def __init__(self, config: ConfigStore, num_learners: int | None = None,
-                 num_gpus_per_learner: float | None = None, num_threads: int | None = 1):
+                 num_gpus_per_learner: float | None = None, num_threads: int | None = 1,
+                 placement: Placement | None = None):
         ray = require_ray("Ray learners (ray.num_learners)")
         self.config = config.validate()
         n = num_learners if num_learners is not None else config.ray.num_learners
         if n < 1:
             raise ConfigError(f"num_learners must be >= 1, got {n}")
-        if not ray.is_initialized():
-            ray.init(address=config.ray.address, include_dashboard=False)
-        if num_gpus_per_learner is None:
-            num_gpus_per_learner = config.ray.num_gpus_per_learner
-        gpus = num_gpus_per_learner if num_gpus_per_learner is not None else float(torch.cuda.is_available())
-        actor = ray.remote(num_cpus=1, num_gpus=gpus)(LearnerWorker)
+        if placement is None and num_gpus_per_learner is not None:
+            config = copy.deepcopy(config)
+            config.ray.num_gpus_per_learner = num_gpus_per_learner
+        self._own_placement = placement is None
+        self.placement = placement or reserve(config, num_actors=0, num_learners=n)
+        actor = ray.remote(LearnerWorker)
         env = {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
         self.num_learners = n
-        self.workers = [actor.options(runtime_env={"env_vars": env}).remote(config, r, n, num_threads)
-                        for r in range(n)]
-        host, port = ray.get(self.workers[0].free_address.remote())
-        self.backend = ray.get([w.setup.remote(host, port) for w in self.workers])[0]
+        self.workers = [actor.options(runtime_env={"env_vars": env}, **self.placement.options("learner", r))
+                        .remote(self.config, r, n, num_threads) for r in range(n)]
+        try:
+            wait_started((f"learner rank {r}", w) for r, w in enumerate(self.workers))
+            host, port = ray.get(self.workers[0].free_address.remote())
+            refs = [w.setup.remote(host, port) for w in self.workers]
+            for r, ref in enumerate(refs):  # building the models: a failure names its rank
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    raise start_error(f"learner rank {r}", exc, "failed while building its model") from exc
+            self.backend = ray.get(refs[0])
+        except BaseException:
+            self.shutdown(timeout=0)
+            raise
 
     def _ray(self):
         return require_ray("Ray learners (ray.num_learners)")
@@ -367,15 +390,19 @@ class LearnerGroup:
         ref = self._ray().put(states)
         self._gather([w.load_optimizer_state.remote(ref) for w in self.workers], "load_optimizer_state")
 
-    def shutdown(self) -> None:
-        """Leave the process group and end the actors."""
+    def shutdown(self, timeout: float = 60) -> None:
+        """Leave the process group and end the actors (waiting up to `timeout` s for them
+        to leave it; 0: end them at once)."""
         ray = self._ray()
         try:
-            ray.get([w.shutdown.remote() for w in self.workers], timeout=60)
+            if timeout:
+                ray.get([w.shutdown.remote() for w in self.workers], timeout=timeout)
         finally:
             for w in self.workers:
                 ray.kill(w)
             self.workers = []
+            if self._own_placement:
+                self.placement.remove()
 
     def __repr__(self) -> str:
         return f"LearnerGroup({self.num_learners} learners, backend={getattr(self, 'backend', '?')})"

@@ -42,8 +42,16 @@ loaded with the latest weights, which runs only the episodes the dead one had no
 streamed back. `batch.meta["retried_episodes"]` names them, `batch.meta["worker_restarts"]`
 counts replacements; at most `max_restarts` per run, then `WorkerLostError`.
 
-Simplified: actors live on whatever node Ray picks (no placement groups); weights go
-through the object store, not a collective (NCCL broadcast would suit large models).
+Placement: each worker runs in its own bundle of a Ray placement group reserved before
+any actor starts (`workbench.distributed.placement.reserve`: a cluster too small is a
+`PlacementError` naming what was asked, not a silent wait); a replaced worker takes the
+dead one's bundle. A worker that dies while starting (an import error, out of memory)
+is an `ActorStartError` naming it and the cause. The environment's, tools' and parser's
+modules that only the driver can import (a folder put on `sys.path`) are pickled by
+value (`ship_modules`).
+
+Simplified: weights go through the object store, not a collective (NCCL broadcast would
+suit large models).
 """
 from __future__ import annotations
 
@@ -54,25 +62,16 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from workbench.distributed.placement import (  # noqa: F401 - require_ray, RAY_INSTALL_COMMAND: public here too
+    RAY_INSTALL_COMMAND, Placement, reserve, ship_modules, wait_started, require_ray,
+)
 from workbench.env_registry import make_environment
 from workbench.trajectory import Episode, TrajectoryBatch
-
-RAY_INSTALL_COMMAND = 'pip install "ray[default]>=2.9"'
 
 _HAS_VERSION_FIELD = "weight_version" in {f.name for f in dataclasses.fields(Episode)}
 
 class WorkerLostError(RuntimeError):
     """Rollout workers kept dying: more replacements than `max_restarts` in one run."""
-
-
-def require_ray(who: str = "Ray rollout workers") -> Any:
-    """The `ray` module, or an ImportError that names `who` needs it and gives the install command."""
-    try:
-        import ray
-    except ImportError as exc:
-        raise ImportError(f"{who} need Ray, which is not installed: {RAY_INSTALL_COMMAND} "
-                          "(or set ray.use_ray=False to run in this process)") from exc
-    return ray
 
 
 def group_ranges(num_groups: int, num_workers: int) -> list[range]:
@@ -214,32 +213,41 @@ class RolloutWorkerGroup:
         tools, parser: as for `Trainer`.
         max_restarts: worker replacements allowed in one `run`.
         torch_threads: torch threads per worker.
-        num_cpus_per_actor: CPUs Ray reserves per worker.
+        placement: the `Placement` whose "rollout worker" bundles the workers run in
+            (`RayStages` reserves one for workers and learners together); None reserves
+            one for these workers alone (`config.ray`'s CPU and GPU shares).
     """
 
     def __init__(self, config: Any, num_workers: int | None = None, environment: Any = None,
                  tools: Sequence[Any] = (), parser: Any = None, max_restarts: int = 3, torch_threads: int = 1,
-                 num_cpus_per_actor: float = 1.0):
+                 placement: Placement | None = None):
         self.ray = require_ray()
         if environment is None:
             raise ValueError("RolloutWorkerGroup needs an environment (a prototype or a factory)")
-        if not self.ray.is_initialized():
-            self.ray.init(address=config.ray.address)
         self.config = config
         self.num_workers = num_workers or config.ray.num_actors
+        self._own_placement = placement is None
+        self.placement = placement or reserve(config, num_actors=self.num_workers, num_learners=0)
         self.max_restarts = max_restarts
+        ship_modules([environment, parser, *tools])
         self._args = (config, environment, list(tools), parser, torch_threads)
-        self._actor_cls = self.ray.remote(num_cpus=num_cpus_per_actor,
-                                          num_gpus=config.ray.num_gpus_per_actor)(RolloutWorker)
+        self._actor_cls = self.ray.remote(RolloutWorker)
         self._weights: Any = None  # ObjectRef of the last synced weights
         self.version: int | None = None
-        self.workers = [self._start() for _ in range(self.num_workers)]
+        self.workers: list[Any] = []
         self.restarts = 0
+        try:
+            self.workers = [self._start(w) for w in range(self.num_workers)]
+            wait_started((f"rollout worker {w}", a) for w, a in enumerate(self.workers))
+        except BaseException:
+            self.shutdown()
+            raise
 
-    def _start(self) -> Any:
-        """A fresh actor, loaded with the last synced weights (if any)."""
-        actor = self._actor_cls.remote(*self._args)
+    def _start(self, index: int) -> Any:
+        """A fresh actor in bundle `index`, loaded with the last synced weights (if any)."""
+        actor = self._actor_cls.options(**self.placement.options("rollout worker", index)).remote(*self._args)
         if self._weights is not None:
+            wait_started([(f"rollout worker {index} (replacement)", actor)])
             self.ray.get(actor.load_weights.remote(self._weights, self.version))
         return actor
 
@@ -287,7 +295,7 @@ class RolloutWorkerGroup:
                     raise WorkerLostError(f"rollout workers died {restarts} times in one run "
                                           f"(max_restarts={self.max_restarts}); last: {exc}") from exc
                 ray.kill(self.workers[w])  # no-op when dead; frees a hung one
-                self.workers[w] = self._start()
+                self.workers[w] = self._start(w)
                 left = [i for i in share if i not in episodes]
                 retried.update(left)
                 streams[submit(w, left)] = (w, left)
@@ -316,6 +324,8 @@ class RolloutWorkerGroup:
         for w in self.workers:
             self.ray.kill(w)
         self.workers = []
+        if self._own_placement:
+            self.placement.remove()
 
     def __repr__(self) -> str:
         return f"RolloutWorkerGroup(workers={len(self.workers)}, version={self.version}, restarts={self.restarts})"

@@ -69,6 +69,17 @@ from workbench.engines.base import EngineError, GenerationEngine, GenerationResu
 _RETRY_STATUSES = range(500, 600)
 _SCHEMES = ("http", "https")
 _CHUNK = 1 << 16
+
+
+def _set_read_timeout(resp: Any, seconds: float) -> None:
+    """Set the socket timeout under an `http.client.HTTPResponse` (best effort: a response
+    object without a socket keeps the timeout it was opened with)."""
+    sock = getattr(getattr(getattr(resp, "fp", None), "raw", None), "_sock", None)
+    if sock is not None:
+        try:
+            sock.settimeout(max(seconds, 0.001))
+        except OSError:
+            pass
 DEFAULT_MAX_RESPONSE_BYTES = 16 << 20
 
 
@@ -208,16 +219,24 @@ class ServerEngine(GenerationEngine):
         declared = resp.headers.get("Content-Length")
         if declared is not None and declared.strip().isdigit() and int(declared) > cap:
             raise _Fatal(f"{too_big} (Content-Length: {int(declared)})")
+        late = f"the answer from {url} was still incomplete after {timeout:g} s"
         chunks, size = [], 0
         while True:
-            chunk = resp.read(min(_CHUNK, cap + 1 - size))
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Retryable(f"{late} ({size} bytes)")
+            _set_read_timeout(resp, left)  # a silent server: one recv waits at most until the deadline
+            # read1: whatever one recv brings, so a reply that trickles in byte by byte still
+            # comes back here (and meets the deadline) after every few bytes.
+            try:
+                chunk = resp.read1(min(_CHUNK, cap + 1 - size))
+            except (socket.timeout, TimeoutError) as exc:
+                raise _Retryable(f"{late} ({size} bytes)") from exc
             if not chunk:
                 return b"".join(chunks)
             size += len(chunk)
             if size > cap:
                 raise _Fatal(too_big)
-            if time.monotonic() > deadline:
-                raise _Retryable(f"the answer from {url} was still incomplete after {timeout:g} s ({size} bytes)")
             chunks.append(chunk)
 
     def _call(self, method: str, path: str, body: dict | None = None) -> Any:

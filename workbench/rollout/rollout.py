@@ -11,7 +11,8 @@ tools, environment step, error capture). Token bookkeeping follows
 `workbench.rollout.chat`: sampled ids appended as-is with mask 1 and their logprob,
 everything else rendered as template deltas with mask 0. Human turns are mask 0.
 
-Failure isolation: an environment that raises ends its own episode (error recorded);
+Failure isolation: an environment that raises ends its own episode (error recorded), and
+so do a `get_prompt_prefix` that raises and an observation that is not valid UTF-8 text;
 so does one whose `reset`/`step` overruns `step_timeout` (a `CallTimeout` error; the
 call's thread is interrupted, see `workbench.timeouts`). A malformed tool call becomes
 an observation. An engine failure marks the episodes of that call and re-raises, with
@@ -63,6 +64,19 @@ class _Slot:
     episode: Episode
     env: Any
     manager: MultiTurnManager
+
+
+def invalid_text(text: Any, what: str) -> str | None:
+    """An episode error if `text` is a str that is not valid Unicode text (lone surrogates,
+    as `bytes.decode(..., errors="surrogateescape")` leaves for invalid UTF-8), else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"{what} is not valid UTF-8 text: {exc.object[exc.start:exc.end]!r} at character {exc.start}; "
+                "decode bytes with errors='replace' (or 'ignore') before returning them")
+    return None
 
 
 class _NoRoom(ValueError):
@@ -182,7 +196,17 @@ class Rollout:
                 self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
                 continue
             try:
-                seen, ep.messages, ids = self._opening(manager.system_prompt(), obs or "", ep)
+                system = manager.system_prompt()
+            except Exception as exc:  # a crashing get_prompt_prefix ends this episode only
+                self._fail(slot, f"{type(env).__name__}.get_prompt_prefix (the system prompt) raised "
+                                 f"{type(exc).__name__}: {exc}")
+                continue
+            bad = invalid_text(obs, "the first observation (reset)") or invalid_text(system, "the system prompt")
+            if bad:
+                self._fail(slot, bad)
+                continue
+            try:
+                seen, ep.messages, ids = self._opening(system, obs or "", ep)
             except _NoRoom as exc:
                 self._fail(slot, str(exc))
                 continue
@@ -409,6 +433,11 @@ class Rollout:
             ep.truncated = True
             ep.truncation_reason = "max_turns" if len(ep.turns) >= self.max_turns else "max_steps"
             self._settle(slot, ep.truncation_reason)
+        bad = next((invalid_text(m.get("content"), f"the observation after turn {k}") for m in tr.messages
+                    if invalid_text(m.get("content"), "")), None)
+        if bad:
+            self._fail(slot, bad, closing_ids=ids)
+            return
         delta = self.renderer.delta_ids(ep.messages, ids, tr.messages, add_generation_prompt=not done)
         if not done and ep.num_tokens + len(delta) >= self.max_context_tokens:
             # The observation does not fit: close the turn and end the episode.

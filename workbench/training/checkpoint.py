@@ -115,10 +115,24 @@ def optimizer_state(sd: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dic
     return tensors, {"param_groups": groups, "state_values": values}
 
 
+class ResumedHyperparameterWarning(UserWarning):
+    """A resumed run's config sets an optimizer hyperparameter the checkpoint had another value for."""
+
+
+#: Optimizer hyperparameters the config sets, per optimizer (`what` in `optimizer_state_dict`):
+#: on resume the config's value is used, not the checkpoint's, with a warning naming both.
+CONFIG_HYPERPARAMS = {
+    "optimizer": {"lr": "training.learning_rate", "weight_decay": "training.weight_decay"},
+    "critic optimizer": {"lr": "training.critic_learning_rate"},
+}
+
+
 def optimizer_state_dict(tensors: Mapping[str, torch.Tensor], meta: Mapping[str, Any],
                          optimizer: torch.optim.Optimizer, what: str) -> dict[str, Any]:
     """Rebuild a state_dict saved by `optimizer_state` and check it fits `optimizer`
-    (groups, parameter counts and state shapes); CheckpointMismatchError if it does not."""
+    (groups, parameter counts and state shapes); CheckpointMismatchError if it does not.
+    The hyperparameters in `CONFIG_HYPERPARAMS[what]` keep `optimizer`'s values (built
+    from this run's config), with a `ResumedHyperparameterWarning` when they differ."""
     try:
         groups = [dict(g) for g in meta["param_groups"]]
         state: dict[int, dict[str, Any]] = {}
@@ -148,6 +162,15 @@ def optimizer_state_dict(tensors: Mapping[str, torch.Tensor], meta: Mapping[str,
         for k, v in saved.items():
             if isinstance(cur.get(k), tuple) and isinstance(v, list):
                 saved[k] = tuple(v)
+    changed = {}
+    for k, field in CONFIG_HYPERPARAMS.get(what, {}).items():  # the config's value wins
+        for saved, cur in zip(groups, current):
+            if k in cur and k in saved and saved[k] != cur[k]:
+                changed[field] = (saved[k], cur[k])
+                saved[k] = cur[k]
+    for field, (old, new) in changed.items():
+        warnings.warn(f"resuming with {field}={new:g} from this config; the checkpoint was trained with {old:g} "
+                      "(its Adam moments are kept)", ResumedHyperparameterWarning, stacklevel=3)
     return {"state": state, "param_groups": groups}
 
 

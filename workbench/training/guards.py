@@ -11,6 +11,11 @@ one bad step silently ends learning.
 moments), steps, checks all parameters with one reduction (one host sync per
 optimizer step, not per micro-batch), and on a non-finite result puts both back
 exactly, so the step is skipped and the run goes on from the weights it had.
+
+The step is also atomic: an exception raised inside it (a KeyboardInterrupt from a
+notebook's stop button, an out-of-memory error) puts every parameter and its optimizer
+state back before it propagates, so an interrupted step never leaves some tensors
+updated and Adam's step counts split.
 """
 from __future__ import annotations
 
@@ -43,18 +48,30 @@ def guarded_step(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor
     `finite(params)` decides after the step (a data-parallel learner passes one that
     checks its shards and agrees with the other ranks). Returns True when the step was
     kept, False when parameters and optimizer state were restored to what they were
-    before the step.
+    before the step. An exception inside the step (KeyboardInterrupt included) restores
+    them too, then propagates.
     """
     params = [p for p in params if p.requires_grad]
     saved_params = [p.detach().clone() for p in params]
     saved_state = _snapshot_state(optimizer, params)
-    optimizer.step()
-    if finite(params):
-        return True
-    for p, old, state in zip(params, saved_params, saved_state):
-        p.copy_(old)
-        if state:
-            optimizer.state[p] = state
-        else:
-            optimizer.state.pop(p, None)
+    try:
+        optimizer.step()
+        if finite(params):
+            return True
+    except BaseException:  # interrupted half way: nothing of this step may stay
+        _restore(optimizer, params, saved_params, saved_state)
+        raise
+    _restore(optimizer, params, saved_params, saved_state)
     return False
+
+
+def _restore(optimizer: torch.optim.Optimizer, params: Sequence[torch.Tensor], saved_params: Sequence[torch.Tensor],
+             saved_state: Sequence[dict]) -> None:
+    """Put parameters and their optimizer state back to the snapshot."""
+    with torch.no_grad():
+        for p, old, state in zip(params, saved_params, saved_state):
+            p.copy_(old)
+            if state:
+                optimizer.state[p] = state
+            else:
+                optimizer.state.pop(p, None)

@@ -86,11 +86,23 @@ STAGE_BACKENDS = {False: "workbench.training.stages:LocalStages",
                   True: "workbench.distributed.controller:RayStages"}
 
 
+def _backend(config: Any) -> type:
+    module, _, name = STAGE_BACKENDS[bool(config.ray.use_ray)].partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def check_stages(config: Any) -> None:
+    """Fail early, before any model loads, when the stages `config` asks for cannot run
+    (the backend's `check_config`: for Ray, groups the cluster cannot hold)."""
+    check = getattr(_backend(config), "check_config", None)
+    if check is not None:
+        check(config)
+
+
 def make_stages(trainer: Any) -> Stages:
     """The stages `trainer.config.ray.use_ray` asks for, built for `trainer`."""
-    module, _, name = STAGE_BACKENDS[bool(trainer.config.ray.use_ray)].partition(":")
-    cls = getattr(importlib.import_module(module), name)
+    cls = _backend(trainer.config)
     return cls() if cls is LocalStages else cls(trainer)
 
 
-__all__ = ["LocalStages", "STAGE_BACKENDS", "Stages", "make_stages"]
+__all__ = ["LocalStages", "STAGE_BACKENDS", "Stages", "check_stages", "make_stages"]

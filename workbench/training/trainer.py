@@ -52,8 +52,9 @@ from workbench.training.loggers import LoggerGroup, log_dir
 from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
 from workbench.progress import fit_postfix, progress_bar, write
-from workbench.training.stages import LocalStages, make_stages
-from workbench.training.update import set_kl
+from workbench.training.run_lock import begin_run
+from workbench.training.stages import LocalStages, check_stages, make_stages
+from workbench.training.update import require_trained_tokens, set_kl
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
@@ -99,6 +100,7 @@ class Trainer:
                  dataset: Any = None, tools: Sequence[Any] = (), parser: Any = None,
                  engine: GenerationEngine | None = None):
         self.config = config.validate()
+        check_stages(config)  # e.g. Ray groups the cluster cannot hold: PlacementError now, before any model loads
         t = config.training
         self.dataset = EpisodeDataset(dataset) if dataset is not None else None
         if environment is None and self.dataset is not None and self.dataset.has_prompts:
@@ -310,6 +312,7 @@ class Trainer:
         """One full step: rollout, score, advantages, update; metrics appended to history."""
         start = time.perf_counter()
         batch = self.rollout()
+        require_trained_tokens(batch)  # every episode failed: name their errors, not a shape error
         self.score(batch)
         self.compute_advantages(batch, old_logprobs=not self._reuse_update_logprobs())
         update_metrics = self.update(batch)
@@ -352,7 +355,11 @@ class Trainer:
 
         Resumes (`resume`) from the newest valid checkpoint in `checkpoint.output_dir`
         when `checkpoint.resume` is set and no step was taken (or resumed) yet; the step
-        counter continues from there.
+        counter continues from there. With `checkpoint.resume=False` an earlier run's
+        checkpoints and logs in that folder are moved to `previous_runs/<date-time>/`
+        first. While it trains, `fit` holds the folder's lock: a second run into the same
+        folder raises `RunLockedError` naming the process that holds it
+        (`workbench.training.run_lock`).
 
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), its
         scored batch to `rollouts/` in the run folder (`training.save_rollouts_every`,
@@ -366,11 +373,12 @@ class Trainer:
             raise ValueError("fit: give steps=N (N more steps) or an absolute target (until_step, or "
                              "num_epochs/num_iters_per_epoch), not both")
         num_iters = num_iters_per_epoch or t.num_iters_per_epoch
-        if c.resume and self.global_step == 0 and not self._resume_tried:
-            self.resume()
+        if steps is not None and (not isinstance(steps, int) or steps < 0):
+            raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
+        self.loggers = LoggerGroup(self.config)
+        # One run per folder (lock, released below); resumes, or moves an earlier run aside.
+        run_lock = begin_run(self)
         if steps is not None:
-            if not isinstance(steps, int) or steps < 0:
-                raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
             total = self.global_step + steps
         else:
             total = until_step if until_step is not None else (num_epochs or t.num_epochs) * num_iters
@@ -380,7 +388,6 @@ class Trainer:
                               FitTargetReachedWarning, stacklevel=2)
         deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
         self.stop_reason: str | None = None
-        self.loggers = LoggerGroup(self.config)
         bar = progress_bar(t.progress, total=total, initial=min(self.global_step, total), desc="fit", unit="step")
         self._fitting = True
         try:
@@ -409,6 +416,7 @@ class Trainer:
                     break
         finally:
             self._fitting = False
+            run_lock.release()
             bar.close()
             self.loggers.close()
         return self.metrics_history

@@ -91,6 +91,26 @@ def lengths_of(batch: TrajectoryBatch) -> list[int]:
     return [ep.num_tokens for ep in batch]
 
 
+class NothingToTrainError(RuntimeError):
+    """No episode of a batch has a sampled token (every one failed before its first turn)."""
+
+
+def require_trained_tokens(batch: TrajectoryBatch) -> None:
+    """Raise `NothingToTrainError` naming the episodes' errors when no episode of `batch`
+    has a token to train on (e.g. every reset raised), instead of a shape error deep
+    inside a forward pass."""
+    if any(ep.response_length for ep in batch.episodes):
+        return
+    errors: dict[str, list[int]] = {}
+    for ep in batch.episodes:
+        errors.setdefault(ep.error or "no error recorded (no turn was sampled)", []).append(ep.episode_id)
+    listed = "; ".join(f"episodes {ids[:8]}{'...' if len(ids) > 8 else ''}: {err}" for err, ids in
+                       list(errors.items())[:5])
+    raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended before the model took a turn, so "
+                              f"there is nothing to train on: {listed}. Fix the environment (try it with "
+                              "workbench.check_env or one Rollout in a notebook cell) and run the step again")
+
+
 def is_on_policy(t: TrainingConfig) -> bool:
     """One PPO epoch and one mini-batch: the single step is on the weights that sampled."""
     return t.ppo_epochs == 1 and (t.mini_batch_size is None or t.mini_batch_size >= t.batch_size)
