@@ -22,7 +22,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("parts", ("workbench.environment", "workbench.tools", "workbench.engines", "workbench.models",
                "workbench.adapters", "workbench.gym_adapter", "workbench.env_registry", "workbench.overrides",
                "workbench.data")),
-    ("rollout", ("workbench.rollout", "workbench.reward", "workbench.env_checker")),
+    ("rollout", ("workbench.rollout", "workbench.reward", "workbench.env_checker", "workbench.gateway")),
     ("training", ("workbench.training",)),
     ("distributed", ("workbench.distributed",)),
     ("debug", ("workbench.debug",)),
