@@ -337,3 +337,45 @@ def test_serves_loopback_only(tiny_engine):
                 continue
             with pytest.raises(OSError):
                 socket.create_connection((address, gateway.port), timeout=2).close()
+
+
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n"
+    "{% endif %}Tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<|im_end|>\n{% endif -%}"
+    "{%- for m in messages %}{% if not (tools and m['role'] == 'system') %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}{% for c in m.get('tool_calls') or [] %}<tool_call>{{ c['function'] | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_renders_tools_gets_them_and_replies_go_back_as_sampled(tiny_model_and_tokenizer):
+    import copy
+
+    _, tok = tiny_model_and_tokenizer
+    tok = copy.deepcopy(tok)
+    tok.chat_template = TOOL_TEMPLATE
+    builder = PromptBuilder(tok)
+    assert builder.native_tools
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 2+3?"}]
+    prompt0, _, _ = builder.prompt_ids(messages, TOOLS, [])
+    assert tok.decode(prompt0).startswith(f"<|im_start|>system\n{SYSTEM}\nTools: calculator<|im_end|>")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    # sampled ids that are not the canonical tokenisation of their text: re-encoding would change them
+    text = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+    sampled = [i for ch in text for i in encode(tok, ch)] + [end]  # one id per character
+    assert sampled[:-1] != encode(tok, text)
+    reply = builder.reply(sampled, [-0.5] * len(sampled), parse_tools=True)
+    assert reply.content is None and reply.tool_calls[0]["function"]["name"] == "calculator"
+    sent = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": reply.tool_calls[0]["id"], "type": "function", "function": {
+            "name": "calculator", "arguments": '{"expression":"2+3"}'}}]}  # re-serialised JSON still matches
+    messages += [sent, {"role": "tool", "tool_call_id": reply.tool_calls[0]["id"], "content": "5"}]
+    prompt1, _, reused = builder.prompt_ids(messages, TOOLS, [reply])
+    assert reused == 1 and prompt1[:len(prompt0) + len(sampled)] == prompt0 + sampled
+    # a reply the gateway never gave is rendered by the template as the harness wrote it
+    edited = dict(sent, tool_calls=[dict(sent["tool_calls"][0], function={"name": "calculator",
+                                                                           "arguments": '{"expression": "3+2"}'})])
+    prompt2, _, reused = builder.prompt_ids(messages[:2] + [edited] + messages[3:], TOOLS, [reply])
+    assert reused == 0 and prompt2[:len(prompt0)] == prompt0
+    assert '"arguments": {"expression": "3+2"}' in tok.decode(prompt2)  # arguments as an object, for the template
