@@ -379,3 +379,15 @@ def test_a_template_that_renders_tools_gets_them_and_replies_go_back_as_sampled(
     prompt2, _, reused = builder.prompt_ids(messages[:2] + [edited] + messages[3:], TOOLS, [reply])
     assert reused == 0 and prompt2[:len(prompt0)] == prompt0
     assert '"arguments": {"expression": "3+2"}' in tok.decode(prompt2)  # arguments as an object, for the template
+
+
+@pytest.mark.vllm
+def test_the_vllm_engine_serves_the_gateway_token_exactly(vllm_tiny_engine):
+    batch = GatewayRollout(vllm_tiny_engine, chatty_agent, [TASKS[0]], group_size=4, max_turns=2, seed=5).run()
+    tok = vllm_tiny_engine.tokenizer
+    for ep in batch:
+        assert ep.num_turns == 2 and ep.warnings == [] and ep.error is None
+        assert ep.turns[1].info["reused_replies"] == 1
+        assert check_token_alignment(ep, tok).ok
+        trained = [lp for lp, m in zip(ep.rollout_logprobs, ep.loss_mask) if m]
+        assert len(trained) == ep.response_length > 0 and all(lp <= 0 for lp in trained)
