@@ -162,6 +162,14 @@ def test_openai_agent_episodes_are_what_the_engine_sampled(tool_engine):
     lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ep.token_ids[1:])[:, None])[:, 0]  # (T-1,)
     pos = [i for i, m in enumerate(ep.loss_mask) if m]
     assert torch.allclose(lp[[p - 1 for p in pos]], torch.tensor([ep.rollout_logprobs[p] for p in pos]), atol=1e-4)
+    # the episodes open in the notebook views like any rollout's
+    from workbench.widgets.conversation import render_episode_html
+    from workbench.widgets.tokens import render_tokens_html
+
+    html = render_episode_html(ep)
+    assert "calculator" in html and "Answer: 5" in html
+    tokens_html = render_tokens_html(batch, batch.episodes.index(ep), "rollout_logprobs", tool_engine.tokenizer)
+    assert tokens_html.count("turn 1, trained") == ep.turns[1].token_end - ep.turns[1].token_start
 
 
 def retokenizing_agent(base_url: str, episode_id: str, task: dict) -> float:
