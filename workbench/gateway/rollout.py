@@ -59,7 +59,8 @@ class GatewayRollout:
         episode_timeout: seconds each agent may run (None: no limit).
         concurrency: agents running at once (None: all of them).
         max_tokens, temperature, max_context_tokens, seed: the gateway's defaults (see `Gateway`).
-        gateway: a running `Gateway` to use (it is not stopped by `run`); None starts one per run.
+        gateway: a `Gateway` to use (started if needed, not stopped by `run`; its `max_turns` is set
+            to this rollout's); None starts one per run with the settings above.
     """
 
     def __init__(self, engine: GenerationEngine | None, agent: Agent, tasks: Sequence[Any], group_size: int = 1,
