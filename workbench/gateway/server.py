@@ -1,0 +1,380 @@
+"""`Gateway`: the current policy behind an OpenAI-compatible HTTP API on 127.0.0.1, recording every call.
+
+    gateway = Gateway(engine).start()         # a thread serving http://127.0.0.1:PORT
+    client = openai.OpenAI(base_url=gateway.episode_url("ep-0"), api_key="none")
+    client.chat.completions.create(model="policy", messages=[...], tools=[...])
+    gateway.calls("ep-0")                     # [CallRecord]: prompt ids, sampled ids, logprobs
+    gateway.stop()
+
+Routes: `POST /v1/chat/completions`, `POST /v1/completions` (a text prompt, or a list of
+token ids), `GET /v1/models`; each also under `/e/{episode_id}/v1/...`, which is how an
+agent that cannot set headers names its episode. Otherwise the episode id comes from the
+`X-Episode-Id` header or the request's `user` field; a call without one is served and
+not recorded. Generation goes through `engine.submit`, so concurrent requests share the
+engine's batches (the hf engine's dynamic batcher, vLLM's scheduler).
+
+Limits: an episode takes at most `max_turns` calls (the next one gets a 400 with code
+`max_turns_reached` and the episode is marked cut); `close_episode` makes every later
+call of that episode a 400 (`episode_closed`); prompt + `max_tokens` must fit
+`max_context_tokens` (`context_length_exceeded`). Malformed requests get OpenAI's error
+shape, `{"error": {"message", "type", "param", "code"}}`, with status 400. The server only
+binds 127.0.0.1. Not supported (a 400 says so): `stream`, `n` > 1, non-text content.
+"""
+# No `from __future__ import annotations` here: FastAPI reads the route functions' annotations
+# (`request: Request`) as objects, and `Request` is imported inside `_build_app`.
+import asyncio
+import json
+import socket
+import threading
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from workbench.engines.base import GenerationEngine, SamplingParams
+from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, parse_tools
+from workbench.rollout.chat import encode
+
+LOOPBACK = "127.0.0.1"
+
+
+@dataclass
+class CallRecord:
+    """One served call of an episode."""
+
+    index: int
+    """0-based call number within the episode."""
+    prompt_ids: list[int]
+    """The prompt exactly as the engine got it."""
+    reply: Reply
+    """Sampled ids, their logprobs and the message returned."""
+    finish_reason: str
+    """The engine's finish reason: "stop" or "length"."""
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    """The request's messages as the chat template got them (empty for /v1/completions)."""
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    """The request's OpenAI tool definitions."""
+    reused_replies: int = 0
+    """Earlier replies put back into this prompt as their sampled ids."""
+    route: str = "chat"
+    """"chat" or "completions"."""
+    seconds: float = 0.0
+    """Time from request to reply."""
+
+
+@dataclass
+class _EpisodeLog:
+    calls: list[CallRecord] = field(default_factory=list)
+    closed: bool = False
+    cut: str | None = None  # "max_turns" when a call was refused for the turn limit
+
+
+class Gateway:
+    """Serves `engine` as an OpenAI-compatible API and records each call under its episode id.
+
+    Args:
+        engine: a `GenerationEngine` (hf, vllm, server); its `submit` batches concurrent calls.
+        model_name: the name `/v1/models` lists (any `model` value is accepted).
+        port: TCP port on 127.0.0.1; 0 picks a free one.
+        max_tokens: tokens per reply when the request does not say.
+        max_turns: calls one episode may make (None: no limit).
+        max_context_tokens: prompt + reply budget per call.
+        temperature: sampling temperature when the request does not say.
+        seed: base sampling seed; each call of an episode gets its own seed derived from it,
+            the episode id and the call number (None: fresh randomness). A request's `seed` wins.
+    """
+
+    def __init__(self, engine: GenerationEngine, model_name: str = "policy", port: int = 0, max_tokens: int = 64,
+                 max_turns: int | None = None, max_context_tokens: int = 2048, temperature: float = 1.0,
+                 seed: int | None = 0):
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.builder = PromptBuilder(self.tokenizer)
+        self.model_name = model_name
+        self.port = port
+        self.max_tokens, self.max_turns, self.max_context_tokens = max_tokens, max_turns, max_context_tokens
+        self.temperature, self.seed = temperature, seed
+        self._episodes: dict[str, _EpisodeLog] = {}
+        self._lock = threading.Lock()
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self.unrecorded_calls = 0
+        self.app = self._build_app()
+
+    # -- lifecycle -----------------------------------------------------------------------
+    @property
+    def base_url(self) -> str:
+        """`http://127.0.0.1:PORT/v1` (the OpenAI client's base_url)."""
+        return f"http://{LOOPBACK}:{self.port}/v1"
+
+    def episode_url(self, episode_id: str) -> str:
+        """A base_url whose calls are recorded under `episode_id` (no header needed)."""
+        return f"http://{LOOPBACK}:{self.port}/e/{episode_id}/v1"
+
+    def start(self, timeout: float = 30.0) -> "Gateway":
+        """Serve on a daemon thread; returns once the port accepts connections."""
+        import uvicorn
+
+        if self._thread is not None:
+            return self
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((LOOPBACK, self.port))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, log_level="warning", access_log=False, lifespan="off")
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                        name="wb-gateway", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + timeout
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError(f"the gateway did not start on {LOOPBACK}:{self.port}")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving (waits for the server thread)."""
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+        self._server, self._thread = None, None
+
+    def __enter__(self) -> "Gateway":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    # -- records ---------------------------------------------------------------------------
+    def calls(self, episode_id: str) -> list[CallRecord]:
+        """The recorded calls of an episode, in order."""
+        with self._lock:
+            log = self._episodes.get(episode_id)
+            return list(log.calls) if log else []
+
+    def cut_reason(self, episode_id: str) -> str | None:
+        """"max_turns" when the episode asked for a call past `max_turns`, else None."""
+        with self._lock:
+            log = self._episodes.get(episode_id)
+            return log.cut if log else None
+
+    def close_episode(self, episode_id: str) -> None:
+        """Refuse every later call of this episode (a 400 with code `episode_closed`)."""
+        with self._lock:
+            self._episodes.setdefault(episode_id, _EpisodeLog()).closed = True
+
+    def forget(self, episode_id: str) -> None:
+        """Drop an episode's records."""
+        with self._lock:
+            self._episodes.pop(episode_id, None)
+
+    def _check_open(self, episode_id: str | None) -> list[Reply]:
+        """The episode's earlier replies; a RequestError when it is closed or at its turn limit."""
+        if episode_id is None:
+            return []
+        with self._lock:
+            log = self._episodes.setdefault(episode_id, _EpisodeLog())
+            if log.closed:
+                raise RequestError(f"episode {episode_id!r} is closed (its time limit passed or it was cut); "
+                                   "start a new episode", None, "episode_closed")
+            if self.max_turns is not None and len(log.calls) >= self.max_turns:
+                log.cut = "max_turns"
+                raise RequestError(f"episode {episode_id!r} has made max_turns={self.max_turns} calls; the gateway "
+                                   "cut it here", None, "max_turns_reached")
+            return [c.reply for c in log.calls]
+
+    def _record(self, episode_id: str | None, record: CallRecord) -> None:
+        if episode_id is None:
+            self.unrecorded_calls += 1
+            return
+        with self._lock:
+            log = self._episodes.setdefault(episode_id, _EpisodeLog())
+            if not log.closed:  # a call that finishes after its episode was closed is not part of it
+                record.index = len(log.calls)
+                log.calls.append(record)
+
+    # -- serving ---------------------------------------------------------------------------
+    def _sampling(self, body: dict[str, Any], prompt_len: int, episode_id: str | None) -> SamplingParams:
+        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens = self.max_tokens if max_tokens is None else max_tokens
+        if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
+            raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+        room = self.max_context_tokens - prompt_len
+        if room < 1:
+            raise RequestError(f"the prompt is {prompt_len} tokens; this gateway's context is "
+                               f"{self.max_context_tokens} tokens", "messages", "context_length_exceeded")
+        stop = body.get("stop") or []
+        stop = [stop] if isinstance(stop, str) else stop
+        if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise RequestError("stop must be a string or a list of strings", "stop")
+        seed = body.get("seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
+            raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
+        if seed is None and self.seed is not None and episode_id is not None:
+            seed = zlib.crc32(f"{self.seed}:{episode_id}:{len(self.calls(episode_id))}".encode())
+        try:
+            return SamplingParams(max_tokens=min(max_tokens, room),
+                                  temperature=_number(body, "temperature", self.temperature),
+                                  top_p=_number(body, "top_p", 1.0), stop=[s for s in stop if s],
+                                  stop_token_ids=list(self.builder.stop_ids), seed=seed)
+        except ValueError as exc:
+            raise RequestError(str(exc), None) from None
+
+    async def _generate(self, prompt: list[int], params: SamplingParams) -> Any:
+        result = await asyncio.wrap_future(self.engine.submit(prompt, params))
+        if result.finish_reason == "error":
+            raise RuntimeError(f"{self.engine.name} engine: {result.error or 'generation failed'}")
+        return result
+
+    async def chat(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
+        """Serve one `/v1/chat/completions` request body (raises RequestError for a 400)."""
+        start = time.monotonic()
+        _common_checks(body)
+        messages = check_messages(body.get("messages"))
+        tools = parse_tools(body.get("tools"))
+        if body.get("tool_choice") not in (None, "auto", "none"):
+            raise RequestError("tool_choice must be 'auto' or 'none' (the model decides)", "tool_choice")
+        if body.get("tool_choice") == "none":
+            tools = []
+        episode_id = episode_id or _user(body)
+        replies = self._check_open(episode_id)
+        prompt, msgs, reused = self.builder.prompt_ids(messages, tools, replies)
+        params = self._sampling(body, len(prompt), episode_id)
+        result = await self._generate(prompt, params)
+        reply = self.builder.reply(result.token_ids, result.logprobs, parse_tools=bool(tools))
+        self._record(episode_id, CallRecord(0, prompt, reply, result.finish_reason, msgs, tools, reused, "chat",
+                                            time.monotonic() - start))
+        finish = "tool_calls" if reply.tool_calls else result.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.tool_calls:
+            message["tool_calls"] = reply.tool_calls
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+        if body.get("logprobs"):
+            choice["logprobs"] = {"content": [
+                {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
+                for t, lp in zip(reply.token_ids, reply.logprobs)]}
+        return {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": int(time.time()),
+                "model": self.model_name, "choices": [choice], "usage": _usage(prompt, reply)}
+
+    async def completions(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
+        """Serve one `/v1/completions` request body: a text prompt (tokenised as sent) or token ids."""
+        start = time.monotonic()
+        _common_checks(body)
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]
+        if isinstance(prompt, str) and prompt:
+            ids = encode(self.tokenizer, prompt)
+        elif (isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
+            vocab = len(self.tokenizer)
+            if any(t < 0 or t >= vocab for t in prompt):
+                raise RequestError(f"prompt token ids must be in [0, {vocab})", "prompt")
+            ids = list(prompt)
+        else:
+            raise RequestError("prompt must be a non-empty string or a non-empty list of token ids (one prompt)",
+                               "prompt")
+        episode_id = episode_id or _user(body)
+        self._check_open(episode_id)
+        params = self._sampling(body, len(ids), episode_id)
+        result = await self._generate(ids, params)
+        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        reply = Reply(list(result.token_ids), list(result.logprobs), text, text)
+        self._record(episode_id, CallRecord(0, ids, reply, result.finish_reason, [], [], 0, "completions",
+                                            time.monotonic() - start))
+        return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
+                "model": self.model_name, "usage": _usage(ids, reply),
+                "choices": [{"index": 0, "text": text, "finish_reason": result.finish_reason, "logprobs": None}]}
+
+    def _build_app(self) -> Any:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+
+        app = FastAPI(title="workbench gateway", docs_url=None, redoc_url=None, openapi_url=None)
+
+        def error(status: int, message: str, kind: str, param: str | None = None, code: str | None = None):
+            return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                                status_code=status)
+
+        async def handle(request: Request, fn: Any, episode_id: str | None) -> Any:
+            try:
+                body = json.loads(await request.body())
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error",
+                             None, "invalid_json")
+            if not isinstance(body, dict):
+                return error(400, "the request body must be a JSON object", "invalid_request_error", None,
+                             "invalid_request")
+            try:
+                return JSONResponse(await fn(body, episode_id or request.headers.get("x-episode-id")))
+            except RequestError as exc:
+                return error(400, exc.message, "invalid_request_error", exc.param, exc.code)
+            except Exception as exc:  # noqa: BLE001 - the engine failed: a server error, named
+                return error(500, f"{type(exc).__name__}: {exc}", "server_error", None, "engine_error")
+
+        @app.post("/v1/chat/completions")
+        async def chat(request: Request):
+            return await handle(request, self.chat, None)
+
+        @app.post("/e/{episode_id}/v1/chat/completions")
+        async def chat_episode(episode_id: str, request: Request):
+            return await handle(request, self.chat, episode_id)
+
+        @app.post("/v1/completions")
+        async def completions(request: Request):
+            return await handle(request, self.completions, None)
+
+        @app.post("/e/{episode_id}/v1/completions")
+        async def completions_episode(episode_id: str, request: Request):
+            return await handle(request, self.completions, episode_id)
+
+        @app.get("/v1/models")
+        @app.get("/e/{episode_id}/v1/models")
+        async def models(episode_id: str | None = None):
+            return {"object": "list", "data": [{"id": self.model_name, "object": "model", "owned_by": "workbench"}]}
+
+        @app.exception_handler(404)
+        async def not_found(request: Request, exc: Exception):
+            return error(404, f"no route {request.method} {request.url.path}", "invalid_request_error", None,
+                         "not_found")
+
+        @app.exception_handler(405)
+        async def not_allowed(request: Request, exc: Exception):
+            return error(405, f"{request.method} is not allowed on {request.url.path}", "invalid_request_error",
+                         None, "method_not_allowed")
+
+        return app
+
+    def __repr__(self) -> str:
+        state = f"serving {self.base_url}" if self._thread is not None else "stopped"
+        return f"Gateway({self.engine!r}, {state}, episodes={len(self._episodes)})"
+
+
+def _common_checks(body: dict[str, Any]) -> None:
+    if body.get("stream"):
+        raise RequestError("stream=true is not supported by this gateway; send stream=false", "stream",
+                           "unsupported_parameter")
+    n = body.get("n", 1)
+    if n != 1:
+        raise RequestError(f"n must be 1 (one choice per call), got {n!r}", "n", "unsupported_parameter")
+
+
+def _user(body: dict[str, Any]) -> str | None:
+    user = body.get("user")
+    return user if isinstance(user, str) and user else None
+
+
+def _number(body: dict[str, Any], name: str, default: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise RequestError(f"{name} must be a number, got {value!r}", name)
+    return float(value)
+
+
+def _usage(prompt: list[int], reply: Reply) -> dict[str, int]:
+    return {"prompt_tokens": len(prompt), "completion_tokens": len(reply.token_ids),
+            "total_tokens": len(prompt) + len(reply.token_ids)}
