@@ -93,3 +93,34 @@ def test_full_fine_tuning_in_bf16_warns_and_auto_stays_fp32(tiny_model_path, tmp
     monkeypatch.setattr(config_checks, "cpu_bf16_support", lambda: (True, "probe said so"))
     trainer = _trainer(tiny_model_path, tmp_path, use_lora=False)  # "auto"
     assert {p.dtype for p in trainer.policy.trainable_parameters()} == {torch.float32}
+
+
+def test_bf16_lora_policy_is_sampled_through_its_fp32_adapters(tiny_model_path):
+    """Merging LoRA into bf16 weights would round small updates away: the engine samples
+    through peft instead, and then sees an adapter change far below bf16's resolution."""
+    from workbench.config import ModelConfig
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+    from workbench.training.policy import Policy
+
+    cfg = ModelConfig(model_name=str(tiny_model_path), dtype="bfloat16", lora_rank=4)
+    policy = Policy(cfg, with_reference=False)
+    engine = HFEngine(policy.model, policy.tokenizer)
+    assert engine._merged is None
+    prompt = [[1, 5, 9, 13, 17, 21]]
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    before = engine.generate_ids(prompt, greedy)[0]
+    lora_b = [p for n, p in policy.model.named_parameters() if "lora_B" in n]
+    with torch.no_grad():
+        for p in lora_b:
+            p.fill_(1e-5)  # a small first update of the adapters
+        from workbench.engines.weights import is_lora_layer
+
+        layers = [m for m in policy.model.modules() if is_lora_layer(m)]
+        w = torch.cat([m.get_base_layer().weight.flatten() for m in layers])  # bf16
+        delta = torch.cat([m.get_delta_weight("default").float().flatten() for m in layers])  # fp32
+    assert (delta != 0).float().mean() > 0.99
+    lost = ((w.float() + delta).to(torch.bfloat16) == w).float().mean()
+    assert lost > 0.5, lost  # a bf16 merge would keep most weights as they were
+    after = engine.generate_ids(prompt, greedy)[0]
+    assert after.logprobs != before.logprobs  # the engine follows the fp32 adapters
