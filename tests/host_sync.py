@@ -20,7 +20,8 @@ What is counted:
   `TorchDispatchMode`, so syncs inside C++ ops are seen too): `_local_scalar_dense`
   (what `.item()`, `bool(t)`, `int(t)` and `if t:` become), `nonzero` (also boolean-mask
   indexing), `is_nonzero`, `equal`, `masked_select`, `unique`s and `repeat_interleave`
-  with a tensor of repeats (their output size depends on the data). At the Python level (a
+  with a tensor of repeats (their output size depends on the data), and indexing with a
+  boolean mask that is a device tensor (`t[mask]`, `t[mask] = v`). At the Python level (a
   `TorchFunctionMode`, because on the CPU these dispatch no ATen op): `Tensor.tolist`,
   `Tensor.numpy`, `Tensor.cpu`.
 * `uploads`: blocking host-to-device copies: `.to(<device>)` of a host tensor without
@@ -49,6 +50,9 @@ SYNC_OPS = {
     _aten.equal.default, _aten.masked_select.default, _aten._unique2.default,
     _aten.unique_consecutive.default, _aten.unique_dim.default, _aten.repeat_interleave.Tensor,
 }
+#: Indexing ops that turn a boolean mask into indices first (`nonzero`, inside the kernel).
+MASK_INDEX_OPS = {_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default,
+                  _aten._index_put_impl_.default}
 _HOST_READS = {torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}
 _FACTORIES = {torch.zeros, torch.ones, torch.full, torch.empty, torch.arange, torch.rand, torch.randn,
               torch.zeros_like, torch.ones_like, torch.full_like, torch.empty_like, torch.eye, torch.linspace}
@@ -136,6 +140,10 @@ class _DispatchCounter(TorchDispatchMode):
         if func in SYNC_OPS and tainted:
             owner.counts.reads += 1
             owner.counts.where.append(str(func))
+        elif func in MASK_INDEX_OPS and any(t.dtype in (torch.bool, torch.uint8) and owner.is_device(t)
+                                            for t in _tensors(args[1])):
+            owner.counts.reads += 1  # a boolean mask index is a nonzero on the device
+            owner.counts.where.append(f"{func} (boolean mask)")
         out = func(*args, **kwargs)
         schema = func._schema
         mutated = [a for a, arg in zip(args, schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write]

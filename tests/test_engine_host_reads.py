@@ -83,3 +83,29 @@ def test_finishing_rows_leave_in_batches_without_extra_reads(tiny_model_and_toke
     assert max(reads) <= MAX_READS_PER_STEP, [s.where for s in steps if s.reads > MAX_READS_PER_STEP][0]
     shrinks = sum(b < a for a, b in zip(rows, rows[1:]))
     assert 1 <= shrinks < len([n for n in ends if n < len(rows)])
+
+
+def test_counter_counts_what_would_wait_for_a_gpu(tiny_model_and_tokenizer):
+    """The counter itself: reads of values computed from the model count, host tensors don't."""
+    import torch
+
+    model, _ = tiny_model_and_tokenizer
+    ids = torch.tensor([[1, 5, 9, 13]])
+    with SyncCounter(model) as counter:
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits  # (1, 4, V), a device tensor
+        forward = counter.snapshot()  # (transformers' forward itself makes a few small uploads)
+        assert forward.ops > 100 and forward.reads == 0
+        host = torch.arange(4)
+        host.tolist(), int(host.sum()), host[host > 1]  # host work: nothing counted
+        assert counter.counts.reads == 0 and counter.counts.uploads == forward.uploads
+        logits.argmax(-1).tolist()  # 1: Python-level read
+        bool((logits > 0).any())  # 2: _local_scalar_dense
+        logits[logits > 0]  # 3: nonzero (boolean mask)
+        copy = logits.cpu()  # 4: a copy to the host...
+        copy.sum().item()  # ...which is then a host tensor
+        torch.zeros(3, device=ids.device).tolist()  # 5: made on the device, then read
+        assert counter.counts.reads == 5, counter.counts.where
+        host.to(ids.device)  # blocking upload
+        host.to(ids.device, non_blocking=True)  # not waited for
+        assert counter.counts.uploads == forward.uploads + 1
