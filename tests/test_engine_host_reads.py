@@ -67,12 +67,13 @@ def test_decode_step_reads_the_host_at_most_twice(tiny_model_and_tokenizer, prom
 
 def test_finishing_rows_leave_in_batches_without_extra_reads(tiny_model_and_tokenizer, prompts_64):
     """Rows ending on stop ids at different steps: the steps where rows finish (their KV
-    kept in the prefix cache, the batch compacted) stay within the limit too, and the
-    batch shrinks fewer times than there are steps where some row finished."""
+    kept in the prefix cache, the batch compacted) stay within the limit too, and with an
+    accelerator's `compact_fraction` the batch shrinks fewer times than there are steps
+    where some row finished."""
     from workbench.engines.hf import HFEngine
 
     model, tok = tiny_model_and_tokenizer
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, compact_fraction=0.25)  # the accelerator's rule (the CPU's: 0)
     stops = list(range(0, model.config.vocab_size, 12))  # ~1/12 of the ids: rows end anywhere
     params = SamplingParams(max_tokens=24, temperature=1.0, seed=1, stop_token_ids=stops)
     steps, results, rows = _per_step(engine, model, prompts_64, params)
@@ -109,3 +110,15 @@ def test_counter_counts_what_would_wait_for_a_gpu(tiny_model_and_tokenizer):
         host.to(ids.device)  # blocking upload
         host.to(ids.device, non_blocking=True)  # not waited for
         assert counter.counts.uploads == forward.uploads + 1
+
+
+def test_on_the_cpu_finished_rows_leave_at_once(tiny_model_and_tokenizer, prompts_64):
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    stops = list(range(0, model.config.vocab_size, 12))
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=1, stop_token_ids=stops)
+    steps, results, rows = _per_step(HFEngine(model, tok), model, prompts_64, params)
+    alive = [sum(len(r.token_ids) > k for r in results) for k in range(len(rows))]  # rows fed at forward k
+    assert rows[1:] == alive[1:]  # forward k >= 1 feeds exactly the rows not finished after k ids
+    assert max(s.reads for s in steps) <= MAX_READS_PER_STEP
