@@ -220,7 +220,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                    help='model weights (hf) and vLLM dtype; "auto": bfloat16 on CUDA, float32 on CPU')
+                    help='model weights (hf) and vLLM dtype; "auto": bfloat16 on CUDA, and for hf also on CPUs '
+                         'with bf16 instructions; vLLM on CPU float32')
     ap.add_argument("--threads", type=int, default=2,
                     help="torch threads of the process, i.e. of hf generation (0: torch's default); with "
                          "OMP_WAIT_POLICY=PASSIVE 2 threads beat 1 by ~15%% for hf on 2 cores. vLLM generates "

@@ -365,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bf16", action="store_true", help="training.autocast_bf16=True")
     p.add_argument("--device", default="auto", help='model.device: "auto" (CUDA when available, else CPU), "cpu", ...')
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
-                   help='model.dtype: "auto" is bfloat16 on CUDA, float32 on CPU')
+                   help='model.dtype: "auto" is bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(RESULTS / "learning.json"))
     args = p.parse_args(argv)

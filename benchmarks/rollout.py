@@ -93,7 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--env-params", default=None, help='JSON dict, default {"high": 64} for guess_number')
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
-    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA, float32 on CPU')
+    p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
     p.add_argument("--temperature", type=float, default=0.7, help="the seed harness's default")
     p.add_argument("--top-p", type=float, default=0.9, help="the seed harness's default")
     p.add_argument("--threads", type=int, default=2)

@@ -5,7 +5,8 @@
 
 One single-turn config on both sides: the embedded model (SmolLM2-135M-Instruct) on
 `--device` (default "auto": CUDA when available, else CPU) with weights in `--dtype`
-(default "auto": bfloat16 on CUDA, float32 on CPU), TRL on the same device and dtype;
+(default "auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32),
+TRL on the same device and dtype;
 LoRA r=16 / alpha=32 on all linear layers, one prompt x 8 completions per step, at
 most 64 new tokens, temperature 1.0, learning rate 1e-5, no KL term, one optimizer
 step per batch. The prompt is guess_number's opening (system prompt + first
@@ -252,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bf16-steps", type=int, default=2, help="extra steps of ours with training.autocast_bf16")
     p.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     p.add_argument("--dtype", default="auto", choices=["auto", *DTYPES],
-                   help='weights dtype for both sides; "auto": bfloat16 on CUDA, float32 on CPU')
+                   help='weights dtype for both sides; "auto": bfloat16 on CUDA and on CPUs with bf16 '
+                        'instructions, else float32')
     p.add_argument("--out", default=str(RESULTS / "update.json"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)

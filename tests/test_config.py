@@ -132,7 +132,10 @@ def test_resolver_maps_auto_by_cuda_availability():
     gpu = resolve_device("auto", cuda_available=True)
     assert gpu == torch.device("cuda") and resolve_dtype("auto", gpu) == torch.bfloat16
     cpu = resolve_device("auto", cuda_available=False)
-    assert cpu == torch.device("cpu") and resolve_dtype("auto", cpu) == torch.float32
+    from workbench.config_checks import cpu_bf16_support
+
+    cpu_auto = torch.bfloat16 if cpu_bf16_support()[0] else torch.float32  # bf16 where the CPU has it
+    assert cpu == torch.device("cpu") and resolve_dtype("auto", cpu) == cpu_auto
     assert resolve_device("cuda:1", cuda_available=True) == torch.device("cuda", 1)
     assert resolve_dtype("float16", gpu) == torch.float16 and resolve_dtype("float32", gpu) == torch.float32
     with pytest.raises(ConfigError, match=r"model\.device is 'cuda' but CUDA is not available"):
@@ -146,23 +149,33 @@ def test_resolver_maps_auto_by_cuda_availability():
     assert (cfg.model.device, cfg.model.dtype) == ("auto", "auto")
     assert cfg.model.resolved_device(cuda_available=True) == gpu
     assert cfg.model.resolved_dtype(cuda_available=True) == torch.bfloat16
+    assert cfg.model.resolved_dtype(cuda_available=False) == cpu_auto
+    cfg.model.use_lora = False  # full fine-tuning: no fp32 master copy, so fp32 on a CPU
     assert cfg.model.resolved_dtype(cuda_available=False) == torch.float32
 
 
-def test_auto_policy_and_critic_on_this_cpu_are_float32(tiny_model_path):
+def test_auto_policy_and_critic_on_this_cpu(tiny_model_path):
+    """"auto" on this CPU: base weights in bf16 where the CPU has bf16 instructions (else
+    fp32); LoRA adapters and the critic's head fp32 either way."""
     import torch
 
+    from workbench.config_checks import cpu_bf16_support
     from workbench.training.policy import Critic, Policy
 
     assert not torch.cuda.is_available()  # this machine; on a GPU "auto" would mean cuda/bf16
+    base = torch.bfloat16 if cpu_bf16_support()[0] else torch.float32
     cfg = ConfigStore().model
     assert (cfg.device, cfg.dtype) == ("auto", "auto")
     cfg.model_name, cfg.lora_rank = str(tiny_model_path), 2
     policy = Policy(cfg)
-    params = list(policy.model.parameters())
-    assert {p.device.type for p in params} == {"cpu"} and {p.dtype for p in params} == {torch.float32}
+    params = dict(policy.model.named_parameters())
+    assert {p.device.type for p in params.values()} == {"cpu"}
+    assert {p.dtype for n, p in params.items() if "lora_" not in n} == {base}
+    assert {p.dtype for n, p in params.items() if "lora_" in n} == {torch.float32}
     critic = Critic(cfg)
-    assert {(p.device.type, p.dtype) for p in critic.parameters()} == {("cpu", torch.float32)}
+    assert {p.device.type for p in critic.parameters()} == {"cpu"}
+    assert {p.dtype for n, p in critic.named_parameters() if "lora_" in n or "value_head" in n} == {torch.float32}
+    assert {p.dtype for n, p in critic.named_parameters() if "lora_" not in n and "value_head" not in n} == {base}
 
 
 def test_explicit_bogus_device_errors_naming_the_field(tiny_model_path):

@@ -195,7 +195,7 @@ def test_prefix_cache_dropped_when_weights_change(tiny_model_path, prompts):
     from workbench.engines.hf import HFEngine
     from workbench.models import load_model_and_tokenizer
 
-    model, tok = load_model_and_tokenizer(str(tiny_model_path))  # own copy: we modify it
+    model, tok = load_model_and_tokenizer(str(tiny_model_path), dtype="float32")  # own copy: we modify it; fp32 reference
     engine = HFEngine(model, tok)
     greedy = SamplingParams(max_tokens=6, temperature=0.0)
     first = engine.generate_ids([prompts[0]], greedy)[0]

@@ -10,7 +10,9 @@ from workbench.models import load_model_and_tokenizer
 
 
 def test_export_merged_matches_the_lora_policy_and_loads_without_peft(tiny_model_path, tmp_path):
-    trainer = Trainer(tiny_config(tiny_model_path, tmp_path), environment=make_env("guess_number"),
+    config = tiny_config(tiny_model_path, tmp_path)
+    config.model.dtype = "float32"  # the export is compared with the policy's logits to 1e-4: fp32
+    trainer = Trainer(config, environment=make_env("guess_number"),
                       reward_fn=lambda trajectory: float(sum(trajectory.token_ids) % 7))
     trainer.train_step()
     # LoRA B starts at zero; make the adapters matter so "merged" is a real test.

@@ -43,6 +43,7 @@ def tiny_config(path, **inference) -> ConfigStore:
     c = ConfigStore()
     c.model.model_name = str(path)
     c.model.lora_rank = 4
+    c.model.dtype = "float32"  # the same tokens however episodes split over workers: fp32 (bf16 rounds per batch)
     c.inference.max_tokens = 6
     c.inference.max_turns = 3
     for k, v in inference.items():

@@ -20,6 +20,7 @@ def _config(tiny_model_path, tmp_path, use_ray: bool):
     c = tiny_config(tiny_model_path, tmp_path / ("ray" if use_ray else "one"))
     c.inference.async_rollout = True  # per-episode sampling seeds: samples do not depend on the split
     c.ray.use_ray, c.ray.num_actors, c.ray.num_learners = use_ray, 2, 2
+    c.model.dtype = "float32"  # bit-equal to one process: an fp32 comparison (bf16 rounds per batch shape)
     return c.validate()
 
 

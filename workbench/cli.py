@@ -144,7 +144,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         sp.add_argument("--device", default=unset,
                         help=_help(cmd, "device", '"auto" (CUDA when available, else CPU), "cpu", "cuda", "cuda:1"'))
         sp.add_argument("--dtype", default=unset, choices=["auto", *DTYPES],
-                        help=_help(cmd, "dtype", 'weights dtype; "auto" is bfloat16 on CUDA, float32 on CPU'))
+                        help=_help(cmd, "dtype", 'weights dtype; "auto" is bfloat16 on CUDA and on CPUs with bf16 '
+                                                      'instructions, else float32'))
         sp.add_argument("--backend", default=unset, choices=list(BACKENDS), help=_help(cmd, "backend", ""))
         sp.add_argument("--max-tokens", type=int, default=unset, help=_help(cmd, "max_tokens", "new tokens per model turn"))
         sp.add_argument("--max-turns", type=int, default=unset, help=_help(cmd, "max_turns", ""))
@@ -182,7 +183,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                                     "with held-out success before and after")
     d.add_argument("--model", default=EMBEDDED_MODEL)
     d.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
-    d.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA, float32 on CPU')
+    d.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
     d.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS['demo']})")
     d.add_argument("--minutes", type=float, default=6,
                    help="stop training after the step that ends past this many minutes (default 6)")

@@ -43,8 +43,12 @@ class ModelConfig:
     model_name: str = EMBEDDED_MODEL
     """Hugging Face model id, a local folder, or "smollm2-135m-instruct" (embedded)."""
     dtype: str = "auto"
-    """Weights dtype for training and the HF engine: "auto" (bfloat16 on a CUDA device,
-    float32 on CPU), float32, bfloat16 or float16."""
+    """Weights dtype for training and the HF engine: "auto", float32, bfloat16 or float16.
+    "auto" is bfloat16 on a CUDA device and on a CPU that reports bf16 matrix instructions
+    (avx512_bf16 or amx_bf16), float32 elsewhere, and float32 on the CPU when all weights
+    are trained (`use_lora=False`: no fp32 master copy); the choice is printed once. With
+    bfloat16 weights LoRA adapters, the critic's head and AdamW's state stay float32, and
+    logits are cast to float32 before the log-softmax (engine and trainer alike)."""
     device: str = "auto"
     """Torch device for the policy, reference and critic: "auto" (CUDA when available,
     else CPU), "cpu", "cuda", "cuda:1", ..."""
@@ -79,7 +83,8 @@ class ModelConfig:
 
     def resolved_dtype(self, cuda_available: bool | None = None) -> "torch.dtype":
         """`dtype` as a torch.dtype for the resolved device (see `resolve_dtype`)."""
-        return resolve_dtype(self.dtype, self.resolved_device(cuda_available), "model.dtype")
+        return resolve_dtype(self.dtype, self.resolved_device(cuda_available), "model.dtype",
+                             trains_all_weights=not self.use_lora)
 
 
 @dataclass

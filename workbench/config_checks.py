@@ -1,11 +1,13 @@
 """What `workbench.config` checks values with: `ConfigError`, the device and dtype
-resolvers ("auto" -> CUDA/bf16 or CPU/fp32), and the type checks behind
+resolvers ("auto" -> CUDA/bf16, CPU/bf16 where it has bf16 instructions, else fp32), and the type checks behind
 `ConfigStore.validate` and `ConfigStore.update` (each field against its annotation,
 floats finite, numeric strings read as numbers for float fields)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import sys
 import types
 import typing
 from typing import TYPE_CHECKING, Any
@@ -64,10 +66,55 @@ def resolve_device(device: "str | torch.device" = "auto", cuda_available: bool |
     return resolved
 
 
-def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.device" = "cpu",
-                  field: str = "model.dtype") -> "torch.dtype":
-    """The torch.dtype that `dtype` names: "auto" is bfloat16 on a CUDA device, float32 elsewhere.
+@functools.lru_cache(maxsize=None)
+def cpu_bf16_support() -> tuple[bool, str]:
+    """(whether this CPU multiplies bfloat16 matrices natively, why), decided once.
 
+    Yes when torch's oneDNN bf16 path is built and usable here
+    (`torch.ops.mkldnn._is_mkldnn_bf16_supported()`) and the CPU reports bf16 dot-product
+    or matrix instructions (`avx512_bf16` or `amx_bf16` in /proc/cpuinfo). oneDNN alone
+    only needs AVX-512 and then emulates bf16, which is slower than fp32; ARM's bf16 and
+    other systems without /proc/cpuinfo are not probed (fp32).
+    """
+    import torch
+
+    try:
+        onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        onednn = False
+    if not onednn:
+        return False, "torch's oneDNN has no bfloat16 path on this CPU"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = {w for line in f if line.startswith("flags") for w in line.split(":", 1)[1].split()}
+    except OSError:
+        return False, "no /proc/cpuinfo to read the CPU's bf16 flags from"
+    found = sorted(flags & {"avx512_bf16", "amx_bf16"})
+    if not found:
+        return False, "the CPU reports no avx512_bf16/amx_bf16 instructions"
+    return True, f"the CPU reports {' and '.join(found)}"
+
+
+_announced: set[tuple[str, str]] = set()
+
+
+def _announce(field: str, dtype: "torch.dtype", reason: str) -> None:
+    """Say once per process what "auto" chose and why."""
+    key = (field, str(dtype))
+    if key not in _announced:
+        _announced.add(key)
+        print(f"workbench: {field} \"auto\" -> {str(dtype).removeprefix('torch.')}: {reason}", file=sys.stderr)
+
+
+def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.device" = "cpu",
+                  field: str = "model.dtype", trains_all_weights: bool = False) -> "torch.dtype":
+    """The torch.dtype that `dtype` names. "auto" is bfloat16 on a CUDA device and on a CPU
+    with native bf16 matrix instructions (`cpu_bf16_support`), float32 elsewhere; the
+    choice and its reason are printed once per process.
+
+    `trains_all_weights` (full fine-tuning): "auto" stays float32 on the CPU, because the
+    optimizer would update bf16 weights in place with no fp32 master copy (see
+    `workbench.training.policy.Policy`); on CUDA "auto" is bfloat16 as before.
     `device` is a resolved device (or its string); an unknown name raises ConfigError naming `field`.
     """
     import torch
@@ -75,7 +122,17 @@ def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.devi
     if isinstance(dtype, torch.dtype):
         return dtype
     if dtype == "auto":
-        return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+        if torch.device(device).type == "cuda":
+            return torch.bfloat16
+        if torch.device(device).type != "cpu":
+            return torch.float32
+        ok, why = cpu_bf16_support()
+        if ok and trains_all_weights:
+            chosen, why = torch.float32, f"{why}, but full fine-tuning keeps fp32 weights (no fp32 master copy of bf16 ones)"
+        else:
+            chosen = torch.bfloat16 if ok else torch.float32
+        _announce(field, chosen, why)
+        return chosen
     if dtype not in DTYPES:
         raise ConfigError(f"{field} must be one of {['auto', *DTYPES]}, got {dtype!r}")
     return getattr(torch, dtype)

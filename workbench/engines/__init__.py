@@ -36,13 +36,13 @@ def _make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None
     if inf.backend == "hf":
         return HFEngine(model, tokenizer)
     if inf.backend == "vllm":
-        from workbench.config import resolve_device, resolve_dtype
+        from workbench.config import resolve_device
         from workbench.engines.vllm_engine import VLLMEngine
         from workbench.models.loading import resolve_model_path
 
         dtype = inf.vllm_dtype
         if dtype == "auto":  # vLLM runs on the accelerator when there is one, whatever model.device says
-            dtype = str(resolve_dtype("auto", resolve_device("auto"))).removeprefix("torch.")
+            dtype = "bfloat16" if resolve_device("auto").type == "cuda" else "float32"  # see inference.vllm_dtype
         engine = VLLMEngine(
             resolve_model_path(model_path or config.model.path), tokenizer, dtype=dtype,
             enable_prefix_caching=inf.enable_prefix_caching, gpu_memory_utilization=inf.gpu_memory_utilization,

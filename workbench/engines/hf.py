@@ -4,10 +4,20 @@ One call samples every prompt together: prompts are left-padded into one (B, T)
 batch, prefilled once, then decoded token by token with the KV cache. Rows that
 hit a stop id, or complete a stop string (`SamplingParams.stop`, the engine's `stop`
 from `inference.stop`; see `base.StopStrings`: the ids are kept as sampled up to and
-including the token that completes it), leave the batch (the cache is compacted), so
-short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the raw-model
-logprob of each sampled id comes out of the same forward that sampled it, without
-storing (B, V) logits per step.
+including the token that completes it), leave the batch (one copy of every layer's cache
+drops all the rows finished so far: on an accelerator once they are `compact_fraction` of
+the batch, on the CPU, where every row costs compute, at once), so short answers don't
+pay for long ones. The loop is ours rather than `model.generate` so that the
+raw-model logprob of each sampled id comes out of the same forward that sampled it,
+without storing (B, V) logits per step.
+
+Written for GPUs, where every read of a device value by the host waits for the queued
+kernels: a decode step reads the device once (the sampled ids with their stop-id flags,
+one (2, B) copy; top-p adds whether the top candidates hold the nucleus), and uploads
+only without waiting (`non_blocking=True`). Logprobs stay on the device until the turn
+ends; rows are tracked with host tensors, not a Python loop (stop strings excepted:
+they decode each live row's tail on the host). `tests/test_engine_host_reads.py` counts
+this on the CPU. Sampling (`sampling.py`) draws its uniforms from CPU generators.
 
 The engine holds a reference to the policy module, so after an optimizer step it
 already samples from the new weights; `sync_weights(model)` just swaps the module.
@@ -44,7 +54,6 @@ queued. There every request samples from its own generator seeded with its
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from contextlib import contextmanager
 from concurrent.futures import Future
 from typing import Any
@@ -53,7 +62,10 @@ import torch
 
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
+from workbench.engines.kv_cache import (_build_cache, _GrowingLayer, _plain_layers, _PrefixCache,  # noqa: F401
+                                        _row_kv, _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
+from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
 
 
 class HFEngine(GenerationEngine):
@@ -62,10 +74,13 @@ class HFEngine(GenerationEngine):
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 64, prefix_cache: bool = True,
-                 prefix_cache_mb: float = 1024.0, merge_lora: bool = True):
+                 prefix_cache_mb: float = 1024.0, merge_lora: bool = True, compact_fraction: float | None = None):
+        """`compact_fraction`: finished rows leave the batch once they are this fraction of
+        it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
+        self.compact_fraction = compact_fraction
         self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
         self.prefix_cache = _PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache else None
@@ -101,8 +116,8 @@ class HFEngine(GenerationEngine):
         return out
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
-        # A CPU generator on purpose, whatever the model's device: `_sample` draws from
-        # probabilities moved to the CPU, so one seed gives the same tokens on any device.
+        # A CPU generator on purpose, whatever the model's device: the uniforms `_sample`
+        # inverts come from it, so one seed draws the same uniforms on any device.
         gen = torch.Generator(device="cpu")
         if params.seed is not None:
             gen.manual_seed(params.seed)
@@ -190,74 +205,153 @@ class HFEngine(GenerationEngine):
             attention[b, C - n:C] = 1
             attention[b, C + S - s:] = 1
             positions[b, S - s:] = torch.arange(n, len(p))
+        attn_host = attention  # (U, C + S) on the host: which cache positions of a row are real
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         past = None
         if C > 0:
             past = _build_cache([layers for _, layers in hits], kept, C, device)
         self._prompt_tokens += sum(len(p) for p in prompts)
 
-        stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=device)
-        stop_strings = self.stop_strings(params)  # checked per row after every sampled token
-        out_ids: list[list[int]] = [[] for _ in range(B)]
-        out_lp: list[list[float]] = [[] for _ in range(B)]
-        finish: list[str] = ["length"] * B
-        alive = torch.arange(B, device=device)  # rows of the original chunk still decoding
-
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
         out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
-                         past_key_values=past, logits_to_keep=1)
+                    past_key_values=past, logits_to_keep=1)
         cache = out.past_key_values
         plain = _plain_layers(cache)
         if self.prefix_cache is not None and not plain:
             self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
         if plain and params.max_tokens > 1:  # room for the new tokens: no torch.cat per step
             cache.layers = [_GrowingLayer(layer, params.max_tokens - 1) for layer in cache.layers]
-        keys = [tuple(p) for p in prompts]  # ids whose KV each row holds (grows as it decodes)
         logits = out.logits[:, -1, :].float()  # (U, V)
         next_pos = positions[:, -1:] + 1  # (U, 1)
         if U < B:  # expand the unique rows back to one row per prompt
-            inv = torch.tensor(inverse, dtype=torch.long, device=device)  # (B,)
-            cache = _select_rows(cache, inv)
-            logits, next_pos, attention = logits[inv], next_pos[inv], attention[inv]  # (B, ...)
+            inv = torch.tensor(inverse, dtype=torch.long)  # (B,)
+            inv_dev = inv.to(device, non_blocking=True)
+            cache = _select_rows(cache, inv_dev)
+            logits, next_pos, attention = logits[inv_dev], next_pos[inv_dev], attention[inv_dev]  # (B, ...)
+            attn_host = attn_host[inv]
+        state = _DecodeState(self, prompts, params, gen, attn_host, device)
         for step in range(params.max_tokens):
-            logprobs = torch.log_softmax(logits, dim=-1)  # (B, V) raw model distribution
-            row_gen = [gen[r] for r in alive.tolist()] if isinstance(gen, list) else gen
-            tokens = _sample(logits, params, row_gen)  # (B,)
-            chosen_lp = logprobs.gather(-1, tokens[:, None]).squeeze(-1)  # (B,)
-            tok_list, lp_list = tokens.tolist(), chosen_lp.tolist()
-            done_mask = torch.isin(tokens, stop) if stop.numel() else torch.zeros_like(tokens, dtype=torch.bool)
-            done_list = done_mask.tolist()
-            last_step = step == params.max_tokens - 1
-            for j, row in enumerate(alive.tolist()):
-                out_ids[row].append(tok_list[j])
-                out_lp[row].append(lp_list[j])
-                if stop_strings is not None and not done_list[j] and stop_strings.completes(out_ids[row]):
-                    done_list[j] = True  # this token completed a stop string: the reply ends with it
-                    done_mask[j] = True
-                if done_list[j]:
-                    finish[row] = "stop"
-                if (done_list[j] or last_step) and self.prefix_cache is not None:
-                    # KV held now: prompt + every sampled id but this last one (not fed yet).
-                    self.prefix_cache.store(keys[row] + tuple(out_ids[row][:-1]), _row_kv(cache, j, attention[j]))
-            self._generated += len(tok_list)
-            keep = ~done_mask
-            if not keep.any() or last_step:
+            tokens = state.step(step, logits, cache)  # (B',) on the device
+            if not state.live.any() or step == params.max_tokens - 1:
                 break
-            if not keep.all():
-                idx = keep.nonzero().squeeze(-1)
-                alive, tokens, next_pos, attention = alive[idx], tokens[idx], next_pos[idx], attention[idx]
-                cache = _select_rows(cache, idx)
+            keep = state.compact(cache)  # (B'',) rows kept, on the device; None: no compaction this step
+            if keep is not None:
+                cache = _select_rows(cache, keep)
+                tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
             attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
-            out = model(
-                input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
-                past_key_values=cache, use_cache=True,
-            )
+            out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
+                        past_key_values=cache, use_cache=True)
             cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()
+            logits = out.logits[:, -1, :].float()  # (B', V)
             next_pos = next_pos + 1
-        return [GenerationResult(token_ids=out_ids[b], logprobs=out_lp[b], finish_reason=finish[b],  # type: ignore[arg-type]
-                                 num_cached_tokens=kept[inverse[b]])
-                for b in range(B)]
+        return state.finish(cache, [kept[inverse[b]] for b in range(B)])
+
+
+#: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
+#: they are at least this fraction of its rows; until then they decode along, their ids
+#: unused (a launch-bound step costs about the same with them). On the CPU each row costs
+#: compute, so rows leave as soon as they finish (measured: 0.25 was ~10% slower there).
+_COMPACT_FRACTION = 0.25
+
+
+class _DecodeState:
+    """One chunk's decoding state, on the host except the logprobs.
+
+    Per step the host reads back the sampled ids and the stop-id flags once (one (2, B')
+    copy); the sampling logprobs gather in a (T, B) device tensor read once when the turn
+    ends. Rows are tracked with host tensors (no Python loop over rows per step, except to
+    decode the tails of live rows when stop strings are set: text needs the tokenizer).
+    """
+
+    def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
+                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device):
+        B, T = len(prompts), params.max_tokens
+        self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
+        self.stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long).to(device)  # (K,)
+        self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
+        self.attn_host = attn_host  # (B', C + S) prefill positions of each batch row: 1 = real
+        self.prefill_len = attn_host.shape[1]
+        self.rows = torch.arange(B)  # (B',) the chunk row each batch row holds
+        self.rows_dev = self.rows.to(device, non_blocking=True)  # (B',)
+        self.live = torch.ones(B, dtype=torch.bool)  # (B',) still decoding (finished rows stay until compacted)
+        self.ids = torch.full((B, T), engine.pad_id, dtype=torch.long)  # (B, T) sampled ids
+        self.length = torch.full((B,), T, dtype=torch.long)  # (B,) ids each row keeps
+        self.stopped = torch.zeros(B, dtype=torch.bool)  # (B,) finish reason "stop"
+        self.logprobs = torch.zeros((T, B), dtype=torch.float32, device=device)  # (T, B) read when the turn ends
+        # One generator per row: each row's uniforms for the whole turn, drawn now (a
+        # generator's n draws at once equal its n single draws, so rows keep their streams).
+        self.uniforms = None
+        if isinstance(gen, list) and params.temperature != 0:
+            self.uniforms = torch.stack([torch.rand(T, generator=g, dtype=torch.float64) for g in gen])  # (B, T)
+
+    def step(self, step: int, logits: torch.Tensor, cache: Any) -> torch.Tensor:
+        """Sample from (B', V) logits, record ids and logprobs, mark rows that finished."""
+        params, live = self.params, self.live
+        logprobs = torch.log_softmax(logits, dim=-1)  # (B', V) raw model distribution
+        u = None
+        if params.temperature != 0:
+            if self.uniforms is not None:
+                u_host = self.uniforms[self.rows, step]  # (B',)
+            elif bool(live.all()):
+                u_host = torch.rand(len(live), generator=self.gen, dtype=torch.float64)  # (B',)
+            else:  # one shared generator: only live rows draw, in batch order
+                u_host = torch.zeros(len(live), dtype=torch.float64)
+                u_host[live] = torch.rand(int(live.sum()), generator=self.gen, dtype=torch.float64)
+            u = u_host.to(self.device, non_blocking=True)
+        tokens = _sample(logits, params, u)  # (B',)
+        self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
+        done = torch.isin(tokens, self.stop) if self.stop.numel() else torch.zeros_like(tokens, dtype=torch.bool)
+        host = torch.stack([tokens, done.long()]).cpu()  # (2, B'): the step's one read
+        self.ids[self.rows, step] = host[0]
+        done = host[1].bool() & live  # (B',)
+        if self.stop_strings is not None:
+            for j in (live & ~done).nonzero().flatten().tolist():
+                if self.stop_strings.completes(self.ids[self.rows[j], : step + 1].tolist()):
+                    done[j] = True  # this token completed a stop string: the reply ends with it
+        finished = self.rows[done]
+        self.stopped[finished] = True
+        self.length[finished] = step + 1
+        live &= ~done
+        return tokens
+
+    def compact(self, cache: Any) -> torch.Tensor | None:
+        """Drop finished rows once they are `compact_fraction` of the batch: the kept rows'
+        index on the device (their KV stored in the prefix cache first), else None."""
+        n = len(self.live)
+        dead = n - int(self.live.sum())
+        fraction = self.engine.compact_fraction
+        if fraction is None:
+            fraction = 0.0 if self.device.type == "cpu" else _COMPACT_FRACTION
+        if dead == 0 or dead < fraction * n:
+            return None
+        self._store(cache, (~self.live).nonzero().flatten())
+        keep = self.live.nonzero().flatten()  # (B'',)
+        keep_dev = keep.to(self.device, non_blocking=True)
+        self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
+        self.attn_host = self.attn_host[keep]
+        return keep_dev
+
+    def _store(self, cache: Any, batch_rows: torch.Tensor) -> None:
+        """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache."""
+        prefix = self.engine.prefix_cache
+        if prefix is None:
+            return
+        for j in batch_rows.tolist():
+            r, n = int(self.rows[j]), int(self.length[self.rows[j]])
+            where = torch.cat([self.attn_host[j].nonzero().flatten(),
+                               torch.arange(self.prefill_len, self.prefill_len + n - 1)])  # (n_real,)
+            layers = _row_kv(cache, j, where.to(self.device, non_blocking=True))
+            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), layers)
+
+    def finish(self, cache: Any, cached_tokens: list[int]) -> list[GenerationResult]:
+        """The turn ended: keep the remaining rows' KV, read the logprobs once, build results."""
+        self._store(cache, torch.arange(len(self.rows)))
+        logprobs = self.logprobs.cpu()  # (T, B)
+        self.engine._generated += int(self.length.sum())
+        return [GenerationResult(token_ids=self.ids[b, :n].tolist(), logprobs=logprobs[:n, b].tolist(),
+                                 finish_reason="stop" if self.stopped[b] else "length",  # type: ignore[arg-type]
+                                 num_cached_tokens=cached_tokens[b])
+                for b, n in enumerate(self.length.tolist())]
 
 
 _GQA_SDPA = "workbench_sdpa_gqa"
@@ -293,8 +387,15 @@ def _register_gqa_attention() -> bool:
             from transformers import AttentionInterface
             from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+            def mask(*args: Any, **kwargs: Any) -> Any:
+                """`sdpa_mask`, but a one-token query always gets its (B, 1, 1, K) mask built:
+                deciding to skip it reads `padding_mask.all()` back from the device every step."""
+                if kwargs.get("q_length") == 1:
+                    kwargs["allow_is_causal_skip"] = False
+                return sdpa_mask(*args, **kwargs)
+
             AttentionInterface.register(_GQA_SDPA, _sdpa_gqa_forward)
-            AttentionMaskInterface.register(_GQA_SDPA, sdpa_mask)
+            AttentionMaskInterface.register(_GQA_SDPA, mask)
             _gqa_registered = True
         except (ImportError, AttributeError):
             _gqa_registered = False
@@ -313,204 +414,3 @@ def gqa_attention(model: Any):
         yield
     finally:
         config._attn_implementation = "sdpa"
-
-
-class _PrefixCache:
-    """KV of finished rows keyed by their token ids; LRU-bounded by bytes, thread-safe."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes = max_bytes
-        self.entries: OrderedDict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = OrderedDict()
-        self.bytes = 0
-        self.hits = self.misses = self.reused_tokens = 0
-        self.lock = threading.Lock()
-
-    def lookup(self, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """(n, per-layer (keys, values)) of the longest kept proper prefix of `prompt`, or (0, None)."""
-        p = tuple(prompt)
-        with self.lock:
-            best = max((k for k in self.entries if len(k) < len(p) and p[: len(k)] == k), key=len, default=None)
-            if best is None:
-                self.misses += 1
-                return 0, None
-            self.entries.move_to_end(best)
-            self.hits += 1
-            self.reused_tokens += len(best)
-            return len(best), self.entries[best][0]
-
-    def store(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
-        if not key or nbytes > self.max_bytes:
-            return
-        with self.lock:
-            # The row's earlier entry (a prefix of this one) is superseded.
-            for old in [k for k in self.entries if len(k) <= len(key) and key[: len(k)] == k]:
-                self.bytes -= self.entries.pop(old)[1]
-            self.entries[key] = (layers, nbytes)
-            self.bytes += nbytes
-            while self.bytes > self.max_bytes:
-                self.bytes -= self.entries.popitem(last=False)[1][1]
-
-    def clear(self) -> None:
-        with self.lock:
-            self.entries.clear()
-            self.bytes = 0
-
-    def stats(self) -> dict[str, float]:
-        return {"prefix_cache_hits": self.hits, "prefix_cache_misses": self.misses,
-                "prefix_cache_reused_tokens": self.reused_tokens, "prefix_cache_entries": len(self.entries),
-                "prefix_cache_mb": self.bytes / 2**20}
-
-
-def _dynamic_layer_class() -> type:
-    from transformers.cache_utils import DynamicLayer
-
-    return DynamicLayer
-
-
-class _GrowingLayerMixin:
-    """A full-attention cache layer that appends into preallocated room instead of `torch.cat`.
-
-    `DynamicLayer.update` concatenates, copying the layer's whole cache every decode
-    step; here the keys/values live in a buffer with spare room and `keys`/`values` are
-    views of its filled part. Falls back to reallocating (doubling) when the room is used up.
-    """
-
-    def _init_from(self, layer: Any, room: int) -> None:
-        keys, values = layer.keys, layer.values  # (B, H, T, D)
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._length = keys.shape[-2]
-        self._kbuf = keys.new_empty((*keys.shape[:2], self._length + room, keys.shape[-1]))
-        self._vbuf = values.new_empty((*values.shape[:2], self._length + room, values.shape[-1]))
-        self._kbuf[:, :, : self._length] = keys
-        self._vbuf[:, :, : self._length] = values
-        self._views()
-
-    def _views(self) -> None:
-        self.keys = self._kbuf[:, :, : self._length]
-        self.values = self._vbuf[:, :, : self._length]
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        n = key_states.shape[-2]
-        if self._length + n > self._kbuf.shape[-2]:
-            extra = max(n, self._kbuf.shape[-2])
-            self._kbuf = torch.cat([self._kbuf, self._kbuf.new_empty((*self._kbuf.shape[:2], extra, self._kbuf.shape[-1]))], -2)
-            self._vbuf = torch.cat([self._vbuf, self._vbuf.new_empty((*self._vbuf.shape[:2], extra, self._vbuf.shape[-1]))], -2)
-        self._kbuf[:, :, self._length : self._length + n] = key_states
-        self._vbuf[:, :, self._length : self._length + n] = value_states
-        self._length += n
-        self._views()
-        return self.keys, self.values
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
-        self._views()
-
-
-_growing_class: type | None = None
-
-
-def _GrowingLayer(layer: Any, room: int) -> Any:
-    """`layer`'s contents in a `_GrowingLayerMixin` + DynamicLayer with `room` spare positions."""
-    global _growing_class
-    if _growing_class is None:
-        _growing_class = type("GrowingLayer", (_GrowingLayerMixin, _dynamic_layer_class()), {})
-    new = _growing_class()
-    new._init_from(layer, room)
-    return new
-
-
-def _plain_layers(cache: Any) -> bool:
-    """True when every cache layer is a plain full-attention DynamicLayer (safe to slice and rebuild)."""
-    from transformers.cache_utils import DynamicLayer
-
-    layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _row_kv(cache: Any, j: int, attention_row: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Row j's keys/values at its real (non-padding) positions: per layer (H, n, D) copies."""
-    real = attention_row.bool()
-    return [(layer.keys[j][:, real].clone(), layer.values[j][:, real].clone()) for layer in cache.layers]
-
-
-def _build_cache(rows: list[list[tuple[torch.Tensor, torch.Tensor]] | None], kept: list[int], C: int,
-                 device: torch.device) -> Any:
-    """A DynamicCache of length C holding each row's kept KV right-aligned (zeros before it)."""
-    from transformers import DynamicCache
-
-    ref = next(r for r in rows if r is not None)
-    data = []
-    for li, (k0, v0) in enumerate(ref):
-        H, _, D = k0.shape
-        keys = torch.zeros((len(rows), H, C, D), dtype=k0.dtype, device=device)  # (U, H, C, D)
-        values = torch.zeros((len(rows), v0.shape[0], C, v0.shape[2]), dtype=v0.dtype, device=device)
-        for b, (r, n) in enumerate(zip(rows, kept)):
-            if r is not None and n:
-                keys[b, :, C - n:] = r[li][0]
-                values[b, :, C - n:] = r[li][1]
-        data.append((keys, values))
-    return DynamicCache(data)
-
-
-def _select_rows(cache: Any, idx: torch.Tensor) -> Any:
-    """Keep only rows `idx` of a KV cache (finished rows leave the batch)."""
-    if hasattr(cache, "batch_select_indices"):
-        cache.batch_select_indices(idx)
-        return cache
-    if hasattr(cache, "layers"):
-        for layer in cache.layers:
-            layer.keys = layer.keys[idx]
-            layer.values = layer.values[idx]
-        return cache
-    raise TypeError(f"cannot select rows of cache type {type(cache).__name__}")
-
-
-#: Candidates sorted for top-p before falling back to a full-vocabulary sort.
-_NUCLEUS_CANDIDATES = 512
-
-
-def _sample(logits: torch.Tensor, params: SamplingParams,
-            gen: torch.Generator | list[torch.Generator]) -> torch.Tensor:
-    """Sample one id per row from (B, V) logits with temperature / top-k / top-p.
-
-    `gen`: one generator for all rows, or a list with one per row.
-    """
-    if params.temperature == 0:
-        return logits.argmax(dim=-1)
-    scaled = logits / params.temperature  # (B, V)
-    if params.top_k > 0:
-        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if params.top_p < 1.0:
-        probs = torch.softmax(scaled, dim=-1)  # (B, V)
-        # The nucleus nearly always lies among the most likely few hundred ids: sort only
-        # those (a full (B, V) sort per step is slow on CPU); if they hold less than top_p
-        # of some row's mass, sort everything. Same nucleus either way.
-        k = min(_NUCLEUS_CANDIDATES, probs.shape[-1])
-        top_probs, top_idx = torch.topk(probs, k, dim=-1)  # (B, k), descending
-        if k < probs.shape[-1] and not bool((top_probs.sum(-1) >= params.top_p).all()):
-            top_probs, top_idx = torch.sort(probs, descending=True, dim=-1)  # (B, V)
-        # Drop tokens once the mass before them already reaches top_p (keep at least one),
-        # then draw among the kept candidates only (multinomial renormalises the weights).
-        keep_sorted = (top_probs.cumsum(dim=-1) - top_probs) < params.top_p
-        weights = (top_probs * keep_sorted).cpu()  # (B, k)
-        return top_idx.gather(-1, _multinomial(weights, gen).to(top_idx.device)[:, None]).squeeze(-1)
-    probs = torch.softmax(scaled, dim=-1).cpu()  # (B, V)
-    return _multinomial(probs, gen).to(logits.device)
-
-
-def _multinomial(weights: torch.Tensor, gen: torch.Generator | list[torch.Generator]) -> torch.Tensor:
-    """One draw per row of (B, N) non-negative weights: (B,) column indices.
-
-    Inverse CDF: one uniform per row against the float64 cumulative weights. A
-    zero-weight id can never be drawn (its cumulative value equals its neighbour's).
-    `torch.multinomial` draws N exponentials per row instead (13 ms vs 0.2 ms at 8 x 49k).
-    """
-    cdf = weights.to(torch.float64).cumsum(-1)  # (B, N)
-    if isinstance(gen, list):
-        u = torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gen])  # (B,)
-    else:
-        u = torch.rand(weights.shape[0], generator=gen, dtype=torch.float64)  # (B,)
-    draw = torch.searchsorted(cdf, (u * cdf[:, -1])[:, None], right=True).squeeze(-1)  # (B,)
-    return draw.clamp_(max=weights.shape[-1] - 1)

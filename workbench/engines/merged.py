@@ -15,7 +15,11 @@ of decoding). Logprobs from the copy equal the peft forward's to float rounding.
 
 Only plain LoRA adapters may be trained: anything else trainable (peft
 `modules_to_save`, full fine-tuning) or a LoRA variant (DoRA, ...) makes `merged_copy`
-return None and the engine decodes through the policy itself.
+return None and the engine decodes through the policy itself. So do base weights in a
+16-bit dtype: `W + scale * B @ A` rounded to bf16 loses every change below ~1/256 of a
+weight (the first optimizer steps' whole update, at the demo's learning rate), so the
+copy would sample from an older policy than the one trained; through peft the adapter
+branch runs in fp32, as in the trainer's forward.
 """
 from __future__ import annotations
 
@@ -67,6 +71,9 @@ def merged_copy(source: Any) -> MergedLoraCopy | None:
                 for p in list(m.lora_A.parameters()) + list(m.lora_B.parameters())}
     if not adapters or any(p.requires_grad and id(p) not in adapters for p in source.parameters()):
         return None  # nothing to merge, or something trained besides the adapters
+    if any(m.get_base_layer().weight.dtype != torch.float32 for m in source.modules()
+           if is_lora_layer(m) and hasattr(m.get_base_layer(), "weight")):
+        return None  # a bf16/fp16 merge would round small adapter updates away (module docstring)
     with torch.no_grad():
         plain = copy.deepcopy(source).merge_and_unload()
     plain.requires_grad_(False).eval()

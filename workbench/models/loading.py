@@ -100,8 +100,9 @@ def load_model(
 ):
     """A causal LM in eval mode on `device`.
 
-    "auto" device: CUDA when available, else CPU; "auto" dtype: bfloat16 on CUDA,
-    float32 elsewhere (`workbench.config.resolve_device` / `resolve_dtype`).
+    "auto" device: CUDA when available, else CPU; "auto" dtype: bfloat16 on CUDA and on
+    CPUs with bf16 instructions, float32 elsewhere (`workbench.config.resolve_device` /
+    `resolve_dtype`).
     """
     from transformers import AutoModelForCausalLM
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -42,6 +43,13 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
 class Policy:
     """The trained language model plus its reference view.
 
+    Precision: the base weights load in `cfg.resolved_dtype()`. With bfloat16 weights,
+    peft keeps the LoRA adapters in float32 (`autocast_adapter_dtype`), so their AdamW
+    state is float32 too; `forward_logprobs` casts logits to float32 before the
+    log-softmax, as the engine does when it samples. Full fine-tuning keeps no fp32
+    master copy: "auto" picks float32 on a CPU for it, and bf16/fp16 weights trained in
+    full get a warning (on CUDA "auto" is bfloat16 as before).
+
     Args:
         cfg: the `model` config section.
         with_reference: keep a reference policy (for full fine-tuning a frozen copy of the
@@ -51,7 +59,12 @@ class Policy:
 
     def __init__(self, cfg: ModelConfig, with_reference: bool = True):
         self.cfg = cfg
-        base, self.tokenizer = load_model_and_tokenizer(cfg.path, cfg.dtype, cfg.device, cfg.trust_remote_code)
+        dtype = cfg.resolved_dtype()
+        if not cfg.use_lora and dtype != torch.float32:
+            warnings.warn(f"full fine-tuning of {str(dtype).removeprefix('torch.')} weights: AdamW updates them "
+                          "in that dtype, with no fp32 master copy, so steps smaller than ~1/256 of a weight are "
+                          "lost; use model.dtype=float32 (what \"auto\" picks on a CPU) or LoRA", stacklevel=2)
+        base, self.tokenizer = load_model_and_tokenizer(cfg.path, dtype, cfg.device, cfg.trust_remote_code)
         if cfg.gradient_checkpointing:
             base.gradient_checkpointing_enable()
         self.frozen_ref: nn.Module | None = None
@@ -119,7 +132,7 @@ class Critic(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        base, _ = load_model_and_tokenizer(cfg.path, cfg.dtype, cfg.device, cfg.trust_remote_code)
+        base, _ = load_model_and_tokenizer(cfg.path, cfg.resolved_dtype(), cfg.device, cfg.trust_remote_code)
         self.body = apply_lora(base, cfg) if cfg.use_lora else base
         hidden = base.config.hidden_size
         self.value_head = nn.Linear(hidden, 1, device=next(base.parameters()).device)  # fp32 head

@@ -1,0 +1,71 @@
+"""Sampling one id per row from logits, on the logits' device, from uniforms drawn on the host.
+
+The randomness is CPU generators' on purpose, whatever the model's device: one seed
+gives the same uniforms on any device. The host draws one float64 uniform per row and
+step (`draw_uniforms`) and uploads it without waiting (`non_blocking=True`); the draw
+itself is an inverse CDF on the device (`_inverse_cdf`), so the sampled ids are the only
+thing the decode loop has to read back. The top-p path reads one more value per step:
+whether the top `_NUCLEUS_CANDIDATES` ids hold every row's nucleus.
+"""
+from __future__ import annotations
+
+import torch
+
+from workbench.engines.base import SamplingParams
+
+#: Candidates sorted for top-p before falling back to a full-vocabulary sort.
+_NUCLEUS_CANDIDATES = 512
+
+
+def _sample(logits: torch.Tensor, params: SamplingParams, u: torch.Tensor | None) -> torch.Tensor:
+    """One id per row of (B, V) logits with temperature / top-k / top-p: (B,) on logits' device.
+
+    `u`: (B,) float64 uniforms in [0, 1) on the logits' device (unused when greedy).
+    """
+    if params.temperature == 0:
+        return logits.argmax(dim=-1)
+    assert u is not None, "sampling needs one uniform per row"
+    scaled = logits / params.temperature  # (B, V)
+    if params.top_k > 0:
+        kth = torch.topk(scaled, min(params.top_k, scaled.shape[-1]), dim=-1).values[:, -1:]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if params.top_p < 1.0:
+        probs = torch.softmax(scaled, dim=-1)  # (B, V)
+        # The nucleus nearly always lies among the most likely few hundred ids: sort only
+        # those (a full (B, V) sort per step is slow on CPU); if they hold less than top_p
+        # of some row's mass, sort everything. Same nucleus either way.
+        k = min(_NUCLEUS_CANDIDATES, probs.shape[-1])
+        top_probs, top_idx = torch.topk(probs, k, dim=-1)  # (B, k), descending
+        if k < probs.shape[-1] and not bool((top_probs.sum(-1) >= params.top_p).all()):  # a host read
+            top_probs, top_idx = torch.sort(probs, descending=True, dim=-1)  # (B, V)
+        # Drop tokens once the mass before them already reaches top_p (keep at least one),
+        # then draw among the kept candidates only (the inverse CDF renormalises).
+        keep_sorted = (top_probs.cumsum(dim=-1) - top_probs) < params.top_p
+        weights = top_probs * keep_sorted  # (B, k)
+        return top_idx.gather(-1, _inverse_cdf(weights, u)[:, None]).squeeze(-1)
+    return _inverse_cdf(torch.softmax(scaled, dim=-1), u)
+
+
+def _inverse_cdf(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw per row of (B, N) non-negative weights given (B,) uniforms: (B,) column indices.
+
+    Each uniform is placed in the float64 cumulative weights. A zero-weight id can never
+    be drawn (its cumulative value equals its neighbour's). `torch.multinomial` draws N
+    exponentials per row instead (13 ms vs 0.2 ms at 8 x 49k on CPU).
+    """
+    cdf = weights.to(torch.float64).cumsum(-1)  # (B, N)
+    draw = torch.searchsorted(cdf, (u.to(cdf.device) * cdf[:, -1])[:, None], right=True).squeeze(-1)  # (B,)
+    return draw.clamp_(max=weights.shape[-1] - 1)
+
+
+def draw_uniforms(n: int, gen: torch.Generator | list[torch.Generator]) -> torch.Tensor:
+    """(n,) float64 uniforms on the CPU: `n` from one generator, or one from each of `gen`'s."""
+    if isinstance(gen, list):
+        assert len(gen) == n
+        return torch.cat([torch.rand(1, generator=g, dtype=torch.float64) for g in gen]) if gen else torch.zeros(0)
+    return torch.rand(n, generator=gen, dtype=torch.float64)
+
+
+def _multinomial(weights: torch.Tensor, gen: torch.Generator | list[torch.Generator]) -> torch.Tensor:
+    """One draw per row of (B, N) CPU weights from `gen` (one generator, or one per row): (B,)."""
+    return _inverse_cdf(weights, draw_uniforms(weights.shape[0], gen))
