@@ -25,6 +25,7 @@ def train_run(model_path, run, use_lora: bool):
     c = ConfigStore()
     c.model.model_name = str(model_path)
     c.model.use_lora = use_lora
+    c.model.dtype = "float32"  # compared with an fp32 plain loop below
     c.model.lora_rank = 4
     c.inference.max_tokens = 6
     c.inference.max_turns = 2

@@ -363,8 +363,8 @@ def run_checks(history: History, config: DoctorConfig | None = None,
 class StepDoctor:
     """The per-step doctor `Trainer.fit` runs: `observe(batch, step, metrics)` adds the
     step, runs every check, prints one line per finding not printed before (through
-    `write`), and returns `{"diagnose/<name>": value}` for every measured check plus
-    `perf/doctor_seconds` (what the checks cost this step).
+    `write`), and returns `{"diagnose/<name>": value}` for every check (NaN when it
+    measured nothing this step) plus `perf/doctor_seconds` (what the checks cost this step).
 
     Args:
         config: thresholds (default `DoctorConfig()`).
@@ -390,6 +390,9 @@ class StepDoctor:
             if f.name not in self.reported:
                 self.reported.add(f.name)
                 self.write(f.line())
-        out = {f"diagnose/{f.name}": f.value for f in measured}
+        # Every check's metric on every step (NaN where it measured nothing yet, e.g. the drift
+        # checks on the first step), so the names in metrics.jsonl and the dashboards are fixed.
+        out = {f"diagnose/{name}": float("nan") for name in CHECKS}
+        out.update({f"diagnose/{f.name}": f.value for f in measured})
         out["perf/doctor_seconds"] = time.perf_counter() - start
         return out
