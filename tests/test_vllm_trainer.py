@@ -69,6 +69,7 @@ def test_trainer_vllm_backend_syncs_weights_every_step(vllm_tiny_engine, vllm_ti
     engine = vllm_tiny_engine
     c = ConfigStore()
     c.model.model_name = str(vllm_tiny_model_path)
+    c.model.dtype = "float32"  # the fp32 vLLM engine's logprobs are compared with the trainer's
     c.model.lora_rank = 4
     c.inference.backend = "vllm"
     c.inference.max_tokens, c.inference.max_turns = 8, 2
