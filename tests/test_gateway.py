@@ -187,6 +187,14 @@ def retokenizing_agent(base_url: str, episode_id: str, task: dict) -> float:
 def test_a_harness_that_retokenizes_history_trips_the_alignment_warning(tiny_engine):
     rollout = GatewayRollout(tiny_engine, retokenizing_agent, TASKS, group_size=2, max_turns=3, seed=3)
     gateway = Gateway(tiny_engine, max_turns=3, seed=3).start()
+    recorded: dict[int, list] = {}  # episode index -> the gateway's raw call records, kept before they go
+    forget = gateway.forget
+
+    def keep(episode_id: str) -> None:
+        recorded[int(episode_id.rsplit("-", 1)[1])] = gateway.calls(episode_id)
+        forget(episode_id)
+
+    gateway.forget = keep
     try:
         rollout.gateway = gateway
         batch = rollout.run()
@@ -195,13 +203,14 @@ def test_a_harness_that_retokenizes_history_trips_the_alignment_warning(tiny_eng
     flagged = 0
     for ep in batch:
         assert ep.num_turns == 3
-        # what the check must find, computed here from the episode's own turns: does each
-        # later prompt start with the previous prompt + sampled ids?
+        # what the check must find, computed here from the raw records: does each later
+        # prompt start with the previous prompt + the ids sampled for it?
         warned = [w for w in ep.warnings if w.startswith("alignment:")]
+        calls = recorded[ep.episode_id]
         expected_break = any(
-            encode(tiny_engine.tokenizer, tiny_engine.tokenizer.decode(
-                ep.token_ids[: t.token_end], skip_special_tokens=False))[: t.token_end] != ep.token_ids[: t.token_end]
-            for t in ep.turns[:-1])
+            now.prompt_ids[: len(before.prompt_ids) + len(before.reply.token_ids)]
+            != before.prompt_ids + list(before.reply.token_ids)
+            for before, now in zip(calls, calls[1:]))
         assert bool(warned) == expected_break, (ep.warnings, expected_break)
         if warned:
             assert "token mismatch at position" in warned[0]
