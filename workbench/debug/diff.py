@@ -37,6 +37,8 @@ import torch
 
 from workbench.algo import kl_penalty
 from workbench.debug.policies import checkpoint_config, load_policy, policy_label
+from workbench.training import run_files
+from workbench.training.checkpoint import checkpoint_name
 from workbench.trajectory import TrajectoryBatch
 
 __all__ = ["PolicyDiff", "compare_policies", "score_tokens", "add_diff_parser", "cmd_diff", "markdown_table"]
@@ -216,22 +218,25 @@ def add_diff_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def _run_batch_path(run: Path, step: int | None, eval_step: int | None) -> Path:
-    folder, number = (run / "evals", eval_step) if eval_step is not None else (run / "rollouts", step)
+    """The saved batch of training step `step` (or the held-out batch at `eval_step`) of a
+    run folder (`workbench.training.run_files`); the last saved one when no step is given."""
+    evals = eval_step is not None
+    number = eval_step if evals else step
+    folder = run / (run_files.EVALS if evals else run_files.ROLLOUTS)
     if number is None:
-        files = sorted(folder.glob("step_*.jsonl*"))
-        if not files:
+        saved = run_files.saved_steps(folder)
+        if not saved:
             raise FileNotFoundError(f"{folder} holds no step_*.jsonl.gz batches; give --batch FILE")
-        return files[-1]
-    for suffix in (".jsonl.gz", ".jsonl"):
-        path = folder / f"step_{number:06d}{suffix}"
-        if path.exists():
-            return path
-    raise FileNotFoundError(f"{folder}/step_{number:06d}.jsonl.gz does not exist")
+        number = saved[-1]
+    path = (run_files.eval_path if evals else run_files.rollout_path)(run, number)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    return path
 
 
 def _policy_arg(spec: str, run: Path | None) -> str:
     if run is not None and re.fullmatch(r"\d+", spec):
-        return str(run / "checkpoints" / f"step_{int(spec):06d}")
+        return str(run / "checkpoints" / checkpoint_name(int(spec)))
     return spec
 
 

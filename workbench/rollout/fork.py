@@ -35,10 +35,10 @@ seed only; pass `environment=` built for that item.
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import GenerationEngine
+from workbench.env_registry import make_env, make_environment
 from workbench.rollout.configured import rollout_settings
 from workbench.rollout.rollout import Rollout
 from workbench.trajectory import Episode, TrajectoryBatch
@@ -72,15 +72,11 @@ def environment_factory(config: Any = None, environment: Any = None, episode: Ep
     if environment is None and config is None and episode is not None:
         environment = episode.environment
     if environment is not None:
-        if callable(environment) and not hasattr(environment, "step"):
-            return environment
-        return lambda: copy.deepcopy(environment)
+        return lambda: make_environment(environment)
     if config is None:
         raise ValueError("fork needs the run's config (config.environment rebuilds the environment) "
                          "or environment= (a prototype or a factory); this episode has no environment attached "
                          "(it was loaded from a file)")
-    from workbench.env_registry import make_env
-
     return lambda: make_env(config.environment.name, config.environment)
 
 

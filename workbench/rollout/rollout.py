@@ -32,11 +32,11 @@ environments).
 """
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+from workbench.env_registry import make_environment
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
 from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
@@ -170,9 +170,8 @@ class Rollout:
     def from_env(cls, engine: GenerationEngine, env: Any | Callable[[], Any], num_groups: int,
                  group_size: int = 1, first_seed: int = 0, **kwargs: Any) -> "Rollout":
         """`num_groups` seeds x `group_size` episodes, from a factory or a prototype env (deep-copied)."""
-        make = env if callable(env) and not hasattr(env, "step") else (lambda: copy.deepcopy(env))
         seeds = [first_seed + g for g in range(num_groups) for _ in range(group_size)]
-        return cls(engine, [make() for _ in seeds], seeds=seeds, **kwargs)
+        return cls(engine, [make_environment(env) for _ in seeds], seeds=seeds, **kwargs)
 
     # -- episode lifecycle -------------------------------------------------------------
     def reset(self) -> "Rollout":
