@@ -2,7 +2,9 @@
 
 `tests/host_sync.py` counts the operations that would wait for the device on a GPU
 (host reads of device values, blocking uploads) and every ATen op; a forward pre-hook on
-the model splits the counts by decode step (step k = from the k-th forward to the next).
+the model's rotary embedding, which every forward calls once (the model's own forward
+and the engine's `DecodeStep` alike), splits the counts by decode step (step k = from the
+k-th forward to the next). Both decode paths are counted.
 """
 from __future__ import annotations
 
@@ -24,10 +26,10 @@ def _per_step(engine, model, prompts, params) -> tuple[list[Counts], list, list[
 
     def hook(module, args, kwargs):
         marks.append(counter.snapshot())
-        rows.append(kwargs["input_ids"].shape[0])
+        rows.append(args[0].shape[0])
 
     with SyncCounter(model) as counter:
-        handle = model.register_forward_pre_hook(hook, with_kwargs=True)
+        handle = model.model.rotary_emb.register_forward_pre_hook(hook, with_kwargs=True)
         try:
             results = engine.generate_ids(prompts, params)
         finally:
@@ -50,12 +52,14 @@ def prompts_64(tiny_model_and_tokenizer):
     SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=0),
     SamplingParams(max_tokens=16, temperature=0.0),
 ], ids=["sampled", "top_p", "greedy"])
-def test_decode_step_reads_the_host_at_most_twice(tiny_model_and_tokenizer, prompts_64, params):
+@pytest.mark.parametrize("fast_decode", [True, False], ids=["decode_step", "model_forward"])
+def test_decode_step_reads_the_host_at_most_twice(tiny_model_and_tokenizer, prompts_64, params, fast_decode):
     from workbench.engines.hf import HFEngine
 
     model, tok = tiny_model_and_tokenizer
-    engine = HFEngine(model, tok, prefix_cache=False)
+    engine = HFEngine(model, tok, prefix_cache=False, fast_decode=fast_decode)
     steps, results, _ = _per_step(engine, model, prompts_64, params)
+    assert engine.decode_steps["fast" if fast_decode else "model"] == params.max_tokens - 1
     assert len(steps) == params.max_tokens - 2 and all(len(r.token_ids) == 16 for r in results)
     reads = [s.reads for s in steps]
     ops = [s.ops for s in steps]

@@ -62,6 +62,8 @@ import torch
 
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
+from workbench.engines.decode_step import DecodeStep
+from workbench.engines.decode_threads import DecodeThreads
 from workbench.engines.kv_cache import (_build_cache, _GrowingLayer, _plain_layers, _PrefixCache,  # noqa: F401
                                         _row_kv, _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
@@ -74,12 +76,19 @@ class HFEngine(GenerationEngine):
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 64, prefix_cache: bool = True,
-                 prefix_cache_mb: float = 1024.0, merge_lora: bool = True, compact_fraction: float | None = None):
+                 prefix_cache_mb: float = 1024.0, merge_lora: bool = True, compact_fraction: float | None = None,
+                 fast_decode: bool = True):
         """`compact_fraction`: finished rows leave the batch once they are this fraction of
-        it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator)."""
+        it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator). `fast_decode`:
+        decode steps of Llama-family models run `decode_step.DecodeStep` instead of the
+        model's forward (False: always the model's forward)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
+        self.fast_decode = fast_decode
+        self.decode_steps = {"fast": 0, "model": 0}  # decode steps run by each path (stats)
+        self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
+        self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
         self.compact_fraction = compact_fraction
         self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
@@ -108,9 +117,12 @@ class HFEngine(GenerationEngine):
 
     def stats(self) -> dict[str, float]:
         out = {"prompt_tokens": self._prompt_tokens, "generated_tokens": self._generated,
-               "lora_merges": self._merged.merges if self._merged is not None else 0}
+               "lora_merges": self._merged.merges if self._merged is not None else 0,
+               "fast_decode_steps": self.decode_steps["fast"], "model_decode_steps": self.decode_steps["model"]}
         if self.prefix_cache is not None:
             out.update(self.prefix_cache.stats())
+        if self.decode_threads is not None:
+            out.update(self.decode_threads.stats())
         if self._batcher is not None:
             out.update({f"batcher_{k}": v for k, v in self._batcher.stats().items()})
         return out
@@ -230,20 +242,34 @@ class HFEngine(GenerationEngine):
             logits, next_pos, attention = logits[inv_dev], next_pos[inv_dev], attention[inv_dev]  # (B, ...)
             attn_host = attn_host[inv]
         state = _DecodeState(self, prompts, params, gen, attn_host, device)
-        for step in range(params.max_tokens):
-            tokens = state.step(step, logits, cache)  # (B',) on the device
-            if not state.live.any() or step == params.max_tokens - 1:
-                break
-            keep = state.compact(cache)  # (B'',) rows kept, on the device; None: no compaction this step
-            if keep is not None:
-                cache = _select_rows(cache, keep)
-                tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
-            attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
-            out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
-                        past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
-            logits = out.logits[:, -1, :].float()  # (B', V)
-            next_pos = next_pos + 1
+        # Built per call (references to the parameters, ~1 ms): sees swapped modules and
+        # adapters switched off; None: the model's forward decodes.
+        fast = None
+        if self.fast_decode and plain and params.max_tokens > 1:
+            fast = self._decode_step = DecodeStep.build(model, self._decode_step)
+        path = "fast" if fast is not None else "model"
+        if self.decode_threads is None:
+            self.decode_threads = DecodeThreads(device)
+        with self.decode_threads.stepping() as stepper:  # thread count timed, then chosen (decode_threads.py)
+            for step in range(params.max_tokens):
+                tokens = state.step(step, logits, cache)  # (B',) on the device
+                if not state.live.any() or step == params.max_tokens - 1:
+                    break
+                keep = state.compact(cache)  # (B'',) rows kept, on the device; None: no compaction this step
+                if keep is not None:
+                    cache = _select_rows(cache, keep)
+                    tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
+                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
+                with stepper.step():
+                    if fast is not None:
+                        logits = fast(tokens, attention, next_pos, cache)  # (B', V), cache grown in place
+                    else:
+                        out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
+                                    past_key_values=cache, use_cache=True)
+                        cache = out.past_key_values
+                        logits = out.logits[:, -1, :].float()  # (B', V)
+                self.decode_steps[path] += 1
+                next_pos = next_pos + 1
         return state.finish(cache, [kept[inverse[b]] for b in range(B)])
 
 

@@ -1,0 +1,206 @@
+"""`DecodeStep` (the hf engine's decode step without transformers' modules) against the
+model's own forward on the same KV cache: Llama with grouped KV heads, Qwen2 (biased
+q/k/v), peft LoRA in fp32 and over bf16 weights, adapters switched off, in-place weight
+updates; and `DecodeThreads`, which times the decode step's thread count."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from workbench.engines.decode_step import DecodeStep
+from workbench.engines.decode_threads import DecodeThreads
+from workbench.engines.kv_cache import _GrowingLayer
+
+
+def _llama(dtype=torch.float32, **over):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(vocab_size=96, hidden_size=128, intermediate_size=192, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
+    kw.update(over)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**kw)).to(dtype).eval()
+
+
+def _qwen2():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(1)
+    config = Qwen2Config(vocab_size=96, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=256,
+                         tie_word_embeddings=False, use_sliding_window=False)
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():  # random biases, so a dropped bias shows
+        for layer in model.model.layers:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                proj.bias.normal_(0, 0.5)
+    return model
+
+
+def _lora(model, dtype=torch.float32):
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(2)
+    lora = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                            init_lora_weights=False))  # B != 0: the adapters matter
+    return lora.to(dtype) if dtype != torch.float32 else lora
+
+
+def _prefill(model, rows: list[list[int]]):
+    """Left-padded prefill of `rows` through the model; the cache with growing layers as
+    the engine makes it, the (B, T) mask, the next positions (B, 1)."""
+    B, S = len(rows), max(map(len, rows))
+    ids = torch.zeros((B, S), dtype=torch.long)
+    mask = torch.zeros((B, S), dtype=torch.long)
+    pos = torch.zeros((B, S), dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids[b, S - len(r):] = torch.tensor(r)
+        mask[b, S - len(r):] = 1
+        pos[b, S - len(r):] = torch.arange(len(r))
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
+    cache = out.past_key_values
+    cache.layers = [_GrowingLayer(layer, 8) for layer in cache.layers]
+    return cache, mask, pos[:, -1:] + 1
+
+
+def _compare(model, steps: int = 3, atol: float = 1e-4):
+    """Decode `steps` tokens both ways from the same prefill; the largest logit gap."""
+    rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13]]  # different lengths: padding matters
+    cache, mask, pos = _prefill(model, rows)
+    ref_cache = copy.deepcopy(cache)
+    step = DecodeStep.build(model)
+    assert step is not None
+    tokens = torch.tensor([3, 17, 42])
+    worst = 0.0
+    for _ in range(steps):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        with torch.no_grad():
+            ref = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos, past_key_values=ref_cache,
+                        use_cache=True).logits[:, -1].float()  # (B, V)
+            fast = step(tokens, mask, pos, cache)  # (B, V)
+        assert fast.dtype == torch.float32 and fast.shape == ref.shape
+        worst = max(worst, float((fast - ref).abs().max()))
+        assert torch.allclose(fast, ref, atol=atol, rtol=0), (fast - ref).abs().max()
+        for a, b in zip(cache.layers, ref_cache.layers):  # the same keys/values appended
+            assert torch.allclose(a.keys.float(), b.keys.float(), atol=atol * 10)
+        tokens, pos = ref.argmax(-1), pos + 1
+    return worst
+
+
+def test_llama_with_grouped_kv_heads_matches_the_model():
+    _compare(_llama())
+
+
+def test_qwen2_biases_match_the_model():
+    _compare(_qwen2())
+
+
+def test_tiny_model_matches(tiny_model_and_tokenizer):
+    _compare(tiny_model_and_tokenizer[0])
+
+
+def test_lora_fp32_matches_peft():
+    _compare(_lora(_llama()))
+
+
+def test_lora_over_bf16_weights_matches_peft():
+    """bf16 base, fp32 adapters (peft's default cast): the logits agree to bf16 rounding
+    (attention here runs in fp32, the model's sdpa in bf16)."""
+    model = _lora(_llama(torch.bfloat16))
+    assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}
+    worst = _compare(model, atol=0.03)
+    assert worst > 0  # bf16: not bit-equal, but close (the model's logits span several units)
+
+
+def test_adapters_switched_off_match_the_base_model():
+    model = _lora(_llama())
+    with model.disable_adapter():
+        _compare(model)
+    plain = _llama()
+    cache, mask, pos = _prefill(plain, [[5, 6, 7]])
+    mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+    with model.disable_adapter():
+        off = DecodeStep.build(model)(torch.tensor([4]), mask, pos, copy.deepcopy(cache))
+    on = DecodeStep.build(model)(torch.tensor([4]), mask, pos, copy.deepcopy(cache))
+    base = DecodeStep.build(plain)(torch.tensor([4]), mask, pos, cache)
+    assert torch.allclose(off, base, atol=1e-5) and not torch.allclose(on, base, atol=1e-2)
+
+
+def test_fused_copies_follow_in_place_updates():
+    """q/k/v and gate/up are fused into copies on a CPU; an optimizer-style in-place write
+    to a weight makes the next build copy that group again, unchanged groups are kept."""
+    model = _lora(_llama())
+    first = DecodeStep.build(model)
+    again = DecodeStep.build(model, first)
+    assert again.layers[0].qkv is first.layers[0].qkv  # nothing changed: the same fused copy
+    with torch.no_grad():
+        model.base_model.model.model.layers[0].self_attn.k_proj.lora_B["default"].weight.add_(0.3)
+    second = DecodeStep.build(model, first)
+    assert second.layers[0].qkv is not first.layers[0].qkv  # rebuilt: its LoRA B changed
+    assert second.layers[1].qkv is first.layers[1].qkv and second.layers[0].down is first.layers[0].down
+    _compare(model)
+
+
+def test_unsupported_models_fall_back_to_the_model_forward(tiny_model_and_tokenizer):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+
+    windowed = MistralForCausalLM(MistralConfig(vocab_size=96, hidden_size=64, intermediate_size=128,
+                                                num_hidden_layers=1, num_attention_heads=2,
+                                                num_key_value_heads=1, sliding_window=4))
+    assert DecodeStep.build(windowed) is None
+    assert DecodeStep.build(_llama(hidden_act="gelu")) is None
+    model, tok = tiny_model_and_tokenizer
+    engine = HFEngine(model, tok, fast_decode=False)
+    engine.generate_ids([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0))
+    assert engine.stats()["model_decode_steps"] == 3 and engine.stats()["fast_decode_steps"] == 0
+
+
+def test_engine_gives_the_same_tokens_either_way(tiny_model_and_tokenizer):
+    """Greedy and seeded sampling through the engine: the same ids with and without the
+    decode step, logprobs equal to float rounding."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128, 1000)]
+    for params in (SamplingParams(max_tokens=12, temperature=0), SamplingParams(max_tokens=12, temperature=1.0, seed=3)):
+        fast = HFEngine(model, tok, fast_decode=True).generate_ids(prompts, params)
+        slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
+        for a, b in zip(fast, slow):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_decode_threads_keeps_the_faster_count():
+    threads = DecodeThreads(torch.device("cpu"), trial_steps=3)
+    full = torch.get_num_threads()
+    if full == 1:
+        assert threads.chosen == 1
+        return
+    assert threads.candidates == [full, 1]
+    fake = {full: 0.050, 1: 0.030}  # one thread faster (the passive-wait bf16 case)
+    while threads.chosen is None:
+        n = threads.next_threads()
+        threads.record(n, fake[n])
+    assert threads.chosen == 1 and threads.stats()["decode_threads"] == 1
+    assert threads.stats()[f"decode_step_ms_{full}_threads"] == pytest.approx(50)
+    assert DecodeThreads(torch.device("meta")).candidates == [full]  # accelerators: no trial
+
+
+def test_engine_restores_the_thread_count(tiny_model_and_tokenizer):
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    before = torch.get_num_threads()
+    engine = HFEngine(model, tok)
+    for seed in range(3):  # enough decode steps to finish the trial
+        engine.generate_ids([[5, 6, 7]] * 4, SamplingParams(max_tokens=8, temperature=1.0, seed=seed))
+        assert torch.get_num_threads() == before
+    assert engine.stats()["decode_threads"] in (before, 1)

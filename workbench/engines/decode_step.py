@@ -1,0 +1,293 @@
+"""One decode step of a Llama-family model without transformers' module stack.
+
+The hf engine prefills with the model's own forward (any architecture, padding, the
+prefix cache), then decodes one token per row per step. On a CPU a decode step of a
+small model costs more in the machinery around the matmuls than people expect: the
+module calls, the mask built for every layer, peft's per-linear casts, and, for skinny
+fp32 matmuls, the orientation MKL is given. `DecodeStep` runs that step as plain tensor
+code over the model's own parameters (references, not copies, so an optimizer step or
+`load_state_dict` is seen at once):
+
+- the (B, T) padding mask becomes one additive (B, 1, 1, T) bias shared by every layer;
+- attention of the one new query is two batched matmuls per layer over the grouped KV
+  heads (no `repeat_kv`), with scores and softmax in fp32;
+- a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
+  its adapters the way peft does (input cast to the adapters' fp32, `B(A(x)) * scale`
+  added to the base output, cast back), without the module calls;
+- on a CPU, fp32 linears run as `W @ x.T` (measured on this 2-core EPYC at 8 rows: the
+  SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms).
+
+The math is the model's (`modeling_llama`): RMSNorm in fp32 cast back before the weight,
+rotary embeddings from the model's own `rotary_emb`, residual adds in the model dtype,
+logits returned in fp32. `tests/test_decode_step.py` checks its logits against the
+model's forward on the same cache, in fp32 and bf16, plain and LoRA.
+
+`DecodeStep.build(model)` returns None for anything else (another architecture, a
+sliding window, biased MLPs, LoRA variants or dropout in training mode), and the engine
+then decodes with the model's forward as before.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+#: Architectures whose decoder layer is LlamaDecoderLayer's math (qwen2: biased q/k/v).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+
+
+@dataclass
+class _Proj:
+    """Projections that read the same input (q/k/v; gate/up; or one alone), as one matmul.
+
+    `weight` (N, K) holds the outputs' base weights one after another (a reference when
+    there is one projection, a fused copy otherwise), `splits` their widths. A LoRA
+    adapter per output is run as peft does (the input cast to the adapters' dtype,
+    `B(A(x)) * scale` added to the base output, the sum cast back), fused the same way:
+    `lora_a` (R, K) stacks the A's, `lora_b` (N, R) is block-diagonal with each B times
+    its scale. Outputs without an adapter get zero rows in `lora_b`.
+    """
+
+    weight: torch.Tensor  # (N, K)
+    bias: torch.Tensor | None  # (N,)
+    splits: list[int]
+    lora_a: torch.Tensor | None = None  # (R, K), fp32 in peft's bf16 setup
+    lora_b: torch.Tensor | None = None  # (N, R)
+    transposed: bool = False  # compute W @ x.T (fp32 on a CPU: see the module docstring)
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype."""
+        if self.transposed:
+            y = torch.mm(self.weight, x.t()).t()  # (B, N), a transposed view
+            if self.bias is not None:
+                y = y + self.bias
+        else:
+            y = F.linear(x, self.weight, self.bias)  # (B, N)
+        if self.lora_a is not None:
+            y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
+        return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
+
+
+@dataclass
+class _Source:
+    """What one linear module computes: base weight and bias, and its active LoRA adapter."""
+
+    weight: torch.Tensor  # (N, K)
+    bias: torch.Tensor | None
+    lora: tuple[torch.Tensor, torch.Tensor, float] | None  # (A (r, K), B (N, r), scale)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.weight, self.bias, *(self.lora[:2] if self.lora else ())) if t is not None]
+
+
+def _source(module: Any) -> _Source | None:
+    """The `_Source` of an nn.Linear or a peft LoRA Linear; None for anything else or a
+    LoRA variant this step does not reproduce."""
+    from workbench.engines.weights import is_lora_layer
+
+    if is_lora_layer(module):
+        base = module.get_base_layer()
+        if type(base) is not torch.nn.Linear or getattr(module, "merged", False):
+            return None
+        if getattr(module, "disable_adapters", False):
+            return _Source(base.weight, base.bias, None)
+        active = [a for a in module.active_adapters if a in module.lora_A]
+        if len(active) > 1:
+            return None
+        lora = None
+        for name in active:
+            if name in getattr(module, "lora_variant", {}) or getattr(module, "use_dora", {}).get(name, False):
+                return None  # DoRA and other variants: the model's forward
+            dropout = module.lora_dropout[name]
+            if module.training and isinstance(dropout, torch.nn.Dropout) and dropout.p > 0:
+                return None  # a sampled dropout mask: the model's forward
+            lora = (module.lora_A[name].weight, module.lora_B[name].weight, float(module.scaling[name]))
+        return _Source(base.weight, base.bias, lora)
+    if type(module) is torch.nn.Linear:
+        return _Source(module.weight, module.bias, None)
+    return None
+
+
+def _signature(sources: list[_Source]) -> tuple:
+    """Changes when any source tensor is replaced or written in place."""
+    return tuple((t.data_ptr(), t._version) for s in sources for t in s.tensors())
+
+
+def _fuse(sources: list[_Source], transposed: bool) -> _Proj:
+    """One `_Proj` computing every source's output (copies only when there are several)."""
+    with torch.no_grad():
+        if len(sources) == 1:
+            s = sources[0]
+            weight, bias = s.weight, s.bias
+        else:
+            weight = torch.cat([s.weight for s in sources])  # (N, K)
+            bias = None
+            if any(s.bias is not None for s in sources):
+                bias = torch.cat([s.bias if s.bias is not None else s.weight.new_zeros(s.weight.shape[0])
+                                  for s in sources])
+        splits = [s.weight.shape[0] for s in sources]
+        adapters = [s.lora for s in sources if s.lora is not None]
+        if not adapters:
+            return _Proj(weight, bias, splits, transposed=transposed)
+        a_ref = adapters[0][0]
+        lora_a = torch.cat([a for a, _, _ in adapters])  # (R, K)
+        lora_b = a_ref.new_zeros((sum(splits), lora_a.shape[0]))  # (N, R) block-diagonal
+        row = col = 0
+        for s in sources:
+            if s.lora is not None:
+                a, b, scale = s.lora
+                lora_b[row:row + b.shape[0], col:col + a.shape[0]] = b.to(a_ref.dtype) * scale
+                col += a.shape[0]
+            row += s.weight.shape[0]
+    return _Proj(weight, bias, splits, lora_a, lora_b, transposed)
+
+
+@dataclass
+class _Layer:
+    qkv: _Proj
+    o: _Proj
+    gate_up: _Proj
+    down: _Proj
+    norm_in: torch.Tensor  # (E,) input_layernorm weight
+    norm_post: torch.Tensor  # (E,) post_attention_layernorm weight
+    eps_in: float
+    eps_post: float
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: normalise in fp32, cast back, then scale. x: (B, E)."""
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _causal_lm_parts(model: Any) -> tuple[Any, Any] | None:
+    """(the LlamaModel-like body, the lm_head) under peft / ForCausalLM wrappers."""
+    inner = model
+    if hasattr(inner, "get_base_model"):
+        inner = inner.get_base_model()
+    body, head = getattr(inner, "model", None), getattr(inner, "lm_head", None)
+    if body is None or head is None or not hasattr(body, "layers") or not hasattr(body, "rotary_emb"):
+        return None
+    return body, head
+
+
+class DecodeStep:
+    """Decode one token per row through a Llama-family model's parameters (module docstring).
+
+    Build it with `DecodeStep.build(model, previous)`: passing the last step keeps its
+    fused copies (q/k/v and gate/up, on a CPU) of every group whose tensors are unchanged.
+    """
+
+    def __init__(self, body: Any, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
+                 norm_eps: float, head: _Proj, n_heads: int, n_kv: int, head_dim: int,
+                 fused: dict[int, tuple[tuple, _Proj]]):
+        self.body, self.embed, self.layers, self.norm, self.norm_eps = body, embed, layers, norm, norm_eps
+        self.head, self.n_heads, self.n_kv, self.head_dim = head, n_heads, n_kv, head_dim
+        self.scaling = head_dim ** -0.5
+        self._fused = fused  # group index -> (signature of its sources, the fused _Proj)
+
+    @classmethod
+    def build(cls, model: Any, previous: "DecodeStep | None" = None) -> "DecodeStep | None":
+        """The step for `model` (plain or peft LoRA), or None when it is not one this
+        step reproduces exactly (see the module docstring)."""
+        config = getattr(model, "config", None)
+        parts = _causal_lm_parts(model)
+        if config is None or parts is None or getattr(config, "model_type", None) not in SUPPORTED_MODEL_TYPES:
+            return None
+        if getattr(config, "hidden_act", "silu") != "silu" or getattr(config, "mlp_bias", False):
+            return None
+        if getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True):
+            return None
+        body, lm_head = parts
+        embed = body.embed_tokens
+        if type(embed) is not torch.nn.Embedding:
+            return None
+        weight = embed.weight
+        on_cpu = weight.device.type == "cpu"
+        transposed = on_cpu and weight.dtype == torch.float32
+        old = previous._fused if previous is not None else {}
+        fused: dict[int, tuple[tuple, _Proj]] = {}
+
+        def group(modules: list[Any]) -> _Proj | None:
+            sources = [_source(m) for m in modules]
+            if any(s is None for s in sources):
+                return None
+            if len(sources) > 1 and not on_cpu:  # no copies on accelerators: one matmul each
+                return _Split([_fuse([s], transposed) for s in sources])  # type: ignore[return-value]
+            key, sig = len(fused), _signature(sources)
+            if key in old and old[key][0] == sig:
+                fused[key] = old[key]
+            else:
+                fused[key] = (sig, _fuse(sources, transposed))
+            return fused[key][1]
+
+        layers = []
+        for layer in body.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            if getattr(attn, "q_norm", None) is not None:
+                return None
+            projs = [group([attn.q_proj, attn.k_proj, attn.v_proj]), group([attn.o_proj]),
+                     group([mlp.gate_proj, mlp.up_proj]), group([mlp.down_proj])]
+            if any(p is None for p in projs):
+                return None
+            layers.append(_Layer(*projs, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
+                                 layer.input_layernorm.variance_epsilon,
+                                 layer.post_attention_layernorm.variance_epsilon))
+        head = group([lm_head])
+        if head is None:
+            return None
+        n_heads = config.num_attention_heads
+        n_kv = getattr(config, "num_key_value_heads", None) or n_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+        return cls(body, weight, layers, body.norm.weight, body.norm.variance_epsilon, head, n_heads, n_kv,
+                   head_dim, fused)
+
+    def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
+                 cache: Any) -> torch.Tensor:
+        """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
+        included), positions (B, 1), `cache` with one growing layer per decoder layer;
+        appends this step's keys/values to it and returns the (B, V) fp32 logits."""
+        B = tokens.shape[0]
+        H, KV, D = self.n_heads, self.n_kv, self.head_dim
+        G = H // KV
+        h = F.embedding(tokens, self.embed)  # (B, E)
+        cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each, in h's dtype
+        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B, 1, 1, D): broadcasts over (B, heads, 1, D)
+        # (B, 1, 1, T) additive mask: 0 at real positions, -inf at padding (fp32 scores)
+        bias = torch.zeros(attention.shape, dtype=torch.float32, device=h.device)
+        bias = bias.masked_fill_(attention == 0, float("-inf"))[:, None, None, :]
+        for layer, kv in zip(self.layers, cache.layers):
+            x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
+            q, k, v = layer.qkv(x)
+            q = q.reshape(B, KV, G, D)  # (B, KV, G, D)
+            k, v = k.reshape(B, KV, 1, D), v.reshape(B, KV, 1, D)  # (B, KV, 1, D)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            keys, values = kv.update(k, v)  # (B, KV, T, D) each
+            scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) * self.scaling  # (B, KV, G, T)
+            probs = torch.softmax(scores + bias, dim=-1)  # (B, KV, G, T)
+            out = torch.matmul(probs, values.float()).to(h.dtype).reshape(B, H * D)  # (B, H*D)
+            h = h + layer.o(out)[0]
+            x = _rms_norm(h, layer.norm_post, layer.eps_post)
+            gate, up = layer.gate_up(x)
+            h = h + layer.down(F.silu(gate) * up)[0]
+        h = _rms_norm(h, self.norm, self.norm_eps)
+        return self.head(h)[0].float()  # (B, V)
+
+
+class _Split:
+    """Several one-output `_Proj`s called on the same input (accelerators: no fused copies)."""
+
+    def __init__(self, projs: list[_Proj]):
+        self.projs = projs
+
+    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return [p(x)[0] for p in self.projs]
