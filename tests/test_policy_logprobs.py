@@ -195,3 +195,46 @@ def test_untrained_positions_are_zero_in_ragged_micro_batches(tiny_model_and_tok
     for r in range(2):
         alone = batch_logprobs(model, ids[r:r + 1], attn[r:r + 1], [12], micro_batch_size=1, loss_mask=loss[r:r + 1])
         assert torch.allclose(alone[0], both[r], atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_segmented_packed_attention_matches_the_padded_forward(monkeypatch, dtype):
+    """Grouped KV heads (4 query heads over 2 KV heads), rows of different lengths (one
+    untrained: it still holds the prompt's last token): the packed forward runs the segmented attention
+    (prompt once, each row over [prompt | its own keys]) and gives the padded forward's
+    logprobs and gradients."""
+    from tests.test_decode_step import _llama
+    from workbench.training import packing
+
+    model = _llama(dtype)
+    calls = []
+    real = packing._segmented
+    monkeypatch.setattr(packing, "_segmented", lambda *a, **k: calls.append(a[3].R) or real(*a, **k))
+    P = 9
+    lengths = [P + 7, P + 3, P, P + 12]  # row 2: the prompt alone, nothing trained
+    g = torch.Generator().manual_seed(5)
+    prompt = torch.randint(1, model.config.vocab_size, (P,), generator=g)
+    T = max(lengths)
+    ids = torch.zeros((len(lengths), T), dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(lengths):
+        ids[i, :P] = prompt
+        ids[i, P:n] = torch.randint(1, model.config.vocab_size, (n - P,), generator=g)
+        attn[i, :n] = 1
+        mask[i, P:n] = 1
+    adv = torch.linspace(-1, 1, ids.numel()).reshape(ids.shape)
+    results = []
+    for pack in (False, True):
+        model.zero_grad()
+        lp, _ = forward_logprobs(model, ids, attn, loss_mask=mask, pack=pack, share_prefix=pack)
+        (lp.float() * adv * mask).sum().backward()
+        results.append((lp.detach(), torch.cat([p.grad.flatten().float() for p in model.parameters()
+                                                if p.grad is not None])))
+    assert len(calls) == model.config.num_hidden_layers and set(calls) == {4}  # shared: P - 1 tokens
+    m = mask.bool()
+    tol = 1e-5 if dtype == torch.float32 else 0.05
+    assert torch.allclose(results[0][0][m], results[1][0][m], atol=tol)
+    gtol = 1e-4 if dtype == torch.float32 else 0.05
+    scale = results[0][1].abs().max()
+    assert scale > 0 and (results[0][1] - results[1][1]).abs().max() <= gtol * max(1.0, float(scale))

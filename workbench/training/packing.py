@@ -11,13 +11,24 @@ A 4D attention mask keeps the rows apart: a token sees the prompt and the earlie
 tokens of its own row, never another row, and position ids restart at P for every
 row, so each row gets exactly the logits it would get alone (to float rounding).
 
-`plan_packing` returns None when packing does not pay (see `_packed_is_cheaper`: the
-packed attention is quadratic in N) or cannot be used (left padding, attention
-implementations that ignore custom masks); the caller then runs the padded batch.
+`plan_packing` returns None when packing does not pay (see `_packed_is_cheaper`) or
+cannot be used (left padding, attention implementations that ignore custom masks); the
+caller then runs the padded batch.
+
+Attention (`packed_attention`): an (N, N) mask leaves most pairs masked (row i never
+sees row j), and torch's CPU attention kernels compute every pair of a custom mask. With
+transformers' "sdpa" attention the packed forward instead runs, per layer, the prompt's
+causal attention once and every row's own queries over [prompt keys | its own keys]
+as one padded (rows, heads, L, P + L) batch: P^2/2 + rows x L x (P + L) pairs instead
+of N^2 (a GRPO group of 8 x 64 tokens behind a 100-token prompt: ~3x fewer). Measured
+on SmolLM2 on this CPU: 0.62 s of a 2.9 s fp32 update was attention over the (N, N) mask.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextvars
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Iterator
 
 import torch
 
@@ -35,6 +46,7 @@ class PackedBatch:
     cols: torch.Tensor  # (K,) column (position) of each trained token in the padded batch
     targets: torch.Tensor  # (K,) token id of each trained token
     shared: int  # P, tokens of the prompt shared by every row (computed once)
+    row_tokens: list[int] = field(default_factory=list)  # each row's own tokens after the prompt (m_i)
 
     def attention_mask(self, config: object | None, dtype: torch.dtype) -> torch.Tensor:
         """The mask as the model's attention wants it: bool for sdpa, additive for eager."""
@@ -54,12 +66,13 @@ def row_lengths(attention_mask: torch.Tensor) -> list[int] | None:
     return [int(v) for v in n.tolist()]
 
 
-def _packed_is_cheaper(n_packed: int, b: int, T: int, n_params: int, hidden: int, layers: int) -> bool:
+def _packed_is_cheaper(n_packed: int, b: int, T: int, n_params: int, hidden: int, layers: int,
+                       pairs: int | None = None) -> bool:
     """FLOP estimate (forward) of packed vs padded: linear layers cost ~2 x params per
-    token; attention ~4 x hidden x layers per (query, key) pair, all N^2 pairs when
-    packed (a custom mask cannot skip blocks) against b T^2 / 2 causal pairs padded."""
+    token; attention ~4 x hidden x layers per (query, key) pair: `pairs` when packed
+    (default all N^2: a custom mask cannot skip blocks) against b T^2 / 2 causal pairs padded."""
     per_pair = 4 * hidden * layers
-    packed = 2 * n_params * n_packed + per_pair * n_packed ** 2
+    packed = 2 * n_params * n_packed + per_pair * (n_packed ** 2 if pairs is None else pairs)
     padded = 2 * n_params * b * T + per_pair * b * T * T / 2
     return packed < padded
 
@@ -83,7 +96,10 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
     if config is not None and n_params:
         hidden = int(getattr(config, "hidden_size", 0) or 0)
         layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-        if hidden and layers and not _packed_is_cheaper(N, b, T, n_params, hidden, layers):
+        own = [max(n - P, 0) for n in lengths]
+        L = max(own)
+        pairs = P * P + sum(1 for m in own if m) * L * (P + L)  # segmented attention (module docstring)
+        if hidden and layers and not _packed_is_cheaper(N, b, T, n_params, hidden, layers, pairs):
             return None
     device = input_ids.device
     ids, pos, seg, offsets = [input_ids[0, :P]], [torch.arange(P, device=device)], [torch.full((P,), -1)], []
@@ -111,4 +127,103 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
     order = torch.argsort(source)  # logits_to_keep wants increasing positions
     rows, cols, source = rows[order], cols[order], source[order]
     return PackedBatch(input_ids=packed_ids, position_ids=position_ids, allowed=allowed[None, None],
-                       source=source, rows=rows, cols=cols, targets=input_ids[rows, cols], shared=P)
+                       source=source, rows=rows, cols=cols, targets=input_ids[rows, cols], shared=P,
+                       row_tokens=[max(n - P, 0) for n in lengths])
+
+
+# -- segmented attention over a packed sequence ------------------------------------------
+_PACKED = "workbench_packed"
+_current_plan: contextvars.ContextVar[PackedBatch | None] = contextvars.ContextVar("packed_plan", default=None)
+_registered: bool | None = None
+
+
+class _Segments:
+    """Index tensors of a plan's rows: which packed positions each padded row slot reads."""
+
+    def __init__(self, plan: PackedBatch, device: torch.device):
+        P, own = plan.shared, [m for m in plan.row_tokens if m]
+        self.P, self.R, self.L = P, len(own), max(own, default=0)
+        starts = torch.tensor([0, *own[:-1]]).cumsum(0) + P  # (R,) packed start of each row's own tokens
+        slot = torch.arange(self.L)  # (L,)
+        valid = slot[None, :] < torch.tensor(own)[:, None]  # (R, L)
+        self.gather = torch.where(valid, starts[:, None] + slot[None, :], P).to(device)  # (R, L) packed index
+        self.keep = valid.flatten().nonzero().squeeze(-1).to(device)  # (N - P,) slots holding real tokens
+        causal = slot[None, :] <= slot[:, None]  # (L, L) own keys: earlier or same position
+        own_keys = causal[None] & valid[:, None, :]  # (R, L, L)
+        prefix = torch.ones(self.R, self.L, P, dtype=torch.bool)
+        self.mask = torch.cat([prefix, own_keys], dim=-1)[:, None].to(device)  # (R, 1, L, P + L)
+
+
+def _segmented(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seg: _Segments,
+               scaling: float | None) -> torch.Tensor:
+    """query (1, H, N, D), key/value (1, KV, N, D) -> (1, H, N, D): the packed mask's
+    attention computed as prompt + rows (module docstring)."""
+    F = torch.nn.functional
+    gqa = query.shape[1] != key.shape[1]
+    P = seg.P
+    head = F.scaled_dot_product_attention(query[:, :, :P], key[:, :, :P], value[:, :, :P], is_causal=True,
+                                          scale=scaling, enable_gqa=gqa)  # (1, H, P, D)
+    if seg.R == 0:
+        return head
+
+    def rows(x: torch.Tensor) -> torch.Tensor:  # (1, h, N, D) -> (R, h, L, D)
+        return x[0][:, seg.gather].transpose(0, 1)
+
+    k = torch.cat([key[:, :, :P].expand(seg.R, -1, -1, -1), rows(key)], dim=2)  # (R, KV, P + L, D)
+    v = torch.cat([value[:, :, :P].expand(seg.R, -1, -1, -1), rows(value)], dim=2)
+    out = F.scaled_dot_product_attention(rows(query), k, v, attn_mask=seg.mask, scale=scaling,
+                                         enable_gqa=gqa)  # (R, H, L, D)
+    H, D = out.shape[1], out.shape[3]
+    tail = out.transpose(0, 1).reshape(H, seg.R * seg.L, D)[:, seg.keep]  # (H, N - P, D), packed order
+    return torch.cat([head, tail[None]], dim=2)  # (1, H, N, D)
+
+
+def _packed_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                    **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention function: segmented when the query is the active plan's
+    packed sequence, else the engine's sdpa (with grouped KV heads)."""
+    state = _current_plan.get()
+    n = query.shape[2]
+    if state is None or dropout or query.shape[0] != 1 or n != state[0].input_ids.shape[1] or n != key.shape[2]:
+        from workbench.engines.hf import _sdpa_gqa_forward
+
+        return _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                 **kwargs)
+    plan, segs = state
+    if segs.get(query.device) is None:
+        segs[query.device] = _Segments(plan, query.device)
+    out = _segmented(query, key, value, segs[query.device], scaling)  # (1, H, N, D)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register() -> bool:
+    global _registered
+    if _registered is None:
+        try:
+            from transformers import AttentionInterface
+            from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+            AttentionInterface.register(_PACKED, _packed_forward)
+            AttentionMaskInterface.register(_PACKED, sdpa_mask)
+            _registered = True
+        except (ImportError, AttributeError):
+            _registered = False
+    return _registered
+
+
+@contextmanager
+def packed_attention(model: Any, plan: PackedBatch) -> Iterator[None]:
+    """Run `model` (on transformers' "sdpa" attention) with segmented attention over
+    `plan`'s packed sequence while inside; other attention implementations run as they are."""
+    config = getattr(model, "config", None)
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _register():
+        yield
+        return
+    token = _current_plan.set((plan, {}))
+    config._attn_implementation = _PACKED
+    try:
+        yield
+    finally:
+        config._attn_implementation = "sdpa"
+        _current_plan.reset(token)

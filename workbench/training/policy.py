@@ -26,7 +26,7 @@ import torch.nn as nn
 from workbench.engines.hf import gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
-from workbench.training.packing import plan_packing
+from workbench.training.packing import packed_attention, plan_packing
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -248,7 +248,7 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
                 if pack else None)
         if plan is not None:
             dtype = next(model.parameters()).dtype
-            with ctx, gqa_attention(model):
+            with ctx, packed_attention(model, plan):
                 logits = model(input_ids=plan.input_ids, position_ids=plan.position_ids,
                                attention_mask=plan.attention_mask(config, dtype),
                                logits_to_keep=plan.source).logits[0]  # (K, V)
