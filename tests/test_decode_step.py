@@ -135,12 +135,20 @@ def test_fused_copies_follow_in_place_updates():
     model = _lora(_llama())
     first = DecodeStep.build(model)
     again = DecodeStep.build(model, first)
-    assert again.layers[0].qkv is first.layers[0].qkv  # nothing changed: the same fused copy
+    assert again.layers[0].qkv.weight is first.layers[0].qkv.weight  # nothing changed: the same copies
+    assert again.layers[0].qkv.lora_b is first.layers[0].qkv.lora_b
     with torch.no_grad():
         model.base_model.model.model.layers[0].self_attn.k_proj.lora_B["default"].weight.add_(0.3)
     second = DecodeStep.build(model, first)
-    assert second.layers[0].qkv is not first.layers[0].qkv  # rebuilt: its LoRA B changed
-    assert second.layers[1].qkv is first.layers[1].qkv and second.layers[0].down is first.layers[0].down
+    assert second.layers[0].qkv.lora_b is not first.layers[0].qkv.lora_b  # its LoRA B changed: fused again
+    assert second.layers[0].qkv.weight is first.layers[0].qkv.weight  # the frozen base is not copied again
+    assert second.layers[1].qkv.lora_b is first.layers[1].qkv.lora_b
+    _compare(model)
+    with torch.no_grad():
+        model.base_model.model.model.layers[1].mlp.up_proj.base_layer.weight.mul_(1.5)  # a full-weight update
+    third = DecodeStep.build(model, second)
+    assert third.layers[1].gate_up.weight is not second.layers[1].gate_up.weight
+    assert third.layers[0].gate_up.weight is second.layers[0].gate_up.weight
     _compare(model)
 
 

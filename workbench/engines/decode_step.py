@@ -110,30 +110,43 @@ def _source(module: Any) -> _Source | None:
     return None
 
 
-def _signature(sources: list[_Source]) -> tuple:
-    """Changes when any source tensor is replaced or written in place."""
-    return tuple((t.data_ptr(), t._version) for s in sources for t in s.tensors())
+def _signature(tensors: list[torch.Tensor | None]) -> tuple:
+    """Changes when any of `tensors` is replaced or written in place."""
+    return tuple((t.data_ptr(), t._version) for t in tensors if t is not None)
 
 
-def _fuse(sources: list[_Source], transposed: bool) -> _Proj:
-    """One `_Proj` computing every source's output (copies only when there are several)."""
+def _base_tensors(sources: list[_Source]) -> list[torch.Tensor | None]:
+    return [t for s in sources for t in (s.weight, s.bias)]
+
+
+def _lora_tensors(sources: list[_Source]) -> list[torch.Tensor | None]:
+    return [t for s in sources for t in (s.lora[:2] if s.lora else ())]
+
+
+def _fuse_base(sources: list[_Source]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The (N, K) weight and (N,) bias of every source's output, one after another
+    (references when there is one source, a copy otherwise)."""
+    if len(sources) == 1:
+        return sources[0].weight, sources[0].bias
     with torch.no_grad():
-        if len(sources) == 1:
-            s = sources[0]
-            weight, bias = s.weight, s.bias
-        else:
-            weight = torch.cat([s.weight for s in sources])  # (N, K)
-            bias = None
-            if any(s.bias is not None for s in sources):
-                bias = torch.cat([s.bias if s.bias is not None else s.weight.new_zeros(s.weight.shape[0])
-                                  for s in sources])
-        splits = [s.weight.shape[0] for s in sources]
-        adapters = [s.lora for s in sources if s.lora is not None]
-        if not adapters:
-            return _Proj(weight, bias, splits, transposed=transposed)
+        weight = torch.cat([s.weight for s in sources])  # (N, K)
+        bias = None
+        if any(s.bias is not None for s in sources):
+            bias = torch.cat([s.bias if s.bias is not None else s.weight.new_zeros(s.weight.shape[0])
+                              for s in sources])
+    return weight, bias
+
+
+def _fuse_lora(sources: list[_Source]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """Stacked A's (R, K) and the block-diagonal (N, R) of each B times its scale (zero rows
+    for outputs without an adapter); (None, None) when no source has one."""
+    adapters = [s.lora for s in sources if s.lora is not None]
+    if not adapters:
+        return None, None
+    with torch.no_grad():
         a_ref = adapters[0][0]
         lora_a = torch.cat([a for a, _, _ in adapters])  # (R, K)
-        lora_b = a_ref.new_zeros((sum(splits), lora_a.shape[0]))  # (N, R) block-diagonal
+        lora_b = a_ref.new_zeros((sum(s.weight.shape[0] for s in sources), lora_a.shape[0]))  # (N, R)
         row = col = 0
         for s in sources:
             if s.lora is not None:
@@ -141,7 +154,7 @@ def _fuse(sources: list[_Source], transposed: bool) -> _Proj:
                 lora_b[row:row + b.shape[0], col:col + a.shape[0]] = b.to(a_ref.dtype) * scale
                 col += a.shape[0]
             row += s.weight.shape[0]
-    return _Proj(weight, bias, splits, lora_a, lora_b, transposed)
+    return lora_a, lora_b
 
 
 @dataclass
@@ -188,11 +201,11 @@ class DecodeStep:
 
     def __init__(self, body: Any, embed: torch.Tensor, layers: list[_Layer], norm: torch.Tensor,
                  norm_eps: float, head: _Proj, n_heads: int, n_kv: int, head_dim: int,
-                 fused: dict[int, tuple[tuple, _Proj]]):
+                 fused: dict[tuple[int, str], tuple[tuple, Any]]):
         self.body, self.embed, self.layers, self.norm, self.norm_eps = body, embed, layers, norm, norm_eps
         self.head, self.n_heads, self.n_kv, self.head_dim = head, n_heads, n_kv, head_dim
         self.scaling = head_dim ** -0.5
-        self._fused = fused  # group index -> (signature of its sources, the fused _Proj)
+        self._fused = fused  # (group index, "base" | "lora") -> (signature of its tensors, fused tensors)
 
     @classmethod
     def build(cls, model: Any, previous: "DecodeStep | None" = None) -> "DecodeStep | None":
@@ -214,20 +227,25 @@ class DecodeStep:
         on_cpu = weight.device.type == "cpu"
         transposed = on_cpu and weight.dtype == torch.float32
         old = previous._fused if previous is not None else {}
-        fused: dict[int, tuple[tuple, _Proj]] = {}
+        fused: dict[tuple[int, str], tuple[tuple, Any]] = {}
 
-        def group(modules: list[Any]) -> _Proj | None:
+        def cached(key: tuple[int, str], tensors: list[torch.Tensor | None], make: Any) -> Any:
+            """`make()`, or the previous step's result when `tensors` are unchanged (the base
+            weights of a LoRA policy are frozen: only its adapters are fused again)."""
+            sig = _signature(tensors)
+            fused[key] = old[key] if key in old and old[key][0] == sig else (sig, make())
+            return fused[key][1]
+
+        def group(modules: list[Any]) -> Any:
             sources = [_source(m) for m in modules]
             if any(s is None for s in sources):
                 return None
             if len(sources) > 1 and not on_cpu:  # no copies on accelerators: one matmul each
-                return _Split([_fuse([s], transposed) for s in sources])  # type: ignore[return-value]
-            key, sig = len(fused), _signature(sources)
-            if key in old and old[key][0] == sig:
-                fused[key] = old[key]
-            else:
-                fused[key] = (sig, _fuse(sources, transposed))
-            return fused[key][1]
+                return _Split([group([m]) for m in modules])
+            i = len({k for k, _ in fused})
+            weight, bias = cached((i, "base"), _base_tensors(sources), lambda: _fuse_base(sources))
+            lora_a, lora_b = cached((i, "lora"), _lora_tensors(sources), lambda: _fuse_lora(sources))
+            return _Proj(weight, bias, [s.weight.shape[0] for s in sources], lora_a, lora_b, transposed)
 
         layers = []
         for layer in body.layers:
