@@ -37,6 +37,9 @@ full-attention `DynamicLayer`s use it (sliding-window models fall back to full p
 
 Decoding appends each step's keys/values into preallocated room (`_GrowingLayerMixin`)
 instead of `DynamicLayer`'s `torch.cat`, which copied every layer's whole cache per step.
+For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
+the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
+model's forward), on a thread count timed over the first steps (`decode_threads.py`).
 
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `_sdpa_gqa_forward` instead -- the same math, but torch's
