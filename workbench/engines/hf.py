@@ -384,7 +384,7 @@ class _DecodeState:
 
 
 _GQA_SDPA = "workbench_sdpa_gqa"
-_gqa_registered: bool | None = None
+_registered: dict[str, bool] = {}
 
 
 def _sdpa_gqa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -409,37 +409,48 @@ def _sdpa_gqa_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register_gqa_attention() -> bool:
-    global _gqa_registered
-    if _gqa_registered is None:
+def register_attention(name: str, forward: Any, mask: Any = None) -> bool:
+    """Register `forward` as transformers attention implementation `name` (with `mask`,
+    default `sdpa_mask`, as its mask builder), once; False when transformers lacks the API."""
+    if name not in _registered:
         try:
             from transformers import AttentionInterface
             from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-            def mask(*args: Any, **kwargs: Any) -> Any:
-                """`sdpa_mask`, but a one-token query always gets its (B, 1, 1, K) mask built:
-                deciding to skip it reads `padding_mask.all()` back from the device every step."""
-                if kwargs.get("q_length") == 1:
-                    kwargs["allow_is_causal_skip"] = False
-                return sdpa_mask(*args, **kwargs)
-
-            AttentionInterface.register(_GQA_SDPA, _sdpa_gqa_forward)
-            AttentionMaskInterface.register(_GQA_SDPA, mask)
-            _gqa_registered = True
+            AttentionInterface.register(name, forward)
+            AttentionMaskInterface.register(name, mask or sdpa_mask)
+            _registered[name] = True
         except (ImportError, AttributeError):
-            _gqa_registered = False
-    return _gqa_registered
+            _registered[name] = False
+    return _registered[name]
 
 
 @contextmanager
-def gqa_attention(model: Any):
-    """Run `model` with `_sdpa_gqa_forward` while inside (only models on "sdpa" attention)."""
+def sdpa_replaced(model: Any, name: str):
+    """Run `model` with the registered attention implementation `name` while inside, when
+    it runs on transformers' "sdpa" (anything else runs as it is)."""
     config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _register_gqa_attention():
+    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _registered.get(name):
         yield
         return
-    config._attn_implementation = _GQA_SDPA
+    config._attn_implementation = name
     try:
         yield
     finally:
         config._attn_implementation = "sdpa"
+
+
+def _gqa_mask(*args: Any, **kwargs: Any) -> Any:
+    """`sdpa_mask`, but a one-token query always gets its (B, 1, 1, K) mask built:
+    deciding to skip it reads `padding_mask.all()` back from the device every step."""
+    from transformers.masking_utils import sdpa_mask
+
+    if kwargs.get("q_length") == 1:
+        kwargs["allow_is_causal_skip"] = False
+    return sdpa_mask(*args, **kwargs)
+
+
+def gqa_attention(model: Any):
+    """Run `model` with `_sdpa_gqa_forward` while inside (only models on "sdpa" attention)."""
+    register_attention(_GQA_SDPA, _sdpa_gqa_forward, _gqa_mask)
+    return sdpa_replaced(model, _GQA_SDPA)

@@ -134,7 +134,6 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
 # -- segmented attention over a packed sequence ------------------------------------------
 _PACKED = "workbench_packed"
 _current_plan: contextvars.ContextVar[PackedBatch | None] = contextvars.ContextVar("packed_plan", default=None)
-_registered: bool | None = None
 
 
 class _Segments:
@@ -202,33 +201,16 @@ def _packed_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     return out.transpose(1, 2).contiguous(), None
 
 
-def _register() -> bool:
-    global _registered
-    if _registered is None:
-        try:
-            from transformers import AttentionInterface
-            from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-            AttentionInterface.register(_PACKED, _packed_forward)
-            AttentionMaskInterface.register(_PACKED, sdpa_mask)
-            _registered = True
-        except (ImportError, AttributeError):
-            _registered = False
-    return _registered
-
-
 @contextmanager
 def packed_attention(model: Any, plan: PackedBatch) -> Iterator[None]:
     """Run `model` (on transformers' "sdpa" attention) with segmented attention over
     `plan`'s packed sequence while inside; other attention implementations run as they are."""
-    config = getattr(model, "config", None)
-    if config is None or getattr(config, "_attn_implementation", None) != "sdpa" or not _register():
-        yield
-        return
+    from workbench.engines.hf import register_attention, sdpa_replaced
+
+    register_attention(_PACKED, _packed_forward)
     token = _current_plan.set((plan, {}))
-    config._attn_implementation = _PACKED
     try:
-        yield
+        with sdpa_replaced(model, _PACKED):
+            yield
     finally:
-        config._attn_implementation = "sdpa"
         _current_plan.reset(token)
