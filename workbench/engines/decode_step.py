@@ -5,15 +5,19 @@ prefix cache), then decodes one token per row per step. On a CPU a decode step o
 small model costs more in the machinery around the matmuls than people expect: the
 module calls, the mask built for every layer, peft's per-linear casts, and, for skinny
 fp32 matmuls, the orientation MKL is given. `DecodeStep` runs that step as plain tensor
-code over the model's own parameters (references, not copies, so an optimizer step or
+code over the model's own parameters (references, so an optimizer step or
 `load_state_dict` is seen at once):
 
+- on a CPU, q/k/v run as one matmul and gate/up as another, over fused copies of their
+  weights that are made again only when one of the source tensors changed (a LoRA
+  policy's frozen base is copied once; on accelerators each runs alone, no copies);
 - the (B, T) padding mask becomes one additive (B, 1, 1, T) bias shared by every layer;
 - attention of the one new query is two batched matmuls per layer over the grouped KV
   heads (no `repeat_kv`), with scores and softmax in fp32;
 - a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
   its adapters the way peft does (input cast to the adapters' fp32, `B(A(x)) * scale`
-  added to the base output, cast back), without the module calls;
+  added to the base output, cast back), without the module calls, the A's of a fused
+  group stacked and their B's block-diagonal;
 - on a CPU, fp32 linears run as `W @ x.T` (measured on this 2-core EPYC at 8 rows: the
   SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms).
 
