@@ -164,8 +164,13 @@ def test_on_policy_step_reuses_the_update_forward_for_old_logprobs(tiny_model_pa
         off_policy.compute_advantages(off_policy.score(off_policy.rollout()), old_logprobs=False)
 
 
+#: Process-wide gauges, not properties of a run: `rollout/stuck_threads` counts timed-out
+#: calls still running anywhere in the process (an earlier test's hung environment too).
+PROCESS_GAUGES = {"rollout/stuck_threads"}
+
+
 def _comparable(history):
-    return [{k: v for k, v in m.items() if not k.startswith("perf/")} for m in history]
+    return [{k: v for k, v in m.items() if not k.startswith("perf/") and k not in PROCESS_GAUGES} for m in history]
 
 
 def test_resume_gives_identical_weights_and_metrics(tiny_model_path, tmp_path):
