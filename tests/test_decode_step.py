@@ -163,6 +163,10 @@ def test_unsupported_models_fall_back_to_the_model_forward(tiny_model_and_tokeni
                                                 num_key_value_heads=1, sliding_window=4))
     assert DecodeStep.build(windowed) is None
     assert DecodeStep.build(_llama(hidden_act="gelu")) is None
+    from peft import LoraConfig, get_peft_model
+
+    biased = get_peft_model(_llama(), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", lora_bias=True))
+    assert DecodeStep.build(biased) is None  # a bias on B: peft's forward, not an adapter dropped silently
     model, tok = tiny_model_and_tokenizer
     engine = HFEngine(model, tok, fast_decode=False)
     engine.generate_ids([[5, 6, 7]], SamplingParams(max_tokens=4, temperature=0))

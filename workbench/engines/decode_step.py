@@ -27,11 +27,12 @@ logits returned in fp32. `tests/test_decode_step.py` checks its logits against t
 model's forward on the same cache, in fp32 and bf16, plain and LoRA.
 
 `DecodeStep.build(model)` returns None for anything else (another architecture, a
-sliding window, biased MLPs, LoRA variants or dropout in training mode), and the engine
+sliding window, biased MLPs, LoRA variants, a bias on LoRA's B, or dropout in training mode), and the engine
 then decodes with the model's forward as before.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +83,6 @@ class _Source:
     bias: torch.Tensor | None
     lora: tuple[torch.Tensor, torch.Tensor, float] | None  # (A (r, K), B (N, r), scale)
 
-    def tensors(self) -> list[torch.Tensor]:
-        return [t for t in (self.weight, self.bias, *(self.lora[:2] if self.lora else ())) if t is not None]
-
 
 def _source(module: Any) -> _Source | None:
     """The `_Source` of an nn.Linear or a peft LoRA Linear; None for anything else or a
@@ -104,6 +102,8 @@ def _source(module: Any) -> _Source | None:
         for name in active:
             if name in getattr(module, "lora_variant", {}) or getattr(module, "use_dora", {}).get(name, False):
                 return None  # DoRA and other variants: the model's forward
+            if (getattr(module, "lora_bias", {}) or {}).get(name):
+                return None  # a bias on B (peft's lora_bias): the model's forward
             dropout = module.lora_dropout[name]
             if module.training and isinstance(dropout, torch.nn.Dropout) and dropout.p > 0:
                 return None  # a sampled dropout mask: the model's forward
@@ -232,6 +232,7 @@ class DecodeStep:
         transposed = on_cpu and weight.dtype == torch.float32
         old = previous._fused if previous is not None else {}
         fused: dict[tuple[int, str], tuple[tuple, Any]] = {}
+        groups = itertools.count()  # the key of each group's cached copies, in build order
 
         def cached(key: tuple[int, str], tensors: list[torch.Tensor | None], make: Any) -> Any:
             """`make()`, or the previous step's result when `tensors` are unchanged (the base
@@ -246,7 +247,7 @@ class DecodeStep:
                 return None
             if len(sources) > 1 and not on_cpu:  # no copies on accelerators: one matmul each
                 return _Split([group([m]) for m in modules])
-            i = len({k for k, _ in fused})
+            i = next(groups)
             weight, bias = cached((i, "base"), _base_tensors(sources), lambda: _fuse_base(sources))
             lora_a, lora_b = cached((i, "lora"), _lora_tensors(sources), lambda: _fuse_lora(sources))
             return _Proj(weight, bias, [s.weight.shape[0] for s in sources], lora_a, lora_b, transposed)
