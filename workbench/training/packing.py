@@ -92,11 +92,11 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
         return None
     b, T = input_ids.shape
     P = shared
-    N = P + sum(max(n - P, 0) for n in lengths)
+    own = [max(n - P, 0) for n in lengths]  # each row's tokens after the shared prompt
+    N = P + sum(own)
     if config is not None and n_params:
         hidden = int(getattr(config, "hidden_size", 0) or 0)
         layers = int(getattr(config, "num_hidden_layers", 0) or 0)
-        own = [max(n - P, 0) for n in lengths]
         L = max(own)
         pairs = P * P + sum(1 for m in own if m) * L * (P + L)  # segmented attention (module docstring)
         if hidden and layers and not _packed_is_cheaper(N, b, T, n_params, hidden, layers, pairs):
@@ -104,8 +104,7 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
     device = input_ids.device
     ids, pos, seg, offsets = [input_ids[0, :P]], [torch.arange(P, device=device)], [torch.full((P,), -1)], []
     start = P
-    for i, n in enumerate(lengths):
-        m = max(n - P, 0)
+    for i, m in enumerate(own):
         offsets.append(start - P)  # packed index of (row i, position s >= P) = s + offset
         ids.append(input_ids[i, P:P + m])
         pos.append(torch.arange(P, P + m, device=device))
@@ -128,12 +127,14 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
     rows, cols, source = rows[order], cols[order], source[order]
     return PackedBatch(input_ids=packed_ids, position_ids=position_ids, allowed=allowed[None, None],
                        source=source, rows=rows, cols=cols, targets=input_ids[rows, cols], shared=P,
-                       row_tokens=[max(n - P, 0) for n in lengths])
+                       row_tokens=own)
 
 
 # -- segmented attention over a packed sequence ------------------------------------------
 _PACKED = "workbench_packed"
-_current_plan: contextvars.ContextVar[PackedBatch | None] = contextvars.ContextVar("packed_plan", default=None)
+#: The plan of the packed forward running now, with its `_Segments` per device (made on first use).
+_current_plan: contextvars.ContextVar[tuple[PackedBatch, dict[torch.device, "_Segments"]] | None] = (
+    contextvars.ContextVar("packed_plan", default=None))
 
 
 class _Segments:
