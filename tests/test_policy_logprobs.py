@@ -197,19 +197,22 @@ def test_untrained_positions_are_zero_in_ragged_micro_batches(tiny_model_and_tok
         assert torch.allclose(alone[0], both[r], atol=1e-5)
 
 
+@pytest.mark.parametrize("per_row", [True, False], ids=["one-call-per-row", "padded-rows"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_segmented_packed_attention_matches_the_padded_forward(monkeypatch, dtype):
+def test_segmented_packed_attention_matches_the_padded_forward(monkeypatch, dtype, per_row):
     """Grouped KV heads (4 query heads over 2 KV heads), rows of different lengths (one
     untrained: it still holds the prompt's last token): the packed forward runs the segmented attention
-    (prompt once, each row over [prompt | its own keys]) and gives the padded forward's
-    logprobs and gradients."""
+    (prompt once, each row over [prompt | its own keys], one call per row or the rows as
+    one padded batch) and gives the padded forward's logprobs and gradients."""
     from tests.test_decode_step import _llama
     from workbench.training import packing
 
     model = _llama(dtype)
     calls = []
     real = packing._segmented
-    monkeypatch.setattr(packing, "_segmented", lambda *a, **k: calls.append(a[3].R) or real(*a, **k))
+    monkeypatch.setattr(packing, "PER_ROW_MAX_ROWS", 16 if per_row else 0)
+    monkeypatch.setattr(packing, "_segmented",
+                        lambda *a, **k: calls.append((a[3].R, a[3].per_row)) or real(*a, **k))
     P = 9
     lengths = [P + 7, P + 3, P, P + 12]  # row 2: the prompt alone, nothing trained
     g = torch.Generator().manual_seed(5)
@@ -231,7 +234,7 @@ def test_segmented_packed_attention_matches_the_padded_forward(monkeypatch, dtyp
         (lp.float() * adv * mask).sum().backward()
         results.append((lp.detach(), torch.cat([p.grad.flatten().float() for p in model.parameters()
                                                 if p.grad is not None])))
-    assert len(calls) == model.config.num_hidden_layers and set(calls) == {4}  # shared: P - 1 tokens
+    assert len(calls) == model.config.num_hidden_layers and set(calls) == {(4, per_row)}  # shared: P - 1 tokens
     m = mask.bool()
     tol = 1e-5 if dtype == torch.float32 else 0.05
     assert torch.allclose(results[0][0][m], results[1][0][m], atol=tol)
