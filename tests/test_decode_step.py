@@ -215,4 +215,42 @@ def test_engine_restores_the_thread_count(tiny_model_and_tokenizer):
     for seed in range(3):  # enough decode steps to finish the trial
         engine.generate_ids([[5, 6, 7]] * 4, SamplingParams(max_tokens=8, temperature=1.0, seed=seed))
         assert torch.get_num_threads() == before
-    assert engine.stats()["decode_threads"] in (before, 1)
+    stats = engine.stats()
+    assert stats["decode_threads"] in (before, 1)
+    # prefills: the first warms the model, then one timed call per candidate for the size (3 new tokens)
+    assert stats["prefill_threads_upto_4_tokens"] in (before, 1)
+
+
+def test_decode_threads_without_warm_up_times_every_call():
+    threads = DecodeThreads(torch.device("cpu"), trial_steps=1, warm_up=False)
+    full = torch.get_num_threads()
+    if full == 1:
+        return
+    fake = {full: 0.2, 1: 0.1}
+    for _ in range(2):
+        n = threads.next_threads()
+        threads.record(n, fake[n])
+    assert threads.chosen == 1
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_lm_head_gets_its_input_with_fresh_strides(rows):
+    """`logits_to_keep=1` hands the head a (B, 1, E) view of the (B, T, E) hidden states;
+    inside `dense_head_input` it gets a fresh tensor (the CPU bf16 matmul copied the head
+    weight per row for the view), and the logits do not change."""
+    from workbench.engines.hf import dense_head_input
+
+    model = _llama(torch.bfloat16)
+    seen = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, args, out: seen.append(args[0].stride()))  # after pre-hooks
+    ids = torch.randint(1, 96, (rows, 7), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        plain = model(input_ids=ids, logits_to_keep=1).logits
+        with dense_head_input(model):
+            dense = model(input_ids=ids, logits_to_keep=1).logits
+    hook.remove()
+    assert seen[0] == (7 * 128, 128, 1)  # the view
+    assert seen[1] == (128, 128, 1)  # fresh
+    assert torch.equal(plain, dense)
+    assert not head._forward_pre_hooks  # removed on the way out

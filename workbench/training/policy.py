@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from workbench.engines.hf import gqa_attention
+from workbench.engines.hf import dense_head_input, gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
 from workbench.training.packing import packed_attention, plan_packing
@@ -196,8 +196,9 @@ def _model_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: tor
     if prefix == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
     B = input_ids.shape[0]
-    head = model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
-                 logits_to_keep=1)
+    with dense_head_input(model):
+        head = model(input_ids=input_ids[:1, :prefix], attention_mask=attention_mask[:1, :prefix], use_cache=True,
+                     logits_to_keep=1)
     cache = head.past_key_values
     cache.batch_repeat_interleave(B)  # (1, heads, P, d) -> (B, heads, P, d) per layer; backward sums rows
     return model(input_ids=input_ids[:, prefix:], attention_mask=attention_mask, past_key_values=cache,
