@@ -26,18 +26,22 @@ import torch.nn as nn
 from workbench.engines.hf import dense_head_input, gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
+from workbench.training.lora_linear import use_lean_lora
 from workbench.training.packing import packed_attention, plan_packing
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
-    """Wrap `model` with fresh LoRA adapters as configured."""
+    """Wrap `model` with fresh LoRA adapters as configured (peft), its LoRA linears
+    computed as one autograd node each where that is exact (`lora_linear.py`)."""
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
         r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
         target_modules=cfg.lora_target_modules, bias="none", task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    model = get_peft_model(model, lora)
+    use_lean_lora(model)
+    return model
 
 
 class Policy:
