@@ -66,9 +66,12 @@ def _prefill(model, rows: list[list[int]]):
     return cache, mask, pos[:, -1:] + 1
 
 
-def _compare(model, steps: int = 3, atol: float = 1e-4):
-    """Decode `steps` tokens both ways from the same prefill; the largest logit gap."""
+def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = False):
+    """Decode `steps` tokens both ways from the same prefill; the largest logit gap.
+    `shared_prompt`: every row holds the same prompt and the step reads it once."""
     rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13]]  # different lengths: padding matters
+    if shared_prompt:
+        rows = [[5, 9, 11, 3, 7, 2]] * 3
     cache, mask, pos = _prefill(model, rows)
     ref_cache = copy.deepcopy(cache)
     step = DecodeStep.build(model)
@@ -80,7 +83,7 @@ def _compare(model, steps: int = 3, atol: float = 1e-4):
         with torch.no_grad():
             ref = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos, past_key_values=ref_cache,
                         use_cache=True).logits[:, -1].float()  # (B, V)
-            fast = step(tokens, mask, pos, cache)  # (B, V)
+            fast = step(tokens, mask, pos, cache, shared_prefix=6 if shared_prompt else 0)  # (B, V)
         assert fast.dtype == torch.float32 and fast.shape == ref.shape
         worst = max(worst, float((fast - ref).abs().max()))
         assert torch.allclose(fast, ref, atol=atol, rtol=0), (fast - ref).abs().max()
@@ -92,6 +95,13 @@ def _compare(model, steps: int = 3, atol: float = 1e-4):
 
 def test_llama_with_grouped_kv_heads_matches_the_model():
     _compare(_llama())
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
+def test_shared_prompt_read_once_matches_the_model(dtype, atol):
+    """A GRPO group's rows share their prefilled prompt: reading it from row 0 for every
+    row's queries gives the model's logits (rows then diverge, so the tails differ)."""
+    assert _compare(_llama(dtype), steps=4, atol=atol, shared_prompt=True) < atol
 
 
 def test_qwen2_biases_match_the_model():
@@ -187,6 +197,23 @@ def test_engine_gives_the_same_tokens_either_way(tiny_model_and_tokenizer):
         for a, b in zip(fast, slow):
             assert a.token_ids == b.token_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+
+
+def test_engine_group_sharing_a_prompt_gives_the_same_tokens_either_way(tiny_model_and_tokenizer):
+    """A GRPO group (one prompt, 4 rows, sampled): the decode step reads the shared prompt
+    once; the ids are those of the model's forward, logprobs equal to float rounding."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    prompts = [list(tok("Guess the number between 1 and 100.")["input_ids"])] * 4
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    fast = HFEngine(model, tok, fast_decode=True).generate_ids(prompts, params)
+    slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
+    assert len({tuple(r.token_ids) for r in fast}) > 1  # the rows diverge after the prompt
+    for a, b in zip(fast, slow):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
 def test_decode_threads_keeps_the_faster_count():

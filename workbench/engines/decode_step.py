@@ -13,7 +13,8 @@ code over the model's own parameters (references, so an optimizer step or
   policy's frozen base is copied once; on accelerators each runs alone, no copies);
 - the (B, T) padding mask becomes one additive (B, 1, 1, T) bias shared by every layer;
 - attention of the one new query is two batched matmuls per layer over the grouped KV
-  heads (no `repeat_kv`), with scores and softmax in fp32;
+  heads (no `repeat_kv`), with scores and softmax in fp32; a prompt every row shares (a
+  GRPO group's) is read once for all rows (`shared_prefix`);
 - a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
   its adapters the way peft does (input cast to the adapters' fp32, `B(A(x)) * scale`
   added to the base output, cast back), without the module calls, the A's of a fused
@@ -274,10 +275,15 @@ class DecodeStep:
                    head_dim, fused)
 
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
-                 cache: Any) -> torch.Tensor:
+                 cache: Any, shared_prefix: int = 0) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
-        appends this step's keys/values to it and returns the (B, V) fp32 logits."""
+        appends this step's keys/values to it and returns the (B, V) fp32 logits.
+
+        `shared_prefix`: the first this many cache positions hold the same keys and values
+        in every row (a GRPO group's prompt, prefilled once). Attention then reads them
+        from row 0 only, one matmul for all rows' queries, instead of once per row: the
+        fp32 conversion and the reads of the cache are most of a decode step's attention."""
         B = tokens.shape[0]
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         G = H // KV
@@ -295,15 +301,33 @@ class DecodeStep:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
-            scores = torch.matmul(q.float(), keys.float().transpose(-1, -2)) * self.scaling  # (B, KV, G, T)
-            probs = torch.softmax(scores + bias, dim=-1)  # (B, KV, G, T)
-            out = torch.matmul(probs, values.float()).to(h.dtype).reshape(B, H * D)  # (B, H*D)
+            out = self._attention(q.float(), keys, values, bias, shared_prefix).to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
             gate, up = layer.gate_up(x)
             h = h + layer.down(F.silu(gate) * up)[0]
         h = _rms_norm(h, self.norm, self.norm_eps)
         return self.head(h)[0].float()  # (B, V)
+
+
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                   shared: int) -> torch.Tensor:
+        """q (B, KV, G, D) fp32, keys/values (B, KV, T, D), bias (B, 1, 1, T) -> (B, KV, G, D)
+        fp32; positions < `shared` read from row 0 (see `__call__`)."""
+        B, KV, G, D = q.shape
+        if not shared or B == 1:
+            scores = torch.matmul(q, keys.float().transpose(-1, -2)) * self.scaling  # (B, KV, G, T)
+            probs = torch.softmax(scores + bias, dim=-1)  # (B, KV, G, T)
+            return torch.matmul(probs, values.float())  # (B, KV, G, D)
+        qh = q.permute(1, 0, 2, 3).reshape(KV, B * G, D)  # every row's queries, per KV head
+        head = torch.matmul(qh, keys[0, :, :shared].float().transpose(-1, -2))  # (KV, B*G, P)
+        head = head.reshape(KV, B, G, shared).permute(1, 0, 2, 3)  # (B, KV, G, P)
+        tail = torch.matmul(q, keys[:, :, shared:].float().transpose(-1, -2))  # (B, KV, G, T - P)
+        probs = torch.softmax(torch.cat([head, tail], dim=-1) * self.scaling + bias, dim=-1)  # (B, KV, G, T)
+        p_head = probs[..., :shared].permute(1, 0, 2, 3).reshape(KV, B * G, shared)  # (KV, B*G, P)
+        out = torch.matmul(p_head, values[0, :, :shared].float())  # (KV, B*G, D)
+        out = out.reshape(KV, B, G, D).permute(1, 0, 2, 3)  # (B, KV, G, D)
+        return out + torch.matmul(probs[..., shared:], values[:, :, shared:].float())
 
 
 class _Split:

@@ -269,6 +269,9 @@ class HFEngine(GenerationEngine):
         if self.fast_decode and plain and params.max_tokens > 1:
             fast = self._decode_step = DecodeStep.build(model, self._decode_step)
         path = "fast" if fast is not None else "model"
+        # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
+        # the same keys in every row, and the decode step reads them once (decode_step.py).
+        shared = C + S if U == 1 and B > 1 else 0
         if self.decode_threads is None:
             self.decode_threads = DecodeThreads(device)
         with self.decode_threads.stepping() as stepper:  # thread count timed, then chosen (decode_threads.py)
@@ -283,7 +286,7 @@ class HFEngine(GenerationEngine):
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
                 with stepper.step():
                     if fast is not None:
-                        logits = fast(tokens, attention, next_pos, cache)  # (B', V), cache grown in place
+                        logits = fast(tokens, attention, next_pos, cache, shared)  # (B', V), cache grown in place
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)
