@@ -3,6 +3,7 @@ it must give the peft model's logprobs, follow every weight change, and respect
 disabled adapters."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from workbench.config import ModelConfig
@@ -41,7 +42,12 @@ def _max_diff(engine, model, params):
     return worst
 
 
-def test_merged_copy_follows_the_policy(tiny_model_path):
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_merged_copy_follows_the_policy(tiny_model_path, optimizer):
+    """`adamw`: the trainer's AdamW, whose fused kernel does not bump the parameters'
+    version counters by itself (the engine would sample stale weights)."""
+    from workbench.training.models import AdamW
+
     model, tok = _lora_model(tiny_model_path)
     engine = HFEngine(model, tok)
     assert engine._merged is not None and engine.stats()["lora_merges"] == 1
@@ -52,7 +58,9 @@ def test_merged_copy_follows_the_policy(tiny_model_path):
     assert engine.stats()["lora_merges"] == 1  # unchanged weights: no re-merge
 
     # An optimizer step on the adapters: the next generate re-merges.
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.5)
+    trained = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.SGD(trained, lr=0.5) if optimizer == "sgd" else AdamW(trained, lr=0.05)
+    assert optimizer == "sgd" or opt.param_groups[0]["fused"]
     loss = model(input_ids=torch.tensor([PROMPTS[0]])).logits.float().logsumexp(-1).mean()
     loss.backward()
     opt.step()

@@ -162,6 +162,9 @@ def optimizer_state_dict(tensors: Mapping[str, torch.Tensor], meta: Mapping[str,
         for k, v in saved.items():
             if isinstance(cur.get(k), tuple) and isinstance(v, list):
                 saved[k] = tuple(v)
+        for k in IMPLEMENTATION_FLAGS:  # how this process runs the step, not what was learned
+            if k in cur:
+                saved[k] = cur[k]
     changed = {}
     for k, field in CONFIG_HYPERPARAMS.get(what, {}).items():  # the config's value wins
         for saved, cur in zip(groups, current):
@@ -172,6 +175,11 @@ def optimizer_state_dict(tensors: Mapping[str, torch.Tensor], meta: Mapping[str,
         warnings.warn(f"resuming with {field}={new:g} from this config; the checkpoint was trained with {old:g} "
                       "(its Adam moments are kept)", ResumedHyperparameterWarning, stacklevel=3)
     return {"state": state, "param_groups": groups}
+
+
+#: Optimizer param-group entries that pick an implementation (fused kernel, foreach
+#: loops), not the update rule: a resumed optimizer keeps this process's choice.
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable", "differentiable")
 
 
 def check_weights(what: str, saved: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]) -> None:

@@ -43,11 +43,34 @@ def build_optimizers(config: Any, policy_module: torch.nn.Module, critic: torch.
                      ) -> tuple[torch.optim.Optimizer, torch.optim.Optimizer | None]:
     """AdamW for the policy's trained parameters and, if there is a critic, for its own."""
     t = config.training
-    optimizer = torch.optim.AdamW([p for p in policy_module.parameters() if p.requires_grad],
-                                  lr=t.learning_rate, weight_decay=t.weight_decay)
-    critic_optimizer = (torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad],
-                                          lr=t.critic_learning_rate) if critic is not None else None)
+    optimizer = AdamW([p for p in policy_module.parameters() if p.requires_grad],
+                      lr=t.learning_rate, weight_decay=t.weight_decay)
+    critic_optimizer = (AdamW([p for p in critic.parameters() if p.requires_grad], lr=t.critic_learning_rate)
+                        if critic is not None else None)
     return optimizer, critic_optimizer
+
+
+class AdamW(torch.optim.AdamW):
+    """torch's AdamW, on its fused kernel when every parameter is on a CPU or CUDA device
+    (one kernel for all tensors instead of a loop of small ops: 4.7 vs 16 ms per step for
+    SmolLM2's 420 LoRA tensors on this CPU); the update rule is the same.
+
+    The fused kernel writes the parameters without bumping their autograd version
+    counters, which is how the engines notice new weights (`engines.merged`, the decode
+    step's fused copies), so `step` bumps them itself."""
+
+    def __init__(self, params: list[torch.nn.Parameter], **kwargs: Any):
+        params = list(params)
+        fused = bool(params) and all(p.device.type in ("cpu", "cuda") for p in params)
+        super().__init__(params, fused=fused or None, **kwargs)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        loss = super().step(closure)
+        stepped = [p for g in self.param_groups if g.get("fused") for p in g["params"] if p.grad is not None]
+        if stepped:
+            torch.autograd.graph.increment_version(stepped)
+        return loss
 
 
 def build_models(config: Any, with_reference: bool = True, with_optimizers: bool = True) -> Models:
@@ -66,4 +89,4 @@ def build_models(config: Any, with_reference: bool = True, with_optimizers: bool
     return Models(policy, critic, optimizer, critic_optimizer)
 
 
-__all__ = ["Models", "build_models", "build_optimizers", "needs_critic"]
+__all__ = ["AdamW", "Models", "build_models", "build_optimizers", "needs_critic"]
