@@ -309,7 +309,6 @@ class DecodeStep:
         h = _rms_norm(h, self.norm, self.norm_eps)
         return self.head(h)[0].float()  # (B, V)
 
-
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
                    shared: int) -> torch.Tensor:
         """q (B, KV, G, D) fp32, keys/values (B, KV, T, D), bias (B, 1, 1, T) -> (B, KV, G, D)

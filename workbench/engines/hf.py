@@ -93,6 +93,7 @@ class HFEngine(GenerationEngine):
         self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
         self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
         self._prefills: dict[int, DecodeThreads] = {}  # prefill size (new tokens, a power of two) -> its choice
+        self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
         self.compact_fraction = compact_fraction
         self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
@@ -128,7 +129,7 @@ class HFEngine(GenerationEngine):
         if self.decode_threads is not None:
             out.update(self.decode_threads.stats())
         for size, chooser in self._prefills.items():
-            if size and chooser.chosen is not None:
+            if chooser.chosen is not None:
                 out[f"prefill_threads_upto_{size}_tokens"] = float(chooser.chosen)
         if self._batcher is not None:
             out.update({f"batcher_{k}": v for k, v in self._batcher.stats().items()})
@@ -197,8 +198,8 @@ class HFEngine(GenerationEngine):
     def _prefill_threads(self, tokens: int):
         """Run one prefill of `tokens` new tokens on the thread count timed for its size
         (decode_threads.py); the engine's first prefill runs untimed (it warms the model)."""
-        if not self._prefills:
-            self._prefills[0] = DecodeThreads(self.device)  # a placeholder: the warm-up ran
+        if not self._prefill_warmed:
+            self._prefill_warmed = True
             yield
             return
         size = 1 << max(tokens - 1, 0).bit_length()  # tokens rounded up to a power of two

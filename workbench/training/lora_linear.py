@@ -1,4 +1,4 @@
-"""peft's LoRA linear layer with one autograd node instead of eight.
+"""peft's LoRA linear layer as one autograd node instead of a chain of them.
 
 A peft `lora.Linear` computes `base(x) + B(A(dropout(x))) * scale`, with `x` cast to
 the adapters' dtype first (fp32 adapters over a bf16 base) and the sum cast back. In
@@ -72,7 +72,7 @@ def _lean_args(module: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> tuple
     if len(active) != 1:
         return None
     name = active[0]
-    if name in module.lora_variant or (getattr(module, "lora_bias", {}) or {}).get(name):
+    if name in (getattr(module, "lora_variant", None) or {}) or (getattr(module, "lora_bias", {}) or {}).get(name):
         return None
     if not getattr(module, "cast_input_dtype_enabled", True):
         return None
