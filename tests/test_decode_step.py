@@ -265,7 +265,7 @@ def test_lm_head_gets_its_input_with_fresh_strides(rows):
     """`logits_to_keep=1` hands the head a (B, 1, E) view of the (B, T, E) hidden states;
     inside `dense_head_input` it gets a fresh tensor (the CPU bf16 matmul copied the head
     weight per row for the view), and the logits do not change."""
-    from workbench.engines.hf import dense_head_input
+    from workbench.engines.model_hooks import dense_head_input
 
     model = _llama(torch.bfloat16)
     seen = []

@@ -218,7 +218,7 @@ def _packed_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
     state = _current_plan.get()
     n = query.shape[2]
     if state is None or dropout or query.shape[0] != 1 or n != state[0].input_ids.shape[1] or n != key.shape[2]:
-        from workbench.engines.hf import _sdpa_gqa_forward
+        from workbench.engines.model_hooks import _sdpa_gqa_forward
 
         return _sdpa_gqa_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                  **kwargs)
@@ -238,7 +238,7 @@ def _packed_forward(module: Any, query: torch.Tensor, key: torch.Tensor, value: 
 def packed_attention(model: Any, plan: PackedBatch) -> Iterator[None]:
     """Run `model` (on transformers' "sdpa" attention) with segmented attention over
     `plan`'s packed sequence while inside; other attention implementations run as they are."""
-    from workbench.engines.hf import register_attention, sdpa_replaced
+    from workbench.engines.model_hooks import register_attention, sdpa_replaced
 
     register_attention(_PACKED, _packed_forward)
     token = _current_plan.set((plan, {}))

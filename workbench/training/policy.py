@@ -23,7 +23,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn as nn
 
-from workbench.engines.hf import dense_head_input, gqa_attention
+from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
 from workbench.training.lora_linear import use_lean_lora
