@@ -70,8 +70,7 @@ from workbench.engines.decode_threads import DecodeThreads
 from workbench.engines.kv_cache import (_build_cache, _GrowingLayer, _plain_layers, _PrefixCache,  # noqa: F401
                                         _row_kv, _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
-from workbench.engines.model_hooks import (_sdpa_gqa_forward, dense_head_input, gqa_attention,  # noqa: F401
-                                           register_attention, sdpa_replaced)
+from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
 
 

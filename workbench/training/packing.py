@@ -164,8 +164,8 @@ class _Segments:
         starts = torch.tensor([0, *own[:-1]]).cumsum(0) + P  # (R,) packed start of each row's own tokens
         slot = torch.arange(self.L)  # (L,)
         valid = slot[None, :] < torch.tensor(own)[:, None]  # (R, L)
-        self.gather = torch.where(valid, starts[:, None] + slot[None, :], P).to(device)  # (R, L) packed index
-        self.gather_flat = self.gather.flatten()  # (R * L,)
+        # (R * L,) packed index each padded slot reads (padding slots read the prompt's last token)
+        self.gather = torch.where(valid, starts[:, None] + slot[None, :], P).flatten().to(device)
         self.keep = valid.flatten().nonzero().squeeze(-1).to(device)  # (N - P,) slots holding real tokens
         causal = slot[None, :] <= slot[:, None]  # (L, L) own keys: earlier or same position
         own_keys = causal[None] & valid[:, None, :]  # (R, L, L)
@@ -199,7 +199,7 @@ def _segmented(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, seg:
         # index_select, not x[0][:, gather]: its backward is an index_add, where advanced
         # indexing's is an accumulating index_put (measured on this CPU: 2x slower fwd + bwd)
         h, D = x.shape[1], x.shape[3]
-        return x[0].index_select(1, seg.gather_flat).view(h, seg.R, seg.L, D).transpose(0, 1)
+        return x[0].index_select(1, seg.gather).view(h, seg.R, seg.L, D).transpose(0, 1)
 
     k = torch.cat([key[:, :, :P].expand(seg.R, -1, -1, -1), rows(key)], dim=2)  # (R, KV, P + L, D)
     v = torch.cat([value[:, :, :P].expand(seg.R, -1, -1, -1), rows(value)], dim=2)
