@@ -26,6 +26,7 @@ import torch.nn as nn
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
+from workbench.training.head_logprobs import fused_head_weight, head_as_input, head_logprobs
 from workbench.training.lora_linear import use_lean_lora
 from workbench.training.packing import packed_attention, plan_packing
 
@@ -240,6 +241,9 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
       * `share_prefix`: otherwise, the prefix all rows share (`shared_prefix_length`,
         a GRPO group's prompt) runs once and its KV is repeated for every row.
     `entropy_grad=False` computes the entropy without a gradient (a metric only).
+    On plain-head architectures with a frozen head (LoRA) and no autocast, the logprobs
+    come from the head's input a few rows at a time (`head_logprobs.py`), never holding
+    a float32 (K, V) tensor.
 
     Returns (logprobs (B, T), entropy (B, T) or None); position 0 is 0.
     """
@@ -247,16 +251,18 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     B, T = input_ids.shape
     if loss_mask is not None:
+        head_weight = None if autocast else fused_head_weight(model)  # (V, E): the model returns head inputs
+        head_ctx = head_as_input(model) if head_weight is not None else contextlib.nullcontext()
         prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
         config = getattr(model, "config", None)
         plan = (plan_packing(input_ids, attention_mask, loss_mask, prefix, config, _n_params(model))
                 if pack else None)
         if plan is not None:
             dtype = next(model.parameters()).dtype
-            with ctx, packed_attention(model, plan):
+            with ctx, packed_attention(model, plan), head_ctx:
                 logits = model(input_ids=plan.input_ids, position_ids=plan.position_ids,
                                attention_mask=plan.attention_mask(config, dtype),
-                               logits_to_keep=plan.source).logits[0]  # (K, V)
+                               logits_to_keep=plan.source).logits[0]  # (K, V), or (K, E) head inputs
             targets = plan.targets  # (K,)
 
             def place(v: torch.Tensor) -> torch.Tensor:  # (K,) -> (B, T)
@@ -266,13 +272,16 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
                 prefix = 0  # checkpointed layers do not return a KV cache
             # Token t is predicted by the logits at position t-1.
             cols = loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1) + 1  # (K,) positions in 1..T-1
-            with ctx, gqa_attention(model):
-                logits = _model_logits(model, input_ids, attention_mask, cols - 1, prefix)  # (B, K, V)
+            with ctx, gqa_attention(model), head_ctx:
+                logits = _model_logits(model, input_ids, attention_mask, cols - 1, prefix)  # (B, K, V) or (B, K, E)
             targets = input_ids[:, cols]  # (B, K)
 
             def place(v: torch.Tensor) -> torch.Tensor:  # (B, K) -> (B, T)
                 return torch.zeros(B, T, dtype=v.dtype, device=v.device).index_copy(1, cols, v)
-        lp, e = _logprobs_and_entropy(logits.float(), targets, with_entropy, entropy_grad)
+        if head_weight is not None:
+            lp, e = head_logprobs(logits, head_weight, targets, with_entropy, entropy_grad)
+        else:
+            lp, e = _logprobs_and_entropy(logits.float(), targets, with_entropy, entropy_grad)
         return place(lp), (place(e) if e is not None else None)
     with ctx:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
