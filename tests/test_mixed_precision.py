@@ -124,3 +124,25 @@ def test_bf16_lora_policy_is_sampled_through_its_fp32_adapters(tiny_model_path):
     assert lost > 0.5, lost  # a bf16 merge would keep most weights as they were
     after = engine.generate_ids(prompt, greedy)[0]
     assert after.logprobs != before.logprobs  # the engine follows the fp32 adapters
+
+
+@pytest.mark.parametrize("dtype,bound", [("float32", 1e-4), ("bfloat16", 0.2)])
+def test_rollout_logprob_diff_reports_the_engine_trainer_gap(tiny_model_path, tmp_path, dtype, bound):
+    """`actor/rollout_logprob_diff`: mean |trainer old logprob - engine logprob| over the
+    trained tokens, within float rounding of the dtype; a shifted engine logprob shows."""
+    trainer = _trainer(tiny_model_path, tmp_path, dtype=dtype)
+    batch = trainer.score(trainer.rollout())
+    trainer.compute_advantages(batch)
+    metrics = trainer.update(batch)
+    diffs = [abs(float(batch.old_logprobs[b, t]) - float(batch.rollout_logprobs[b, t]))
+             for b in range(len(batch)) for t in range(batch.input_ids.shape[1])
+             if batch.loss_mask[b, t] and batch.rollout_logprobs[b, t] != 0]
+    assert len(diffs) > 10
+    got = metrics["actor/rollout_logprob_diff"]
+    assert got == pytest.approx(sum(diffs) / len(diffs), rel=1e-6, abs=1e-9)
+    assert got < bound and (dtype == "float32" or got > 0)
+    from workbench.training.update import rollout_logprob_diff
+
+    batch.rollout_logprobs[batch.loss_mask.bool()] -= 0.5  # an engine sampling from other weights
+    shifted, n = rollout_logprob_diff(batch)
+    assert n == len(diffs) and shifted == pytest.approx(0.5, abs=bound)

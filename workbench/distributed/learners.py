@@ -52,8 +52,8 @@ from workbench.distributed.placement import Placement, require_ray, reserve, sta
 from workbench.training.models import build_models, build_optimizers
 from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
 from workbench.training.update import (
-    UpdatePlan, lengths_of, plan_update, rows_of, set_actor_fields, shard_plan, split_groups, update_actor,
-    update_critic,
+    UpdatePlan, lengths_of, plan_update, rollout_logprob_diff, rows_of, set_actor_fields, shard_plan, split_groups,
+    update_actor, update_critic,
 )
 from workbench.trajectory import TrajectoryBatch
 
@@ -343,6 +343,9 @@ class LearnerGroup:
             ent[rows] = fields["entropy"]
         set_actor_fields(batch, new_lp, ent, old_from_update, t)
         metrics = dict(results[0][0])
+        diff = rollout_logprob_diff(batch)  # the ranks' shards carry no engine logprobs: measured here
+        if diff is not None:
+            metrics["actor/rollout_logprob_diff"] = diff[0]
         metrics["perf/update_seconds"] = time.perf_counter() - start
         return metrics
 

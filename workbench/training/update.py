@@ -214,6 +214,23 @@ def set_actor_fields(batch: TrajectoryBatch, new_lp: torch.Tensor, ent: torch.Te
     batch.set("entropy", ent * mask)
 
 
+def rollout_logprob_diff(batch: TrajectoryBatch) -> tuple[float, float] | None:
+    """(mean |old logprob - engine logprob|, token count) over the trained tokens the
+    engine returned a logprob for (`rollout_logprobs`, 0 where it gave none); None when
+    there are none. The trainer's old logprobs and the sampling engine's should agree:
+    to ~1e-6 in fp32, to bf16 rounding (a few hundredths) in bf16. A larger gap means the
+    engine sampled from other weights than the trainer holds, or computed them another
+    way, and the PPO ratio's "old" policy is not the one that sampled."""
+    if not batch.has("rollout_logprobs") or not batch.has("old_logprobs"):
+        return None
+    rollout = batch.rollout_logprobs  # (B, T)
+    mask = batch.loss_mask.bool() & (rollout != 0)  # (B, T)
+    n = int(mask.sum())
+    if n == 0:
+        return None
+    return float((batch.old_logprobs - rollout).abs()[mask].mean()), float(n)
+
+
 def weighted_mean(pairs: list[tuple[float, float]]) -> float:
     total = sum(w for _, w in pairs)
     if not pairs or total == 0:
@@ -366,6 +383,9 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             continue
         acc["actor/grad_norm"].append((float(grad_norm), 1.0))
     set_actor_fields(batch, new_lp, ent_store, old_from_update, t)
+    diff = rollout_logprob_diff(batch)
+    if diff is not None:
+        acc["actor/rollout_logprob_diff"].append(diff)
     metrics = reduce_metrics(acc, plan.distributed)
     metrics["actor/skipped_updates"] = float(skipped)
     metrics["actor/nonfinite_weight_restores"] = float(restored)
