@@ -6,7 +6,7 @@ for the entropy metric, exponentiates the (K, V) log-probabilities once more. Ba
 then walks the same chain: a (K, V) zero tensor scattered with the gather's gradient,
 the log-softmax backward, the cast back. On SmolLM2 (V = 49152) with ~400 trained
 tokens those are eight passes over 80 MB float32 tensors that do not fit any cache,
-~0.3 s of a 2 s GRPO update on this CPU.
+and glibc maps each tensor that large afresh, so every pass also faults its pages in.
 
 `head_logprobs(hidden, weight, targets)` gives the same numbers with one (K, V) tensor
 in the head's dtype (the logits, as the model computes them) and float32 work done a
@@ -18,10 +18,11 @@ the logits it no longer needs, and ends in one matmul with the head weight:
     d H / d z      = -p * (log p + H)          (H = -sum p log p)
 
 Measured on this CPU (K = 400, bf16 head, 2 threads), forward + backward: ~100 ms vs
-~200 ms, and no page faults in steady state where the plain chain took ~96k (glibc maps
-every tensor that large afresh; in a GRPO update those faults were ~0.5-1 s of system
-time). A second backward through the same graph (retain_graph) raises: its buffer
-already holds the first gradient.
+~200 ms, with no page faults where the plain chain took ~96k. In `benchmarks/update.py`'s
+GRPO update (bf16, 5 steady steps): 1.36 s vs 1.58 s median, 6k-27k page faults per
+update vs 125k-184k, 0.17-0.25 s of system time vs 0.34-0.82 s. A second backward
+through the same graph (retain_graph) raises: its buffer already holds the first
+gradient.
 
 The head's own gradient (full fine-tuning; tied to the input embedding or not) is
 one more matmul with the same (K, V) gradient.
