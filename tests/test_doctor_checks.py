@@ -4,6 +4,7 @@ replies emitted through the tiny model's tokenizer (tests/doctor_policies.py).""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from tests.doctor_policies import count_up_from_4, expert, roll, roll_steps
 from workbench.doctor_checks import CHECKS, run_checks
@@ -171,6 +172,39 @@ def test_kl_spike_from_recorded_metrics(tok):
     assert not check("kl-spike", batches, flat).fired
     assert check("kl-spike", batches, []) is None
 
+
+
+def test_engine_trainer_gap_from_real_updates(tiny_model_path, tmp_path):
+    """A trainer whose weights moved between sampling and the update (what a missed weight
+    sync looks like) fires engine-trainer-gap, with the step's episodes as evidence; a
+    normal step, where the engine sampled the trainer's own weights, does not."""
+    from envs import make_env
+    from tests.test_trainer import tiny_config
+    from workbench import Trainer
+
+    config = tiny_config(tiny_model_path, tmp_path)
+    config.model.dtype = "float32"
+    trainer = Trainer(config, environment=make_env("guess_number"))
+    rows = []
+    for step, stale in enumerate([False, True]):
+        batch = trainer.score(trainer.rollout())
+        if stale:
+            with torch.no_grad():
+                for name, p in trainer.policy.model.named_parameters():
+                    if "lora_B" in name:
+                        p.normal_(std=0.5, generator=torch.Generator().manual_seed(0))
+        trainer.compute_advantages(batch)
+        rows.append({"step": step, **trainer.update(batch)})
+        h = History(metrics=list(rows))
+        h.add(batch, step)
+        f = run_checks(h, DoctorConfig(), ["engine-trainer-gap"])[0]
+        assert f.value == pytest.approx(max(r["actor/rollout_logprob_diff"] for r in rows))
+        if not stale:
+            assert not f.fired and f.value < 1e-4  # fp32: rounding only
+        else:
+            assert f.fired and f.step == 1 and f.value > 0.1 and f.evidence
+            assert {e.episode_id for e in f.evidence} <= {ep.episode_id for ep in batch}
+    assert run_checks(History(metrics=[{"step": 0}]), DoctorConfig(), ["engine-trainer-gap"]) == []
 
 # -- dead signal ---------------------------------------------------------------------------------
 def test_zero_variance_groups(tok):

@@ -332,6 +332,36 @@ def check_tokenization_mismatch(h: History, cfg: DoctorConfig) -> Finding | None
 
 
 #: Every check by name, in report order.
+def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
+    """`actor/rollout_logprob_diff` (recorded by the update): the sampling engine's
+    logprobs of the trained tokens far from the trainer's, at the worst step. Then the
+    engine sampled from other weights than the trainer's (a missed weight sync, another
+    checkpoint, another dtype or template), and the PPO ratio's "old" policy is not the
+    one that sampled."""
+    rows = [(r.get("step"), float(r["actor/rollout_logprob_diff"])) for r in h.metrics
+            if isinstance(r.get("actor/rollout_logprob_diff"), (int, float))
+            and math.isfinite(r["actor/rollout_logprob_diff"])]
+    if not rows:
+        return None
+    step, worst = max(rows, key=lambda r: r[1])
+    ev = []
+    b = h.batch
+    if b is not None and b.has("old_logprobs") and b.has("rollout_logprobs"):
+        mask = b.loss_mask.bool() & (b.rollout_logprobs != 0)  # (B, T)
+        gap = ((b.old_logprobs - b.rollout_logprobs).abs() * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,)
+        for i in gap.argsort(descending=True).tolist():
+            turns = [t for t in b.episodes[i].turns if t.source == "model"]
+            if mask[i].any() and turns:
+                ev.append(h.evidence(b.episodes[i], turns[0]))
+    return _finding(
+        "engine-trainer-gap", "error", worst, cfg.engine_logprob_gap, worst >= cfg.engine_logprob_gap,
+        f"at step {step} the engine's logprobs of the sampled tokens differ from the trainer's by {worst:.3g} "
+        "nats on average: the engine did not sample from the weights the trainer holds",
+        "Check that the engine gets the trainer's weights after every update (sync_weights; a vLLM or server "
+        "engine's weight sync) and uses the same model, dtype and chat template; bf16 rounding alone gives a few "
+        "hundredths.", h, ev, cfg, step=step)
+
+
 CHECKS: dict[str, Check] = {
     "parse-from-incidental-span": check_parse_from_incidental_span,
     "reward-without-success": check_reward_without_success,
@@ -345,6 +375,7 @@ CHECKS: dict[str, Check] = {
     "zero-variance-groups": check_zero_variance_groups,
     "format-errors": check_format_errors,
     "tokenization-mismatch": check_tokenization_mismatch,
+    "engine-trainer-gap": check_engine_trainer_gap,
 }
 
 

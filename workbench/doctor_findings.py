@@ -75,6 +75,10 @@ class DoctorConfig:
     """format-errors fires when at least this share of model turns could not be parsed or was invalid."""
     mismatch_share: float = 0.0
     """tokenization-mismatch fires when more than this share of episodes has an alignment warning."""
+    engine_logprob_gap: float = 0.1
+    """engine-trainer-gap fires when a step's `actor/rollout_logprob_diff` (mean |trainer
+    logprob - engine logprob| of the trained tokens, nats) reaches this. fp32 gives ~1e-6,
+    bf16 a few hundredths (SmolLM2: 0.04)."""
     max_evidence: int = 3
     """Evidence episodes kept per finding."""
 
