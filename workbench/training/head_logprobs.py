@@ -88,14 +88,17 @@ class _HeadLogprobs(torch.autograd.Function):
         acc = torch.promote_types(logits.dtype, torch.float32)  # float32 (float64 stays float64)
         lse = hidden.new_empty(K, dtype=acc)  # (K,)
         ent = hidden.new_zeros(K, dtype=acc)  # (K,), zeros without with_entropy
+        z, e_z = _workspace(logits, acc)  # (c, V) each, reused by every chunk
         for s in range(0, K, CHUNK_ROWS):
             e = min(s + CHUNK_ROWS, K)
-            z = logits[s:e].to(acc)  # (c, V)
-            m = torch.logsumexp(z, dim=-1)  # (c,)
-            lse[s:e] = m
-            if with_entropy:
-                logp = z - m[:, None]  # (c, V)
-                ent[s:e] = -(torch.exp(logp).mul_(logp)).sum(-1)
+            zc, pc = z[:e - s], e_z[:e - s]
+            zc.copy_(logits[s:e])
+            top = zc.amax(dim=-1)  # (c,)
+            torch.exp(zc.sub_(top[:, None]), out=pc)  # exp(z - max)
+            total = pc.sum(dim=-1)  # (c,)
+            lse[s:e] = top + total.log()
+            if with_entropy:  # H = -sum p log p, p = exp(z - max) / total, log p = (z - max) - log total
+                ent[s:e] = -(pc.mul_(zc.sub_(total.log()[:, None]))).sum(-1) / total
         logp = logits.gather(-1, targets[:, None]).squeeze(-1).to(acc) - lse  # (K,)
         ctx.save_for_backward(hidden, weight, targets, lse, ent)
         ctx.logits = logits  # kept for backward, which overwrites it with the logits' gradient
@@ -114,22 +117,32 @@ class _HeadLogprobs(torch.autograd.Function):
         K = hidden.shape[0]
         g_logp = g_logp if g_logp is not None else torch.zeros_like(lse)  # (K,)
         use_ent = ctx.entropy_grad and g_ent is not None
+        z, e_z = _workspace(logits, lse.dtype)
         for s in range(0, K, CHUNK_ROWS):
             e = min(s + CHUNK_ROWS, K)
-            logp = logits[s:e].to(lse.dtype) - lse[s:e, None]  # (c, V) log p
-            p = torch.exp(logp)  # (c, V)
+            logp, grad_z = z[:e - s], e_z[:e - s]  # (c, V) each
+            logp.copy_(logits[s:e]).sub_(lse[s:e, None])
+            torch.exp(logp, out=grad_z)  # p
             if use_ent:
                 # dL/dz = -p * (g_logp + g_ent * (log p + H)) + onehot(target) * g_logp
-                coef = logp.add_(ent[s:e, None]).mul_(g_ent[s:e, None]).add_(g_logp[s:e, None])
-                grad_z = p.mul_(coef).neg_()
+                grad_z.mul_(logp.add_(ent[s:e, None]).mul_(g_ent[s:e, None]).add_(g_logp[s:e, None])).neg_()
             else:
-                grad_z = p.mul_(g_logp[s:e, None]).neg_()
+                grad_z.mul_(g_logp[s:e, None]).neg_()
             rows = torch.arange(e - s, device=grad_z.device)
             grad_z[rows, targets[s:e]] += g_logp[s:e]
             logits[s:e] = grad_z  # rounded to the head's dtype, as autograd casts the float32 gradient
         grad_hidden = torch.mm(logits, weight) if ctx.needs_input_grad[0] else None  # (K, E)
         grad_weight = torch.mm(logits.t(), hidden) if ctx.needs_input_grad[1] else None  # (V, E): full fine-tuning
         return grad_hidden, grad_weight, None, None, None
+
+
+def _workspace(logits: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two (c, V) buffers for the chunks' float work, allocated once per call: fresh
+    chunk-sized tensors per op were page-faulted in again and again (glibc returns freed
+    memory that large to the system)."""
+    rows = min(CHUNK_ROWS, logits.shape[0])
+    return (logits.new_empty((rows, logits.shape[1]), dtype=dtype),
+            logits.new_empty((rows, logits.shape[1]), dtype=dtype))
 
 
 def head_logprobs(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, with_entropy: bool = False,
