@@ -281,3 +281,89 @@ def test_lm_head_gets_its_input_with_fresh_strides(rows):
     assert seen[1] == (128, 128, 1)  # fresh
     assert torch.equal(plain, dense)
     assert not head._forward_pre_hooks  # removed on the way out
+
+
+# -- large matmuls split over a helper thread --------------------------------------------
+@pytest.mark.parametrize("make", [lambda: _llama(), lambda: _qwen2(), lambda: _qwen2().to(torch.bfloat16),
+                                  lambda: _lora(_llama(torch.bfloat16))],
+                         ids=["llama-fp32", "qwen2-biases-fp32", "qwen2-biases-bf16", "lora-bf16"])
+def test_split_matmuls_give_bit_identical_logits(monkeypatch, make):
+    """With every weight split in two halves over the helper (threshold 0), the logits
+    and the appended keys are the same bits as without: fp32 (W @ x.T) and bf16 (x @ W.T)
+    matmuls, with q/k/v biases, with LoRA adapters."""
+    from workbench.engines import decode_step
+    from workbench.engines.decode_threads import MatmulHelper
+
+    monkeypatch.setattr(decode_step, "SPLIT_MIN_BYTES", 0)
+    model = make()
+    rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13]]
+    cache, mask, pos = _prefill(model, rows)
+    split_cache = copy.deepcopy(cache)
+    step = DecodeStep.build(model)
+    helper = MatmulHelper()
+    tokens = torch.tensor([3, 17, 42])
+    try:
+        for _ in range(3):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            with torch.no_grad():
+                plain = step(tokens, mask, pos, cache)
+                split = step(tokens, mask, pos, split_cache, split=helper)
+            assert torch.equal(plain, split)
+            for a, b in zip(cache.layers, split_cache.layers):
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            tokens, pos = plain.argmax(-1), pos + 1
+    finally:
+        helper.close()
+
+
+def test_matmul_helper_hands_back_errors_and_keeps_the_thread_default():
+    import threading
+
+    from workbench.engines.decode_threads import MatmulHelper
+
+    before = torch.get_num_threads()
+    helper = MatmulHelper()
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))  # a thread started afterwards
+    t.start()
+    t.join()
+    assert torch.get_num_threads() == before and seen == [before]
+    ran = []
+    helper.run(lambda: ran.append("mine"), lambda: ran.append(torch.get_num_threads()))
+    assert sorted(map(str, ran)) == ["1", "mine"]  # the helper's half runs on one thread
+    with pytest.raises(ValueError, match="helper half"):
+        helper.run(lambda: None, lambda: (_ for _ in ()).throw(ValueError("helper half")))
+    helper.run(lambda: None, lambda: None)  # still serving after an error
+    helper.close()
+
+
+def test_engine_in_split_mode_gives_the_model_forward_tokens(tiny_model_and_tokenizer, monkeypatch):
+    """The engine's "one thread + helper" decode (chosen here, every weight split)
+    samples the ids the model's forward gives, and says so in its stats."""
+    from workbench.engines import decode_step
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.decode_threads import SPLIT
+    from workbench.engines.hf import HFEngine
+
+    if torch.get_num_threads() < 2:
+        pytest.skip("the split mode needs two threads")
+    monkeypatch.setattr(decode_step, "SPLIT_MIN_BYTES", 0)
+    model, tok = tiny_model_and_tokenizer
+    prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128)]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    engine = HFEngine(model, tok)
+    engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser and helper
+    assert SPLIT in engine.decode_threads.candidates and engine._helper is not None
+    engine.decode_threads.chosen = SPLIT
+    calls = []
+    monkeypatch.setattr(engine._helper, "run", lambda mine, theirs, run=engine._helper.run: calls.append(1) or
+                        run(mine, theirs))
+    fast = engine.generate_ids(prompts, params)
+    slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
+    assert calls  # the helper ran halves
+    for a, b in zip(fast, slow):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    assert engine.stats()["decode_split_matmuls"] == 1.0 and engine.stats()["decode_threads"] == 1.0
+    engine.close()
+    assert engine._helper is None

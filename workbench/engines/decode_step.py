@@ -20,7 +20,10 @@ code over the model's own parameters (references, so an optimizer step or
   added to the base output, cast back), without the module calls, the A's of a fused
   group stacked and their B's block-diagonal;
 - on a CPU, fp32 linears run as `W @ x.T` (measured on this 2-core EPYC at 8 rows: the
-  SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms).
+  SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms);
+- with a `MatmulHelper` (`split`: the engine's timed "one thread + helper" mode,
+  `decode_threads.py`), large weights are multiplied in two halves of their outputs at
+  once, one per thread (`SPLIT_MIN_BYTES`); the logits are bit-identical either way.
 
 The math is the model's (`modeling_llama`): RMSNorm in fp32 cast back before the weight,
 rotary embeddings from the model's own `rotary_emb`, residual adds in the model dtype,
@@ -40,8 +43,15 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workbench.engines.decode_threads import MatmulHelper
+
 #: Architectures whose decoder layer is LlamaDecoderLayer's math (qwen2: biased q/k/v).
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+#: With a `MatmulHelper`, weights of at least this many bytes are multiplied in two halves
+#: at once. In the engine on this CPU (SmolLM2 + LoRA r=16, 8 rows, ms per decode step,
+#: one thread -> one thread + helper): fp32 67-69 -> 47-50 (two OpenMP threads: 60-63);
+#: bf16 (the LM head and gate/up split) 33-34 -> 30-33, about the run-to-run noise.
+SPLIT_MIN_BYTES = 2_000_000
 
 
 @dataclass
@@ -63,12 +73,31 @@ class _Proj:
     lora_b: torch.Tensor | None = None  # (N, R)
     transposed: bool = False  # compute W @ x.T (fp32 on a CPU: see the module docstring)
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype."""
+    def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None) -> list[torch.Tensor]:
+        """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype. With `split`, a
+        weight of at least `SPLIT_MIN_BYTES` is multiplied in two halves of its outputs at
+        once, one on the calling thread and one on the helper's (the same products)."""
+        N = self.weight.shape[0]
+        halves = split is not None and N > 1 and self.weight.numel() * self.weight.element_size() >= SPLIT_MIN_BYTES
         if self.transposed:
-            y = torch.mm(self.weight, x.t()).t()  # (B, N), a transposed view
+            if halves:
+                yt = x.new_empty((N, x.shape[0]))  # (N, B): each half a block of rows
+                h = N // 2
+                split.run(lambda: torch.mm(self.weight[:h], x.t(), out=yt[:h]),
+                          lambda: torch.mm(self.weight[h:], x.t(), out=yt[h:]))
+                y = yt.t()  # (B, N), a transposed view
+            else:
+                y = torch.mm(self.weight, x.t()).t()  # (B, N), a transposed view
             if self.bias is not None:
                 y = y + self.bias
+        elif halves:
+            y = x.new_empty((x.shape[0], N))  # (B, N)
+            h, w, b = N // 2, self.weight, self.bias
+            if b is None:
+                split.run(lambda: torch.mm(x, w[:h].t(), out=y[:, :h]), lambda: torch.mm(x, w[h:].t(), out=y[:, h:]))
+            else:  # addmm: what F.linear computes with a bias
+                split.run(lambda: torch.addmm(b[:h], x, w[:h].t(), out=y[:, :h]),
+                          lambda: torch.addmm(b[h:], x, w[h:].t(), out=y[:, h:]))
         else:
             y = F.linear(x, self.weight, self.bias)  # (B, N)
         if self.lora_a is not None:
@@ -275,7 +304,7 @@ class DecodeStep:
                    head_dim, fused)
 
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
-                 cache: Any, shared_prefix: int = 0) -> torch.Tensor:
+                 cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
         appends this step's keys/values to it and returns the (B, V) fp32 logits.
@@ -295,19 +324,19 @@ class DecodeStep:
         bias = bias.masked_fill_(attention == 0, float("-inf"))[:, None, None, :]
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
-            q, k, v = layer.qkv(x)
+            q, k, v = layer.qkv(x, split)
             q = q.reshape(B, KV, G, D)  # (B, KV, G, D)
             k, v = k.reshape(B, KV, 1, D), v.reshape(B, KV, 1, D)  # (B, KV, 1, D)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
             out = self._attention(q.float(), keys, values, bias, shared_prefix).to(h.dtype).reshape(B, H * D)
-            h = h + layer.o(out)[0]
+            h = h + layer.o(out, split)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
-            gate, up = layer.gate_up(x)
-            h = h + layer.down(F.silu(gate) * up)[0]
+            gate, up = layer.gate_up(x, split)
+            h = h + layer.down(F.silu(gate) * up, split)[0]
         h = _rms_norm(h, self.norm, self.norm_eps)
-        return self.head(h)[0].float()  # (B, V)
+        return self.head(h, split)[0].float()  # (B, V)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
                    shared: int) -> torch.Tensor:
@@ -335,5 +364,5 @@ class _Split:
     def __init__(self, projs: list[_Proj]):
         self.projs = projs
 
-    def __call__(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return [p(x)[0] for p in self.projs]
+    def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None) -> list[torch.Tensor]:
+        return [p(x, split)[0] for p in self.projs]

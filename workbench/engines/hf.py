@@ -39,7 +39,8 @@ Decoding appends each step's keys/values into preallocated room (`_GrowingLayerM
 instead of `DynamicLayer`'s `torch.cat`, which copied every layer's whole cache per step.
 For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
 the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
-model's forward), on a thread count timed over the first steps (`decode_threads.py`).
+model's forward), on a thread count timed over the first steps (`decode_threads.py`):
+all threads, one, or one with the step's large matmuls split over a second thread.
 
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `model_hooks._sdpa_gqa_forward` instead -- the same math, but torch's
@@ -66,7 +67,7 @@ import torch
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
-from workbench.engines.decode_threads import DecodeThreads
+from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.kv_cache import (_build_cache, _GrowingLayer, _plain_layers, _PrefixCache,  # noqa: F401
                                         _row_kv, _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
@@ -93,6 +94,7 @@ class HFEngine(GenerationEngine):
         self.decode_steps = {"fast": 0, "model": 0}  # decode steps run by each path (stats)
         self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
         self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
+        self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
         self._prefills: dict[int, DecodeThreads] = {}  # prefill size (new tokens, a power of two) -> its choice
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
         self.compact_fraction = compact_fraction
@@ -171,6 +173,9 @@ class HFEngine(GenerationEngine):
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             batcher.close()
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            helper.close()
         super().close()
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -275,7 +280,9 @@ class HFEngine(GenerationEngine):
         # the same keys in every row, and the decode step reads them once (decode_step.py).
         shared = C + S if U == 1 and B > 1 else 0
         if self.decode_threads is None:
-            self.decode_threads = DecodeThreads(device)
+            self.decode_threads = DecodeThreads(device, split=fast is not None)
+            if SPLIT in self.decode_threads.candidates:
+                self._helper = MatmulHelper()
         with self.decode_threads.stepping() as stepper:  # thread count timed, then chosen (decode_threads.py)
             for step in range(params.max_tokens):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
@@ -288,7 +295,8 @@ class HFEngine(GenerationEngine):
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
                 with stepper.step():
                     if fast is not None:
-                        logits = fast(tokens, attention, next_pos, cache, shared)  # (B', V), cache grown in place
+                        split = self._helper if stepper.split else None  # large matmuls in halves on two threads
+                        logits = fast(tokens, attention, next_pos, cache, shared, split)  # (B', V), cache grown in place
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)
