@@ -241,9 +241,9 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
       * `share_prefix`: otherwise, the prefix all rows share (`shared_prefix_length`,
         a GRPO group's prompt) runs once and its KV is repeated for every row.
     `entropy_grad=False` computes the entropy without a gradient (a metric only).
-    On plain-head architectures with a frozen head (LoRA) and no autocast, the logprobs
-    come from the head's input a few rows at a time (`head_logprobs.py`), never holding
-    a float32 (K, V) tensor.
+    On plain-head architectures (a bias-free linear head that is not a LoRA layer) without
+    autocast, the logprobs come from the head's input a chunk of rows at a time
+    (`head_logprobs.py`), never holding a float32 (K, V) tensor.
 
     Returns (logprobs (B, T), entropy (B, T) or None); position 0 is 0.
     """
