@@ -148,9 +148,13 @@ def test_ray_rollout_worker_plays_dataset_items_locally(tiny_model_path):
     config = ConfigStore()
     config.model.model_name, config.model.dtype = str(tiny_model_path), "float32"
     config.inference.max_tokens, config.inference.max_turns = 4, 1
-    worker = RolloutWorker(config, Echo({"max_steps": 2}))
-    specs = [EpisodeSpec(seed=3, index=0, params={"k": 5}), EpisodeSpec(seed=4, index=1, prompt="Plain.")]
-    events = list(worker.run([0, 1], specs, None, 0))
+    threads = torch.get_num_threads()
+    try:
+        worker = RolloutWorker(config, Echo({"max_steps": 2}))
+        specs = [EpisodeSpec(seed=3, index=0, params={"k": 5}), EpisodeSpec(seed=4, index=1, prompt="Plain.")]
+        events = list(worker.run([0, 1], specs, None, 0))
+    finally:
+        torch.set_num_threads(threads)  # the worker set its Ray actor's thread count, here in this process
     episodes = {i: payload[0] for kind, i, payload in events if kind == "episode"}
     assert episodes[0].messages[1]["content"] == "obs 5 seed 3" and episodes[0].group_id == "item0:seed3"
     assert episodes[1].messages[1]["content"] == "Plain." and episodes[1].env_seed == 4
