@@ -291,3 +291,32 @@ def test_inverse_cdf_draws_follow_the_weights():
     a = _multinomial(weights, [torch.Generator().manual_seed(7), torch.Generator().manual_seed(8)])
     b = _multinomial(weights[:1], [torch.Generator().manual_seed(7)])
     assert a[0] == b[0]
+
+
+def test_prompts_that_missed_the_prefix_cache_share_chunks(tiny_model_and_tokenizer, monkeypatch):
+    """Over more prompts than one chunk holds, chunks go by the tokens each prompt has to
+    prefill: the next turns of kept episodes (short new suffixes) fill one chunk and fresh
+    prompts of the same lengths the other, instead of mixing (a chunk prefills every row to
+    its longest new suffix). The tokens are those of an engine without a prefix cache."""
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    engine = HFEngine(model, tok, max_batch_size=4)
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    g = torch.Generator().manual_seed(5)
+    first = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (6, 7, 8, 9)]
+    turns = engine.generate_ids(first, greedy)
+    nexts = [p + r.token_ids + [5, 6] for p, r in zip(first, turns)]  # kept episodes' next turns
+    fresh = [torch.randint(3, 200, (len(p),), generator=g).tolist() for p in nexts]  # same lengths, nothing kept
+    prompts = [p for pair in zip(nexts, fresh) for p in pair]
+    chunks = []
+    run_chunk = engine._generate_chunk
+    monkeypatch.setattr(engine, "_generate_chunk",
+                        lambda model, ps, params, gen: chunks.append(ps) or run_chunk(model, ps, params, gen))
+    got = engine.generate_ids(prompts, greedy)
+    assert sorted(map(sorted, [[tuple(p) for p in c] for c in chunks])) == sorted(
+        [sorted(map(tuple, nexts)), sorted(map(tuple, fresh))])
+    assert [len(c) for c in chunks] == [4, 4] and [len(p) for p in chunks[0]] == sorted(len(p) for p in chunks[0])
+    plain = HFEngine(model, tok, max_batch_size=4, prefix_cache=False).generate_ids(prompts, greedy)
+    assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+    assert [r.num_cached_tokens > 0 for r in got] == [True, False] * 4

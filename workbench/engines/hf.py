@@ -32,7 +32,11 @@ Entries are LRU-bounded (`prefix_cache_mb`), a row's newer entry replaces the on
 extended, and the cache is dropped whenever the weights change (optimizer step,
 `load_state_dict`, `sync_weights`, adapters switched off or on: checked with
 `merged.weights_state_key`), so
-a sample never sees KV from other weights. Only models whose cache layers are plain
+a sample never sees KV from other weights. A call of more prompts than one chunk holds
+groups them by the tokens each still has to prefill, so the ones the cache could not keep
+(a full cache evicts the oldest entries) share chunks instead of making every chunk
+prefill in full (measured, fp32 SmolLM2, 128 episodes x 4 turns with the cache full at the
+last turn: that turn 90.8 -> 56.3 s). Only models whose cache layers are plain
 full-attention `DynamicLayer`s use it (sliding-window models fall back to full prefill).
 
 Decoding appends each step's keys/values into preallocated room (`_GrowingLayerMixin`)
@@ -190,11 +194,18 @@ class HFEngine(GenerationEngine):
             self.prefix_cache.clear()
         self._weights_key = key
         model = self._merged.refresh(key) if self._merged is not None else self.model  # (merged copy: merged.py)
-        # Sort by length so each chunk pads little; restore the order afterwards.
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+        # Chunks by the tokens each prompt has to prefill (its length less what the prefix
+        # cache keeps), so prompts that missed the cache share chunks: a chunk prefills every
+        # row to its longest new suffix. Inside a chunk, rows go by length as always (the
+        # order rows draw from a shared generator); results come back in prompt order.
+        if len(prompts) > self.max_batch_size and self.prefix_cache is not None:
+            new = [len(p) - self.prefix_cache.cached_length(p) for p in prompts]
+        else:
+            new = [len(p) for p in prompts]
+        order = sorted(range(len(prompts)), key=lambda i: (new[i], len(prompts[i])))
         by_index: dict[int, GenerationResult] = {}
         for start in range(0, len(order), self.max_batch_size):
-            chunk = order[start : start + self.max_batch_size]
+            chunk = sorted(order[start : start + self.max_batch_size], key=lambda i: (len(prompts[i]), i))
             chunk_gen = [gen[i] for i in chunk] if isinstance(gen, list) else gen
             for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen)):
                 by_index[i] = res

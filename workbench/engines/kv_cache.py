@@ -40,6 +40,12 @@ class _PrefixCache:
             self.reused_tokens += len(best)
             return len(best), self.entries[best][0]
 
+    def cached_length(self, prompt: list[int]) -> int:
+        """Tokens of `prompt` that `lookup` would reuse now (no effect on the LRU order or stats)."""
+        p = tuple(prompt)
+        with self.lock:
+            return max((len(k) for k in self.entries if len(k) < len(p) and p[: len(k)] == k), default=0)
+
     def store(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
         if not key or nbytes > self.max_bytes:
