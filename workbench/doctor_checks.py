@@ -331,7 +331,6 @@ def check_tokenization_mismatch(h: History, cfg: DoctorConfig) -> Finding | None
             for ep in bad], cfg)
 
 
-#: Every check by name, in report order.
 def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
     """`actor/rollout_logprob_diff` (recorded by the update): the sampling engine's
     logprobs of the trained tokens far from the trainer's, at the worst step. Then the
@@ -346,10 +345,11 @@ def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
     step, worst = max(rows, key=lambda r: r[1])
     ev = []
     b = h.batch
-    if b is not None and b.has("old_logprobs") and b.has("rollout_logprobs"):
-        mask = b.loss_mask.bool() & (b.rollout_logprobs != 0)  # (B, T)
-        gap = ((b.old_logprobs - b.rollout_logprobs).abs() * mask).sum(1) / mask.sum(1).clamp(min=1)  # (B,)
-        for i in gap.argsort(descending=True).tolist():
+    gap = b.engine_logprob_gap() if b is not None else None
+    if gap is not None:
+        diff, mask = gap  # (B, T) each
+        per_episode = diff.sum(1) / mask.sum(1).clamp(min=1)  # (B,)
+        for i in per_episode.argsort(descending=True).tolist():
             turns = [t for t in b.episodes[i].turns if t.source == "model"]
             if mask[i].any() and turns:
                 ev.append(h.evidence(b.episodes[i], turns[0]))
@@ -362,6 +362,7 @@ def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
         "hundredths.", h, ev, cfg, step=step)
 
 
+#: Every check by name, in report order.
 CHECKS: dict[str, Check] = {
     "parse-from-incidental-span": check_parse_from_incidental_span,
     "reward-without-success": check_reward_without_success,

@@ -311,6 +311,16 @@ class TrajectoryBatch:
         self.tensors = {k: v.to(device) for k, v in self.tensors.items()}
         return self
 
+    def engine_logprob_gap(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(|old_logprobs - rollout_logprobs| (B, T), mask (B, T)): how far the trainer's
+        logprobs are from the sampling engine's, over the trained tokens the engine gave a
+        logprob for (`rollout_logprobs` is 0 where it gave none). None without both fields."""
+        if not (self.has("old_logprobs") and self.has("rollout_logprobs")):
+            return None
+        rollout = self.tensors["rollout_logprobs"]  # (B, T)
+        mask = self.tensors["loss_mask"].bool() & (rollout != 0)  # (B, T)
+        return (self.tensors["old_logprobs"] - rollout).abs() * mask, mask
+
     def token_values(self, index: int, name: str) -> list[float]:
         """Per-token values of one episode (unpadded), e.g. token_values(0, "advantages")."""
         self.require(name)

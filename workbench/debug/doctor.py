@@ -32,7 +32,8 @@ training exploits it), repetition-to-limit (base models loop), zero-variance-gro
 tokenization-mismatch. The drift and metric checks (template-collapse, length-drift,
 truncation-surge, reward-without-success, entropy-collapse, kl-spike) need at least two
 steps and compare with the first ones, so they cannot fire before training moves the
-policy; engine-trainer-gap needs one update's metrics. Scripted experts (`envs.EXPERTS`) give no finding (tests/test_doctor_experts.py).
+policy; engine-trainer-gap needs one update's metrics. Scripted experts (`envs.EXPERTS`)
+give no finding (tests/test_doctor_experts.py).
 """
 from __future__ import annotations
 

@@ -27,11 +27,15 @@ class _PrefixCache:
         self.hits = self.misses = self.reused_tokens = 0
         self.lock = threading.Lock()
 
+    def _longest_kept(self, p: tuple[int, ...]) -> tuple[int, ...] | None:
+        """The key of the longest kept proper prefix of `p` (call with the lock held)."""
+        return max((k for k in self.entries if len(k) < len(p) and p[: len(k)] == k), key=len, default=None)
+
     def lookup(self, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
         """(n, per-layer (keys, values)) of the longest kept proper prefix of `prompt`, or (0, None)."""
         p = tuple(prompt)
         with self.lock:
-            best = max((k for k in self.entries if len(k) < len(p) and p[: len(k)] == k), key=len, default=None)
+            best = self._longest_kept(p)
             if best is None:
                 self.misses += 1
                 return 0, None
@@ -42,9 +46,9 @@ class _PrefixCache:
 
     def cached_length(self, prompt: list[int]) -> int:
         """Tokens of `prompt` that `lookup` would reuse now (no effect on the LRU order or stats)."""
-        p = tuple(prompt)
         with self.lock:
-            return max((len(k) for k in self.entries if len(k) < len(p) and p[: len(k)] == k), default=0)
+            best = self._longest_kept(tuple(prompt))
+            return len(best) if best is not None else 0
 
     def store(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)

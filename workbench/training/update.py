@@ -221,14 +221,14 @@ def rollout_logprob_diff(batch: TrajectoryBatch) -> tuple[float, float] | None:
     to ~1e-6 in fp32, to bf16 rounding (a few hundredths) in bf16. A larger gap means the
     engine sampled from other weights than the trainer holds, or computed them another
     way, and the PPO ratio's "old" policy is not the one that sampled."""
-    if not batch.has("rollout_logprobs") or not batch.has("old_logprobs"):
+    gap = batch.engine_logprob_gap()
+    if gap is None:
         return None
-    rollout = batch.rollout_logprobs  # (B, T)
-    mask = batch.loss_mask.bool() & (rollout != 0)  # (B, T)
+    diff, mask = gap  # (B, T) each
     n = int(mask.sum())
     if n == 0:
         return None
-    return float((batch.old_logprobs - rollout).abs()[mask].mean()), float(n)
+    return float(diff.sum() / n), float(n)
 
 
 def weighted_mean(pairs: list[tuple[float, float]]) -> float:
