@@ -176,9 +176,25 @@ if findings:
 panel
 
 # %% [markdown]
+# The thresholds are the `doctor` section of the run's config (`DoctorConfig`, saved in its
+# `config.yaml`): `fit` compared with them on every step, and `diagnose(run)` compares with them
+# again. To try another, pass a changed copy; the run folder stays as it is. A threshold of 0 for
+# `format_error_share` makes `format-errors` report the share it measured on the last step,
+# however small.
+
+# %%
+import dataclasses
+
+print("this run's doctor.format_error_share:", run.config.doctor.format_error_share)
+strict = dataclasses.replace(run.config.doctor, format_error_share=0.0)
+print(next(f for f in diagnose(run, strict) if f.name == "format-errors").line())
+print("the run's own thresholds are unchanged:", run.config.doctor.format_error_share)
+
+# %% [markdown]
 # The same from a shell, on any run folder:
 #
 # ```bash
 # python -m workbench diff base RUN/checkpoints/step_000004 --run RUN --step 3 --top 10
 # python -m workbench diagnose RUN
+# python -m workbench diagnose RUN --doctor.format_error_share 0   # another threshold, same run folder
 # ```

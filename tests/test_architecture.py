@@ -16,8 +16,8 @@ PACKAGE = ROOT / "workbench"
 #: Lowest first: (layer, module prefixes). docs/architecture.md has the same table.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("algo", ("workbench.algo",)),
-    ("foundation", ("workbench.config", "workbench.config_checks", "workbench.imports", "workbench.timeouts",
-                    "workbench.progress")),
+    ("foundation", ("workbench.config", "workbench.config_checks", "workbench.doctor_config", "workbench.imports",
+                    "workbench.timeouts", "workbench.progress")),
     ("trajectory", ("workbench.trajectory",)),
     ("parts", ("workbench.environment", "workbench.tools", "workbench.engines", "workbench.models",
                "workbench.adapters", "workbench.gym_adapter", "workbench.env_registry", "workbench.overrides",

@@ -85,6 +85,33 @@ def test_diagnose_command_prints_a_table_and_json(run_dir, capsys):
     assert data[0]["name"] == "parse-from-incidental-span" and data[0]["evidence"][0]["source"] == "eval"
 
 
+def test_a_run_is_judged_with_the_thresholds_of_its_config(run_dir, tmp_path, capsys):
+    """The `doctor` section of a run's config.yaml is what `diagnose` and the command compare with;
+    an explicit config, or a --doctor.FIELD flag, goes over it."""
+    import shutil
+
+    from workbench.doctor_findings import DoctorConfig
+
+    strict = tmp_path / "strict"
+    shutil.copytree(run_dir, strict)
+    config = ConfigStore()
+    config.doctor.incidental_coverage = 0.0  # no span covers less than 0% of its reply: none is incidental
+    config.save(strict / "config.yaml")
+    default = {f.name for f in diagnose(run_dir)}
+    assert "parse-from-incidental-span" in default
+    assert {f.name for f in diagnose(strict)} == default - {"parse-from-incidental-span"}
+    assert {f.name for f in diagnose(strict, DoctorConfig())} == default  # an explicit config wins
+    assert main(["diagnose", str(strict), "--json"]) == 0
+    assert "parse-from-incidental-span" not in {f["name"] for f in json.loads(capsys.readouterr().out)}
+    assert main(["diagnose", str(run_dir), "--json", "--doctor.incidental_coverage", "0"]) == 0
+    assert "parse-from-incidental-span" not in {f["name"] for f in json.loads(capsys.readouterr().out)}
+    assert main(["diagnose", str(strict), "--json", "--doctor.incidental_coverage", "0.5"]) == 0
+    assert "parse-from-incidental-span" in {f["name"] for f in json.loads(capsys.readouterr().out)}
+    assert ConfigStore.load(strict / "config.yaml").doctor.incidental_coverage == 0.0  # the flag wrote nothing
+    assert main(["diagnose", str(run_dir), "--doctor.incidental_coverage", "2"]) == 2
+    assert "doctor.incidental_coverage is a share and must be in [0, 1], got 2" in capsys.readouterr().err
+
+
 def test_reports_say_so_when_nothing_is_found():
     assert findings_table([]) == "doctor: no findings"
     assert "No findings." in findings_markdown([])
@@ -113,6 +140,11 @@ def test_fit_runs_the_checks_each_step_and_records_them(tiny_model_path, tmp_pat
     printed = capsys.readouterr().out
     fired = {f.name for f in trainer.doctor.findings}
     assert all(printed.count(f"doctor: {name} ") == 1 for name in fired)  # once, however many steps
+    assert trainer.doctor.config is trainer.config.doctor  # the config's thresholds, not a copy
+    trainer.config.doctor.min_samples = 10**6  # no batch holds that many turns: the batch checks measure nothing
+    trainer.fit(steps=1)
+    rows = trainer.metrics_history
+    assert not math.isnan(rows[1]["diagnose/format-errors"]) and math.isnan(rows[2]["diagnose/format-errors"])
     trainer.doctor = None  # off
     trainer.fit(steps=1)
     assert not any(k.startswith("diagnose/") for k in trainer.metrics_history[-1])

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench.config import BACKENDS, DTYPES, EMBEDDED_MODEL, ConfigError, ConfigStore
-from workbench.cli_flags import add_config_flags, apply_config_flags
+from workbench.cli_flags import add_config_flags, apply_config_flags, given_config_flags
 from workbench.overrides import apply_env_params, parse_env_params, parse_key_values  # noqa: F401 - public here too
 
 #: Flags that set one config field each (dest -> section, field), per command.
@@ -203,7 +203,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from workbench.debug.doctor import add_diagnose_parser
 
     add_diff_parser(sub)  # python -m workbench diff CKPT_A CKPT_B ...
-    add_diagnose_parser(sub)  # python -m workbench diagnose RUN_DIR
+    # python -m workbench diagnose RUN_DIR [--doctor.FIELD VALUE ...]: thresholds over the run's own
+    add_config_flags(add_diagnose_parser(sub), sections=("doctor",))
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -223,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             return cmd_diff(args)
         if args.command == "diagnose":
+            args.doctor_overrides = given_config_flags(args).get("doctor", {})
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing

@@ -39,9 +39,12 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One `--SECTION.FIELD` flag per config field, grouped by section."""
+def add_config_flags(parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
+    """One `--SECTION.FIELD` flag per config field, grouped by section (every section, or
+    the ones named in `sections`)."""
     for section, cls in SECTIONS.items():
+        if sections is not None and section not in sections:
+            continue
         group = parser.add_argument_group(f"{section} settings (--{section}.FIELD VALUE, read as YAML)")
         docs = field_docs(cls)
         for f in dataclasses.fields(cls):

@@ -9,8 +9,9 @@
 Every field has a docstring directly below it. Sections and field names follow the
 seeds' Configuration Reference (model, inference, training, checkpoint, environment,
 ray); fields added here are the ones a verl/TRL user expects (group size, KL loss,
-LoRA, micro-batches), and a `reward` section with the seeds' `RewardManager` shaping
-weights (saved with every checkpoint; `--reward-param K=V` on the command line).
+LoRA, micro-batches), a `reward` section with the seeds' `RewardManager` shaping
+weights (saved with every checkpoint; `--reward-param K=V` on the command line), and a
+`doctor` section with the run doctor's thresholds (`workbench.doctor_config`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from workbench.config_checks import (  # noqa: F401 - ConfigError, DTYPES, resol
     DTYPES, ConfigError, _check_types, _choice, _coerce_number, _field_types, _parse_device, _positive_int,
     MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
 )
+from workbench.doctor_config import DoctorConfig, check_doctor_config
 
 if TYPE_CHECKING:
     import torch
@@ -349,6 +351,7 @@ SECTIONS = {
     "environment": EnvironmentConfig,
     "ray": RayConfig,
     "reward": RewardConfig,
+    "doctor": DoctorConfig,
 }
 
 
@@ -381,6 +384,8 @@ class ConfigStore:
     """Distributed rollout workers."""
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Shaping of environment rewards (`RewardManager` weights)."""
+    doctor: DoctorConfig = field(default_factory=DoctorConfig)
+    """Thresholds of the run doctor's checks (`workbench.doctor_config`)."""
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -549,6 +554,7 @@ class ConfigStore:
                 raise ConfigError(f"reward.{name} must be a finite number, got {getattr(self.reward, name)!r}")
         if self.reward.max_steps is not None:
             _positive_int("reward.max_steps", self.reward.max_steps)
+        check_doctor_config(self.doctor, ConfigError)
         return self
 
     def __repr__(self) -> str:

@@ -1,7 +1,8 @@
-"""What the run doctor reports and what it keeps between steps: `DoctorConfig` (every
-threshold, one field each), `Finding` and `Evidence`, `BatchStats` (a few numbers per
-batch that the drift checks compare with the first steps) and `History` (the stats of
-every step seen, the latest batch and the metric rows).
+"""What the run doctor reports and what it keeps between steps: `Finding` and `Evidence`,
+`BatchStats` (a few numbers per batch that the drift checks compare with the first steps)
+and `History` (the stats of every step seen, the latest batch and the metric rows). The
+thresholds, `DoctorConfig`, live in `workbench.doctor_config` (the config's `doctor`
+section) and are importable here too.
 
 Core layer (beside `trajectory`): `workbench.doctor_checks` holds the checks,
 `Trainer.fit` runs them per step, `workbench.debug.doctor` is the public front.
@@ -14,73 +15,12 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.doctor_config import DoctorConfig  # noqa: F401 - importable from here too
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
 #: Severities, mildest first.
 SEVERITIES = ("info", "warning", "error")
 _WORD_RE = re.compile(r"\S+")
-
-
-@dataclass
-class DoctorConfig:
-    """Thresholds of the doctor's checks (`workbench.doctor_checks`)."""
-
-    baseline_steps: int = 2
-    """How many first batches (or metric rows) the drift checks take as "the first steps"."""
-    min_samples: int = 4
-    """Fewest units a check judges from (rewarded turns, model turns, groups, episodes);
-    with fewer it stays silent."""
-    incidental_coverage: float = 0.5
-    """parse-from-incidental-span: a rewarded turn's action is incidental when its span
-    covers less than this share of the (stripped) reply."""
-    incidental_share: float = 0.5
-    """parse-from-incidental-span fires when at least this share of rewarded turns is incidental."""
-    min_distinct_ratio: float = 0.25
-    """template-collapse: distinct replies / model turns of the latest batch must be below this..."""
-    collapse_fraction: float = 0.5
-    """...and below this fraction of the first steps' ratio; or the replies' word-bigram
-    entropy fell below this fraction of the first steps'."""
-    repeat_count: int = 3
-    """repetition-to-limit: a reply cut at max_tokens ends inside a unit (of at most
-    `repeat_max_period` characters) repeated at least this many times."""
-    repeat_max_period: int = 64
-    """repetition-to-limit: longest repeated unit looked for, in characters."""
-    repetition_share: float = 0.25
-    """repetition-to-limit fires when at least this share of model turns ends that way."""
-    length_ratio: float = 2.0
-    """length-drift fires when the mean reply length is this many times the first steps'
-    (or less than 1 / this)."""
-    truncation_rise: float = 0.25
-    """truncation-surge fires when the share of replies cut at max_tokens rose by this much
-    (absolute) over the first steps'."""
-    zero_variance_share: float = 0.75
-    """zero-variance-groups fires when at least this share of GRPO groups has all rewards equal..."""
-    solved_success_rate: float = 0.9
-    """...and the batch's success rate is below this (a solved batch has nothing left to learn;
-    that is not a dead signal)."""
-    reward_rise: float = 0.25
-    """reward-without-success: mean reward rose by at least this much over the first steps'..."""
-    success_rise: float = 0.05
-    """...while the success rate rose by less than this."""
-    tool_ignored_share: float = 0.5
-    """tool-result-ignored fires when at least this share of final answers after a tool
-    result contains none of the results."""
-    entropy_fraction: float = 0.2
-    """entropy-collapse fires when `actor/entropy` fell below this fraction of the first steps'."""
-    kl_spike_factor: float = 10.0
-    """kl-spike: `kl/mean` of a step is this many times the median of the steps before it..."""
-    kl_spike_min: float = 0.05
-    """...and at least this large."""
-    format_error_share: float = 0.3
-    """format-errors fires when at least this share of model turns could not be parsed or was invalid."""
-    mismatch_share: float = 0.0
-    """tokenization-mismatch fires when more than this share of episodes has an alignment warning."""
-    engine_logprob_gap: float = 0.1
-    """engine-trainer-gap fires when a step's `actor/rollout_logprob_diff` (mean |trainer
-    logprob - engine logprob| of the trained tokens, nats) reaches this. fp32 gives ~1e-6,
-    bf16 a few hundredths (SmolLM2: 0.04)."""
-    max_evidence: int = 3
-    """Evidence episodes kept per finding."""
 
 
 @dataclass

@@ -127,7 +127,8 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     from workbench.debug.doctor import diagnose_parts, findings_markdown, findings_table
 
     report["findings"] = diagnose_parts(trainer.doctor.history if trainer.doctor else None,
-                                        [(e["step"], b) for e, b in zip(evals, [report["before"], report["after"]])])
+                                        [(e["step"], b) for e, b in zip(evals, [report["before"], report["after"]])],
+                                        config.doctor)
     (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
                                     + ("\n" + summary_table(evals) + "\n" if evals else "")
                                     + "\n" + findings_markdown(report["findings"]) + "\n")

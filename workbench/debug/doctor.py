@@ -7,11 +7,12 @@ episodes that show it.
         print(f.line())                        # name, severity, number vs threshold, evidence episode
     f.evidence[0]                              # episode id, step, turn, the reply and the span that matters
 
-    python -m workbench diagnose runs/demo/train [--json]
+    python -m workbench diagnose runs/demo/train [--json] [--doctor.min_samples 8]
 
 The checks are small named functions in `workbench.doctor_checks` (core layer, so
 `Trainer.fit` runs them on every step's batch and records `diagnose/<name>`); each has
-a threshold in `DoctorConfig`. This module adds what needs a whole run: it reads the run
+a threshold in `DoctorConfig`, the config's `doctor` section: a run is judged with the
+thresholds in its config.yaml unless told otherwise. This module adds what needs a whole run: it reads the run
 (its steps' batches, metrics.jsonl and the held-out batches), runs the checks over the
 training steps (the latest batch is the evidence; the drift checks compare every step's
 numbers with the first steps'), again over the held-out batches (first = before
@@ -38,6 +39,7 @@ give no finding (tests/test_doctor_experts.py).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 from typing import Any, Iterable
@@ -117,7 +119,8 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
             0, 1, ...); a run folder path (read with `load_run`: `RUN/rollouts/step_*.jsonl.gz`,
             `RUN/evals/...`, `RUN/metrics.jsonl`, `RUN/config.yaml`); a `History`; or a reopened run (`.steps`, `.batch(step)`,
             `.metrics`, optionally `.eval_batch(step)` with `.eval_steps` or `.evals`).
-        config: thresholds (default `DoctorConfig()`).
+        config: thresholds. Default: a run's own (`run.config.doctor`, the `doctor` section
+            of its config.yaml), else `DoctorConfig()`.
     """
     cfg = config or DoctorConfig()
     run = run_or_batches
@@ -134,6 +137,8 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
     if not (hasattr(run, "steps") and callable(getattr(run, "batch", None))):
         raise TypeError(f"diagnose: expected a batch, a list of batches, a run folder or a run, "
                         f"got {type(run).__name__}")
+    if config is None and isinstance(getattr(getattr(run, "config", None), "doctor", None), DoctorConfig):
+        cfg = run.config.doctor  # the thresholds the run trained with (its config.yaml)
     train = _history(((s, run.batch(s)) for s in run.steps), "train", _rows(getattr(run, "metrics", None)))
     evals = [(s, run.eval_batch(s)) for s in _eval_steps(run)]
     return diagnose_parts(train, evals, cfg, batch_at=run.batch)
@@ -180,13 +185,20 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                 "in a run folder, with the episodes that show it")
     p.add_argument("run_dir", help="a run folder (rollouts/, evals/, metrics.jsonl), e.g. runs/demo/train")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
-    p.set_defaults(output=None, run=cmd_diagnose)  # reads a run, writes nothing
+    # The CLI adds a --doctor.FIELD VALUE flag per threshold (workbench.cli_flags) and hands the
+    # ones given to cmd_diagnose as args.doctor_overrides.
+    p.set_defaults(output=None, run=cmd_diagnose, doctor_overrides={})  # reads a run, writes nothing
     return p
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    """Print the findings of `args.run_dir` (a table, or JSON with --json); 0 even with findings."""
-    findings = diagnose(args.run_dir)
+    """Print the findings of `args.run_dir` (a table, or JSON with --json); 0 even with findings.
+    The thresholds are the run's (`doctor` in its config.yaml) with `args.doctor_overrides`
+    ({field: value}, from `--doctor.FIELD VALUE`) over them; a bad one is a ConfigError."""
+    run = load_run(args.run_dir)
+    config = copy.deepcopy(run.config)  # the flags change this call's thresholds, not the reopened run
+    config.update("doctor", args.doctor_overrides).validate()
+    findings = diagnose(run, config.doctor)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=1))
     else:

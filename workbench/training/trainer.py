@@ -128,8 +128,10 @@ class Trainer:
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
-        # fit runs the doctor's batch checks each step (workbench.doctor_checks); None turns them off.
-        self.doctor: StepDoctor | None = StepDoctor(write=write)
+        # fit runs the doctor's batch checks each step (workbench.doctor_checks) with the thresholds of
+        # config.doctor (the same object: a threshold changed on the config applies from the next step);
+        # None turns them off.
+        self.doctor: StepDoctor | None = StepDoctor(config.doctor, write=write)
         # Where rollout and update run: this process, or Ray workers (ray.use_ray).
         self.stages = make_stages(self)
 

@@ -1,0 +1,118 @@
+"""The run doctor's thresholds: `DoctorConfig`, the `doctor` section of `ConfigStore`.
+
+    config.doctor.engine_logprob_gap = 0.2        # in a notebook
+    python -m workbench train --doctor.truncation_rise 0.5
+    python -m workbench diagnose runs/demo/train --doctor.min_samples 8
+
+`Trainer.fit` runs the per-step checks with `config.doctor`, the run summary and
+`diagnose(run)` use the reopened run's `config.yaml` section, so a threshold written in
+the config is the one every path compares with. `check_doctor_config` is the range check
+`ConfigStore.validate` runs on it.
+
+Core layer, no imports from the package: `workbench.config` and `workbench.doctor_findings`
+both read it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Callable
+
+@dataclass
+class DoctorConfig:
+    """Thresholds of the doctor's checks (`workbench.doctor_checks`)."""
+
+    baseline_steps: int = 2
+    """How many first batches (or metric rows) the drift checks take as "the first steps"."""
+    min_samples: int = 4
+    """Fewest units a check judges from (rewarded turns, model turns, groups, episodes);
+    with fewer it stays silent."""
+    incidental_coverage: float = 0.5
+    """parse-from-incidental-span: a rewarded turn's action is incidental when its span
+    covers less than this share of the (stripped) reply."""
+    incidental_share: float = 0.5
+    """parse-from-incidental-span fires when at least this share of rewarded turns is incidental."""
+    min_distinct_ratio: float = 0.25
+    """template-collapse: distinct replies / model turns of the latest batch must be below this..."""
+    collapse_fraction: float = 0.5
+    """...and below this fraction of the first steps' ratio; or the replies' word-bigram
+    entropy fell below this fraction of the first steps'."""
+    repeat_count: int = 3
+    """repetition-to-limit: a reply cut at max_tokens ends inside a unit (of at most
+    `repeat_max_period` characters) repeated at least this many times."""
+    repeat_max_period: int = 64
+    """repetition-to-limit: longest repeated unit looked for, in characters."""
+    repetition_share: float = 0.25
+    """repetition-to-limit fires when at least this share of model turns ends that way."""
+    length_ratio: float = 2.0
+    """length-drift fires when the mean reply length is this many times the first steps'
+    (or less than 1 / this)."""
+    truncation_rise: float = 0.25
+    """truncation-surge fires when the share of replies cut at max_tokens rose by this much
+    (absolute) over the first steps'."""
+    zero_variance_share: float = 0.75
+    """zero-variance-groups fires when at least this share of GRPO groups has all rewards equal..."""
+    solved_success_rate: float = 0.9
+    """...and the batch's success rate is below this (a solved batch has nothing left to learn;
+    that is not a dead signal)."""
+    reward_rise: float = 0.25
+    """reward-without-success: mean reward rose by at least this much over the first steps'..."""
+    success_rise: float = 0.05
+    """...while the success rate rose by less than this."""
+    tool_ignored_share: float = 0.5
+    """tool-result-ignored fires when at least this share of final answers after a tool
+    result contains none of the results."""
+    entropy_fraction: float = 0.2
+    """entropy-collapse fires when `actor/entropy` fell below this fraction of the first steps'."""
+    kl_spike_factor: float = 10.0
+    """kl-spike: `kl/mean` of a step is this many times the median of the steps before it..."""
+    kl_spike_min: float = 0.05
+    """...and at least this large."""
+    format_error_share: float = 0.3
+    """format-errors fires when at least this share of model turns could not be parsed or was invalid."""
+    mismatch_share: float = 0.0
+    """tokenization-mismatch fires when more than this share of episodes has an alignment warning."""
+    engine_logprob_gap: float = 0.1
+    """engine-trainer-gap fires when a step's `actor/rollout_logprob_diff` (mean |trainer
+    logprob - engine logprob| of the trained tokens, nats) reaches this. fp32 gives ~1e-6,
+    bf16 a few hundredths (SmolLM2: 0.04)."""
+    max_evidence: int = 3
+    """Evidence episodes kept per finding."""
+
+
+#: Fields that are shares or fractions of something: each must lie in [0, 1].
+_SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction",
+           "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
+           "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share")
+#: Fields that count something: integers, with their least sensible value.
+_COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}
+
+
+def check_doctor_config(cfg: DoctorConfig, error: Callable[[str], Exception] = ValueError) -> None:
+    """Raise `error(message)` naming the first threshold out of its range (`doctor.FIELD`
+    and what to write instead). Types are `ConfigStore.validate`'s job; this checks ranges."""
+    for name in _SHARES:
+        value = getattr(cfg, name)
+        if not 0 <= value <= 1:
+            raise error(f"doctor.{name} is a share and must be in [0, 1], got {value!r}")
+    for name, least in _COUNTS.items():
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise error(f"doctor.{name} must be an integer >= {least}, got {value!r}")
+    for name in ("length_ratio", "kl_spike_factor"):
+        value = getattr(cfg, name)
+        if not value > 1:
+            raise error(f"doctor.{name} is a factor over the earlier steps and must be > 1, got {value!r}")
+    for name in ("reward_rise", "kl_spike_min"):
+        value = getattr(cfg, name)
+        if not value >= 0:
+            raise error(f"doctor.{name} must be >= 0, got {value!r}")
+    if not cfg.engine_logprob_gap > 0:
+        raise error(f"doctor.engine_logprob_gap must be > 0 nats, got {cfg.engine_logprob_gap!r}")
+
+
+def doctor_fields() -> list[str]:
+    """Names of every threshold, in declaration order."""
+    return [f.name for f in fields(DoctorConfig)]
+
+
+__all__ = ["DoctorConfig", "check_doctor_config", "doctor_fields"]
