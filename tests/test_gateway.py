@@ -274,7 +274,12 @@ def test_malformed_requests_get_openai_style_400s(tiny_engine):
             "bad role": {"messages": [{"role": "wizard", "content": "hi"}]},
             "image part": {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
             "n=2": {"messages": [{"role": "user", "content": "hi"}], "n": 2},
-            "stream": {"messages": [{"role": "user", "content": "hi"}], "stream": True},
+            "n=2 streamed": {"messages": [{"role": "user", "content": "hi"}], "n": 2, "stream": True},
+            "stream not a bool": {"messages": [{"role": "user", "content": "hi"}], "stream": "yes"},
+            "stream_options alone": {"messages": [{"role": "user", "content": "hi"}],
+                                     "stream_options": {"include_usage": True}},
+            "stream_options bad": {"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                                   "stream_options": {"include_usage": "yes"}},
             "bad tools": {"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]},
             "max_tokens 0": {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0},
             "temperature text": {"messages": [{"role": "user", "content": "hi"}], "temperature": "hot"},
@@ -300,6 +305,87 @@ def test_malformed_requests_get_openai_style_400s(tiny_engine):
                                             user="ep-ok")
         assert ok.choices[0].message.role == "assistant" and ok.usage.completion_tokens <= 4
         assert len(gateway.calls("ep-ok")) == 1  # the `user` field names the episode
+
+
+def _joined(stream) -> dict:
+    """What a streaming client puts together from the chunks: content, tool calls by index,
+    the finish reason, the logprobs and the usage chunk."""
+    out = {"content": "", "tool_calls": {}, "finish": None, "logprobs": [], "usage": None, "roles": []}
+    for chunk in stream:
+        if chunk.usage is not None:
+            assert chunk.choices == []
+            out["usage"] = chunk.usage.model_dump()
+        for choice in chunk.choices:
+            d = choice.delta
+            out["roles"] += [d.role] if d.role else []
+            out["content"] += d.content or ""
+            for call in d.tool_calls or []:
+                slot = out["tool_calls"].setdefault(call.index, {"id": "", "name": "", "arguments": ""})
+                slot["id"] += call.id or ""
+                slot["name"] += call.function.name or ""
+                slot["arguments"] += call.function.arguments or ""
+            if choice.logprobs and choice.logprobs.content:
+                out["logprobs"] += [(t.token, t.logprob) for t in choice.logprobs.content]
+            out["finish"] = choice.finish_reason or out["finish"]
+    return out
+
+
+def test_streaming_clients_get_the_reply_of_a_plain_call_as_chunks(tool_engine):
+    """stream=true: the openai client's chunks join into exactly the message stream=false
+    returns (tool calls, content, finish reason, logprobs, usage), on both turns of the
+    calculator conversation and on /v1/completions; the recorded calls are the same."""
+    with Gateway(tool_engine, max_tokens=40) as gateway:
+        client = openai.OpenAI(base_url=gateway.base_url, api_key="none", max_retries=0, timeout=120)
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": TASKS[0]["question"]}]
+        for turn in range(2):
+            ask = dict(model="policy", messages=messages, tools=TOOLS, max_tokens=40, temperature=0.0, seed=5,
+                       logprobs=True)
+            plain = client.chat.completions.create(**ask, user=f"plain-{turn}")
+            streamed = _joined(client.chat.completions.create(**ask, user=f"streamed-{turn}", stream=True,
+                                                              stream_options={"include_usage": True}))
+            message = plain.choices[0].message
+            assert streamed["roles"] == ["assistant"] and streamed["content"] == (message.content or "")
+            calls = [{"name": c.function.name, "arguments": c.function.arguments} for c in message.tool_calls or []]
+            joined = [streamed["tool_calls"][i] for i in sorted(streamed["tool_calls"])]
+            assert [{k: c[k] for k in ("name", "arguments")} for c in joined] == calls
+            assert all(c["id"].startswith("call_") for c in joined)  # ids are fresh per call, as OpenAI's are
+            assert streamed["finish"] == plain.choices[0].finish_reason
+            assert streamed["usage"] == plain.usage.model_dump()
+            a, b = gateway.calls(f"plain-{turn}")[0], gateway.calls(f"streamed-{turn}")[0]
+            assert (a.prompt_ids, a.reply.token_ids) == (b.prompt_ids, b.reply.token_ids)
+            # the streamed logprobs are the ones recorded for that call; the two calls agree to float
+            # noise (the second may prefill from the engine's prefix cache)
+            assert [lp for _, lp in streamed["logprobs"]] == b.reply.logprobs
+            assert [t for t, _ in streamed["logprobs"]] == [t.token for t in plain.choices[0].logprobs.content]
+            assert b.reply.logprobs == pytest.approx(a.reply.logprobs, abs=1e-5)
+            if turn == 0:  # the trained model calls the calculator; its result goes back for turn 1
+                assert streamed["finish"] == "tool_calls" and calls[0]["name"] == "calculator"
+                messages += [message.model_dump(exclude_none=True),
+                             {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "5"}]
+            else:
+                assert streamed["content"] == "Answer: 5" and streamed["finish"] == "stop"
+        # the openai SDK's own stream helper assembles the same final message
+        with client.chat.completions.stream(model="policy", messages=messages, tools=TOOLS, max_tokens=40,
+                                            temperature=0.0, seed=5) as helper:
+            final = helper.get_final_completion()
+        assert final.choices[0].message.content == "Answer: 5"
+        # /v1/completions: the chunks' text joins into the plain call's text
+        prompt = f"<|im_start|>user\n{TASKS[1]['question']}<|im_end|>\n<|im_start|>assistant\n"
+        plain = client.completions.create(model="policy", prompt=prompt, max_tokens=12, temperature=1.0, seed=9)
+        parts = list(client.completions.create(model="policy", prompt=prompt, max_tokens=12, temperature=1.0,
+                                               seed=9, stream=True))
+        assert "".join(p.choices[0].text for p in parts) == plain.choices[0].text
+        assert parts[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+        # on the wire: server-sent events, each a JSON chunk, ending with [DONE]
+        with httpx.stream("POST", f"{gateway.base_url}/chat/completions", timeout=60, json={
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            body = r.read().decode()
+        events = [e for e in body.split("\n\n") if e]
+        assert events[-1] == "data: [DONE]" and all(e.startswith("data: ") for e in events)
+        chunks = [json.loads(e[len("data: "):]) for e in events[:-1]]
+        assert {c["object"] for c in chunks} == {"chat.completion.chunk"} and len({c["id"] for c in chunks}) == 1
+        assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
 def endless_agent(base_url: str, episode_id: str, task: dict) -> float:

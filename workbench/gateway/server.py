@@ -18,7 +18,9 @@ Limits: an episode takes at most `max_turns` calls (the next one gets a 400 with
 call of that episode a 400 (`episode_closed`); prompt + `max_tokens` must fit
 `max_context_tokens` (`context_length_exceeded`). Malformed requests get OpenAI's error
 shape, `{"error": {"message", "type", "param", "code"}}`, with status 400. The server only
-binds 127.0.0.1. Not supported (a 400 says so): `stream`, `n` > 1, non-text content.
+binds 127.0.0.1. `stream=true` gets the reply as server-sent events once it is generated
+(`workbench.gateway.stream`; `stream_options.include_usage` adds the usage chunk). Not
+supported (a 400 says so): `n` > 1, non-text content.
 """
 # No `from __future__ import annotations` here: FastAPI reads the route functions' annotations
 # (`request: Request`) as objects, and `Request` is imported inside `_build_app`.
@@ -34,6 +36,7 @@ from typing import Any
 
 from workbench.engines.base import GenerationEngine, SamplingParams
 from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, parse_tools
+from workbench.gateway.stream import check_stream, response_chunks, sse_events
 from workbench.rollout.chat import encode
 
 LOOPBACK = "127.0.0.1"
@@ -290,7 +293,7 @@ class Gateway:
 
     def _build_app(self) -> Any:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import JSONResponse, StreamingResponse
 
         app = FastAPI(title="workbench gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -308,7 +311,12 @@ class Gateway:
                 return error(400, "the request body must be a JSON object", "invalid_request_error", None,
                              "invalid_request")
             try:
-                return JSONResponse(await fn(body, episode_id or request.headers.get("x-episode-id")))
+                response = await fn(body, episode_id or request.headers.get("x-episode-id"))
+                stream, include_usage = check_stream(body)
+                if stream:  # the finished reply as OpenAI's chunks (workbench.gateway.stream)
+                    return StreamingResponse(sse_events(response_chunks(response, include_usage)),
+                                             media_type="text/event-stream")
+                return JSONResponse(response)
             except RequestError as exc:
                 return error(400, exc.message, "invalid_request_error", exc.param, exc.code)
             except Exception as exc:  # noqa: BLE001 - the engine failed: a server error, named
@@ -353,9 +361,7 @@ class Gateway:
 
 
 def _common_checks(body: dict[str, Any]) -> None:
-    if body.get("stream"):
-        raise RequestError("stream=true is not supported by this gateway; send stream=false", "stream",
-                           "unsupported_parameter")
+    check_stream(body)  # before generating: a malformed stream_options is a 400, not a wasted reply
     n = body.get("n", 1)
     if n != 1:
         raise RequestError(f"n must be 1 (one choice per call), got {n!r}", "n", "unsupported_parameter")
