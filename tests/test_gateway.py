@@ -388,6 +388,78 @@ def test_streaming_clients_get_the_reply_of_a_plain_call_as_chunks(tool_engine):
         assert chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+def test_fork_a_gateway_episode_at_any_turn(tool_engine):
+    """An external agent's episode forks like our own rollout's: the agent runs again, its
+    first turns answered as recorded (each prompt checked), the fork turn typed or resampled,
+    the rest sampled; tokens before the fork equal the original's."""
+    from workbench.debug import ReplayMismatch, fork
+
+    rollout = GatewayRollout(tool_engine, calculator_agent, [TASKS[0]], group_size=1, max_turns=4, max_tokens=40)
+    original = rollout.run()[0]
+    assert original.num_turns == 2 and original.success and original.turns[1].action == "Answer: 5"
+
+    def check_prefix(branches, position):
+        for b in branches:
+            for name in ("token_ids", "loss_mask", "rollout_logprobs"):
+                assert getattr(b, name)[:position] == getattr(original, name)[:position], name
+            assert b.forked_from["token_position"] == position and b.forked_from["original_outcome"] == 1.0
+
+    # turn 1 typed: a wrong answer; the agent scores it 0
+    tool_engine.served.clear()
+    wrong = fork(original, 1, action="Answer: 6", n=2, engine=rollout)
+    check_prefix(wrong, original.turns[1].token_start)
+    assert not tool_engine.served  # nothing sampled: turn 0 replayed, turn 1 typed, and the agent stops
+    for b in wrong:
+        assert [t.source for t in b.turns] == ["model", "edited"] and b.turns[1].action == "Answer: 6"
+        assert b.outcome == 0.0 and not b.success and b.forked_from["edit"] == "action"
+        t1 = b.turns[1]
+        assert set(b.loss_mask[t1.token_start:t1.token_end]) == {0}  # typed text is not trained on
+        assert b.token_ids[t1.token_start:t1.token_end] == encode(tool_engine.tokenizer, "Answer: 6") + [
+            tool_engine.tokenizer.eos_token_id]
+    # turn 0 typed as a tool call of another expression: the agent runs it, the model answers after it
+    call = '<tool_call>' + json.dumps({"name": "calculator", "arguments": {"expression": "7*6"}}) + '</tool_call>'
+    other = rollout.fork(original, 0, action=call, n=1)[0]
+    check_prefix([other], original.turns[0].token_start)
+    assert other.turns[0].source == "edited" and other.turns[0].tool_calls[0]["result"] == "42"
+    assert other.turns[1].source == "model" and set(other.loss_mask[other.turns[1].token_start:
+                                                                     other.turns[1].token_end]) == {1}
+    served = {(tuple(p), tuple(ids)) for p, ids, _ in tool_engine.served}
+    t1 = other.turns[1]
+    assert (tuple(other.token_ids[:t1.token_start]), tuple(other.token_ids[t1.token_start:t1.token_end])) in served
+    # resampled at turn 1 (no edit): sampled by the engine, trained on
+    again = rollout.fork(original, 1, n=2)
+    check_prefix(again, original.turns[1].token_start)
+    assert all(b.turns[1].source == "model" and b.forked_from["edit"] is None for b in again)
+    assert again.meta["fork"]["n"] == 2 and again.meta["fork"]["turn"] == 1
+
+    # an agent that asks something else on the replay: named, not silently diverged from
+    asked = []
+
+    def forgetful_agent(base_url, episode_id, task):
+        asked.append(episode_id)
+        question = TASKS[0]["question"] if len(asked) == 1 else "What is 2+4?"
+        return calculator_agent(base_url, episode_id, dict(task, question=question))
+
+    drifting = GatewayRollout(tool_engine, forgetful_agent, [TASKS[0]], max_turns=4, max_tokens=40)
+    first = drifting.run()[0]
+    named = r"(?s)differs at turn 0: the prompt.*token \d+ of call 0.*did not repeat what it sent"
+    with pytest.raises(ReplayMismatch, match=named):
+        drifting.fork(first, 1, action="Answer: 5", n=1)
+    # what cannot be forked says why
+    with pytest.raises(ValueError, match="turn must be in 0..1"):
+        rollout.fork(original, 2)
+    with pytest.raises(ValueError, match="gateway episode takes turn, action and n"):
+        fork(original, 1, observation="x", engine=rollout)
+    stranger = original.__class__.from_dict(original.to_dict())
+    stranger.group_id = "task7"
+    with pytest.raises(ValueError, match="not one of this rollout's"):
+        rollout.fork(stranger, 1)
+    stranger = original.__class__.from_dict(original.to_dict())
+    stranger.warnings = ["alignment: call 1's prompt does not start with ..."]
+    with pytest.raises(ValueError, match="alignment warning"):
+        rollout.fork(stranger, 1)
+
+
 def endless_agent(base_url: str, episode_id: str, task: dict) -> float:
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0)
     messages = [{"role": "user", "content": "hi"}]

@@ -4,6 +4,7 @@
     branches = fork(episode, turn=1, action="5", n=4, engine=engine, config=config)
     branches = fork(episode, turn=1, n=4, policy="runs/gn/checkpoints/step_000002")  # a checkpoint's policy
     branches = fork(episode, turn=1, n=4, engine=trainer)                            # a Trainer's everything
+    branches = fork(episode, turn=1, action="Answer: 6", engine=gateway_rollout)     # an external agent's episode
 
 The replay-and-continue core is `workbench.rollout.fork.fork_episode` (below training, so
 `Trainer.fork` uses it too); this adds the ways to name the policy: an engine plus the
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from workbench.gateway.rollout import GatewayRollout
 from workbench.rollout.fork import ReplayMismatch, fork_episode, replay
 from workbench.trajectory import Episode, TrajectoryBatch
 
@@ -34,7 +36,9 @@ def fork(episode: Episode, turn: int, action: str | None = None, observation: st
         action / observation: the edit at that turn (at most one; neither = resample).
         n: branches.
         engine: a `GenerationEngine` (with `config`), or a `Trainer` (its engine, config,
-            environment, parser, tools and reward function; see `Trainer.fork`).
+            environment, parser, tools and reward function; see `Trainer.fork`), or the
+            `GatewayRollout` that played an external agent's episode (`GatewayRollout.fork`:
+            the agent runs again, its first turns answered as recorded).
         policy: instead of `engine`: a checkpoint folder or "base" (with `config`, or the
             checkpoint's own `config.yaml`); an hf engine is built over it.
         config: the run's ConfigStore: environment, limits, temperature, reward shaping.
@@ -42,6 +46,14 @@ def fork(episode: Episode, turn: int, action: str | None = None, observation: st
         score: score the branches with `config.reward` (default: when the original
             episode has a score and a config is known).
     """
+    if isinstance(engine, GatewayRollout):  # an external agent's episode: the agent runs again
+        given = [name for name, v in (("observation", observation), ("policy", policy), ("config", config),
+                                      ("environment", environment), ("parser", parser), ("tools", tools),
+                                      ("temperature", temperature), ("score", score)) if v is not None and v != ()]
+        if given or overrides:
+            raise ValueError(f"fork of a gateway episode takes turn, action and n (the agent sets everything else "
+                             f"in its own requests); got {', '.join(given + sorted(overrides))}")
+        return engine.fork(episode, turn, action=action, n=n)
     if engine is not None and hasattr(engine, "fork") and hasattr(engine, "policy"):  # a Trainer
         given = [name for name, v in (("policy", policy), ("config", config), ("environment", environment),
                                       ("parser", parser), ("tools", tools)) if v]

@@ -7,7 +7,9 @@ the ids call k-1 sampled. Then the episode is
 
     call 0 prompt (mask 0) | sampled 0 (mask 1) | prompt 1 after that prefix (mask 0) | sampled 1 (mask 1) | ...
 
-and the trained tokens are exactly the sampled ids with their engine logprobs, in order.
+and the trained tokens are exactly the sampled ids with their engine logprobs, in order. A
+call answered with typed text (`CallRecord.source == "edited"`, a fork's edit) is a turn
+with `source == "edited"` and loss mask 0, as a typed turn of our own rollout is.
 When a prompt does not start that way (the harness re-sent history that does not
 re-tokenize to the sampled ids, edited a reply, or dropped messages), nothing is
 re-tokenised to hide it: the ids of that prompt after the longest common prefix are
@@ -83,8 +85,10 @@ def assemble_episode(calls: list[CallRecord], builder: PromptBuilder, episode_id
             ep.states.append(ep.turns[-1].observation)
         reply = call.reply
         start = ep.num_tokens
-        ep.append_tokens(reply.token_ids, trained=True, logprobs=reply.logprobs, turn=k)
-        turn = Turn(index=k, action=reply.text, source="model", token_start=start, token_end=ep.num_tokens,
+        edited = call.source == "edited"  # typed in place of a reply (a fork's edit): not trained on
+        ep.append_tokens(reply.token_ids, trained=not edited, logprobs=None if edited else reply.logprobs, turn=k)
+        turn = Turn(index=k, action=reply.text, source="edited" if edited else "model", token_start=start,
+                    token_end=ep.num_tokens,
                     finish_reason=call.finish_reason, parse_error=reply.parse_error,
                     tool_calls=[{"name": c["function"]["name"], "arguments": c["function"]["arguments"],
                                  "success": None, "result": None, "id": c["id"]} for c in reply.tool_calls],

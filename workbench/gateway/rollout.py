@@ -19,6 +19,10 @@ failed agent: 0.0, with a warning on the episode). It sits on the last turn's re
 `Trainer.score` without a reward_fn places it on the episode's last sampled token;
 `episode.success` is reward > 0.
 
+Fork: `rollout.fork(episode, turn, action="...", n=4)` runs the agent again on the
+episode's task with its first `turn` replies replayed as recorded, the typed `action` (or
+a fresh sample) at `turn`, and sampling after that (see `GatewayRollout.fork`).
+
 Limits: `max_turns` calls per episode (the gateway refuses the next with a 400 and the
 episode is marked truncated, "max_turns"); `episode_timeout` seconds per agent (the
 episode is closed at the gateway, its agent thread unwound where Python allows
@@ -36,7 +40,9 @@ from typing import Any, Callable, Sequence
 
 from workbench.engines.base import GenerationEngine
 from workbench.gateway.assemble import assemble_episode
-from workbench.gateway.server import Gateway
+from workbench.gateway.server import Gateway, ScriptedReply
+from workbench.rollout.chat import typed_action_ids
+from workbench.rollout.fork import ReplayMismatch
 from workbench.timeouts import CallTimeout, call_with_timeout
 from workbench.trajectory import Episode, TrajectoryBatch
 
@@ -44,6 +50,9 @@ Agent = Callable[[str, str, Any], Any]
 GatewayRewardFn = Callable[[Episode, Any], float]
 
 _RUNS = itertools.count()
+_AGENT_DIFFERS = ("The agent did not repeat what it sent when the episode was recorded, given the same replies "
+                  "(it samples, reads a clock or outside state, or its task changed), so the episode cannot be "
+                  "replayed to fork it.")
 
 
 class GatewayRollout:
@@ -85,17 +94,87 @@ class GatewayRollout:
 
     def run(self) -> TrajectoryBatch:
         """Run every agent, assemble its episode, and return the batch (`meta` has the counts)."""
-        gateway = self.gateway if self.gateway is not None else Gateway(self.engine, **self._gateway_args)
-        gateway.max_turns = self.max_turns
         run = f"r{next(_RUNS)}-{uuid.uuid4().hex[:6]}"
         jobs = [(i, t, task, f"{run}-{i}") for i, (t, task) in
                 enumerate((t, task) for t, task in enumerate(self.tasks) for _ in range(self.group_size))]
+        return self._run_jobs(jobs, {})[0]
+
+    def fork(self, episode: Episode, turn: int, action: str | None = None, n: int = 4) -> TrajectoryBatch:
+        """`n` branches of one of this rollout's episodes, parting at turn `turn`.
+
+        The agent runs again on the episode's task (`tasks[episode.env_seed]`). The gateway
+        answers its first `turn` calls with the recorded replies, the ids and logprobs as
+        sampled; each of those calls must send the recorded prompt, or the fork raises
+        `ReplayMismatch` naming the call (an agent that does not repeat itself given the same
+        replies). Call `turn` gets `action` (typed text: loss mask 0, `source == "edited"`;
+        a `<tool_call>` in it is parsed like a sampled one) or a fresh sample; later calls are
+        sampled as usual, each branch with its own seed. Every branch's tokens before the fork
+        point equal the original's; `forked_from` and `meta["fork"]` say where they part, as for
+        `workbench.rollout.fork_episode`. Rewards come as in `run`.
+
+        Only an aligned episode can be forked (no `alignment:` warning): otherwise its calls'
+        prompts are not its own prefixes and the replay could not be checked.
+        """
+        if not 0 <= turn < episode.num_turns:
+            raise ValueError(f"turn must be in 0..{episode.num_turns - 1} for an episode of {episode.num_turns} "
+                             f"turns, got {turn}")
+        if n < 1:
+            raise ValueError(f"n must be >= 1, got {n}")
+        if any(w.startswith("alignment:") for w in episode.warnings):
+            raise ValueError(f"episode {episode.episode_id} has an alignment warning: its harness re-sent history "
+                             "that does not re-tokenize to the sampled ids, so a replay cannot be checked against "
+                             "it; fork an episode without one")
+        t_index = episode.env_seed
+        if not (isinstance(t_index, int) and 0 <= t_index < len(self.tasks)) or episode.group_id != f"task{t_index}":
+            raise ValueError(f"episode {episode.episode_id} (group {episode.group_id!r}, env_seed {t_index!r}) is not "
+                             f"one of this rollout's: its episodes have group_id 'task<i>' and env_seed i, "
+                             f"i < {len(self.tasks)}")
+        script = [ScriptedReply(episode.token_ids[:t.token_start], episode.token_ids[t.token_start:t.token_end],
+                                episode.rollout_logprobs[t.token_start:t.token_end], t.finish_reason)
+                  for t in episode.turns[:turn]]
+        position = episode.turns[turn].token_start
+        if action is not None:
+            ids = typed_action_ids(self.engine.tokenizer, action)
+            script.append(ScriptedReply(episode.token_ids[:position], ids, [0.0] * len(ids), "stop", "edited"))
+        run = f"f{next(_RUNS)}-{uuid.uuid4().hex[:6]}"
+        jobs = [(b, t_index, self.tasks[t_index], f"{run}-{b}") for b in range(n)]
+        batch, mismatches = self._run_jobs(jobs, {job[3]: script for job in jobs})
+        for (b, _, _, eid), branch in zip(jobs, batch):
+            if mismatches.get(eid):
+                call, at, recorded, sent = mismatches[eid]
+                raise ReplayMismatch(episode, call, "prompt", recorded, sent,
+                                     f"(branch {b}, from token {at} of call {call}'s prompt.) ", _AGENT_DIFFERS)
+            for name in ("token_ids", "loss_mask", "rollout_logprobs"):
+                mine, theirs = getattr(episode, name)[:position], getattr(branch, name)[:position]
+                if mine != theirs:
+                    at = next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine), len(theirs)))
+                    raise ReplayMismatch(episode, branch.turn_index[at] if at < len(branch.turn_index) else turn,
+                                         name, mine[at:at + 8], theirs[at:at + 8],
+                                         f"(branch {b}, from token {at}: it made {branch.num_turns} calls, error "
+                                         f"{branch.error!r}.) ", _AGENT_DIFFERS)
+        where = {"episode_id": episode.episode_id, "group_id": episode.group_id, "env_seed": episode.env_seed,
+                 "turn": turn, "token_position": position, "edit": "action" if action is not None else None,
+                 "text": action, "original_outcome": episode.outcome}
+        for branch in batch:
+            branch.forked_from = dict(where)
+        batch.meta["fork"] = {**where, "n": n}
+        return batch
+
+    def _run_jobs(self, jobs: list[tuple[int, int, Any, str]], scripts: dict[str, list[ScriptedReply]]
+                  ) -> tuple[TrajectoryBatch, dict[str, Any]]:
+        """Play (index, task index, task, episode id) jobs, the episodes in `scripts` with their
+        first replies scripted; returns the batch and each scripted episode's replay mismatch."""
+        gateway = self.gateway if self.gateway is not None else Gateway(self.engine, **self._gateway_args)
+        gateway.max_turns = self.max_turns
         start = time.perf_counter()
         try:
             gateway.start()
+            for episode_id, replies in scripts.items():
+                gateway.script(episode_id, replies)
             workers = self.concurrency or len(jobs)
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wb-agent") as pool:
                 outcomes = list(pool.map(lambda job: self._play(gateway, job[3], job[2]), jobs))
+            mismatches = {episode_id: gateway.replay_mismatch(episode_id) for episode_id in scripts}
             episodes = [self._episode(gateway, i, t, task, eid, outcome)
                         for (i, t, task, eid), outcome in zip(jobs, outcomes)]
         finally:
@@ -108,7 +187,7 @@ class GatewayRollout:
                            "gateway/calls": float(sum(ep.num_turns for ep in episodes)),
                            "gateway/misaligned_episodes": float(sum(
                                any(w.startswith("alignment:") for w in ep.warnings) for ep in episodes))})
-        return batch
+        return batch, mismatches
 
     def _play(self, gateway: Gateway, episode_id: str, task: Any) -> tuple[Any, str | None, str | None]:
         """(agent's return value, error, truncation reason) of one episode."""

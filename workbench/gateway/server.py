@@ -64,6 +64,27 @@ class CallRecord:
     """"chat" or "completions"."""
     seconds: float = 0.0
     """Time from request to reply."""
+    source: str = "model"
+    """"model" (sampled now), "replayed" (a recorded reply given again) or "edited" (typed text),
+    the last two from a script (`Gateway.script`)."""
+
+
+@dataclass
+class ScriptedReply:
+    """A reply the gateway gives instead of sampling one: a recorded turn given again when an
+    episode is replayed for a fork, or the text typed in place of a turn."""
+
+    prompt_ids: list[int]
+    """The prompt the call must send: anything else is a replay mismatch (a 400, code
+    `replay_mismatch`, and `Gateway.replay_mismatch` says where)."""
+    token_ids: list[int]
+    """The reply's ids."""
+    logprobs: list[float]
+    """Their sampling logprobs (0.0 for typed text)."""
+    finish_reason: str = "stop"
+    """The finish reason to report."""
+    source: str = "replayed"
+    """"replayed" or "edited" (a typed turn: not trained on)."""
 
 
 @dataclass
@@ -71,6 +92,9 @@ class _EpisodeLog:
     calls: list[CallRecord] = field(default_factory=list)
     closed: bool = False
     cut: str | None = None  # "max_turns" when a call was refused for the turn limit
+    script: list[ScriptedReply] = field(default_factory=list)  # replies for the first calls, in order
+    # (call, token position, recorded text, sent text) when a scripted call's prompt was not the recorded one
+    mismatch: tuple[int, int, str, str] | None = None
 
 
 class Gateway:
@@ -169,6 +193,40 @@ class Gateway:
         with self._lock:
             self._episodes.setdefault(episode_id, _EpisodeLog()).closed = True
 
+    def script(self, episode_id: str, replies: list[ScriptedReply]) -> None:
+        """Answer the episode's first calls with `replies`, in order, instead of sampling; each
+        call's prompt must be the reply's `prompt_ids`. Later calls are sampled as usual."""
+        with self._lock:
+            self._episodes.setdefault(episode_id, _EpisodeLog()).script = list(replies)
+
+    def replay_mismatch(self, episode_id: str) -> tuple[int, int, str, str] | None:
+        """(call, token position, recorded text, sent text) where a scripted call's prompt
+        differed from the recorded one, or None."""
+        with self._lock:
+            log = self._episodes.get(episode_id)
+            return log.mismatch if log else None
+
+    def _scripted(self, episode_id: str | None, prompt: list[int]) -> ScriptedReply | None:
+        """The scripted reply of this call, or None; a prompt that is not the recorded one raises."""
+        if episode_id is None:
+            return None
+        with self._lock:
+            log = self._episodes.get(episode_id)
+            if log is None or len(log.calls) >= len(log.script):
+                return None
+            k = len(log.calls)
+            want = log.script[k]
+            if prompt != want.prompt_ids:
+                at = next((i for i, (a, b) in enumerate(zip(prompt, want.prompt_ids)) if a != b),
+                          min(len(prompt), len(want.prompt_ids)))
+                log.mismatch = (k, at, self.tokenizer.decode(want.prompt_ids[at:at + 12]),
+                                self.tokenizer.decode(prompt[at:at + 12]))
+                raise RequestError(f"replay of episode {episode_id!r} diverged at call {k}: its prompt differs from "
+                                   f"the recorded one at token {at} (recorded {log.mismatch[2]!r}, sent "
+                                   f"{log.mismatch[3]!r}); the agent did not send what it sent when the episode "
+                                   "was recorded", "messages", "replay_mismatch")
+            return want
+
     def forget(self, episode_id: str) -> None:
         """Drop an episode's records."""
         with self._lock:
@@ -232,6 +290,15 @@ class Gateway:
             raise RuntimeError(f"{self.engine.name} engine: {result.error or 'generation failed'}")
         return result
 
+    async def _reply_ids(self, episode_id: str | None, prompt: list[int],
+                         params: SamplingParams) -> tuple[list[int], list[float], str, str]:
+        """(ids, logprobs, finish reason, source) of this call: its scripted reply, else sampled."""
+        scripted = self._scripted(episode_id, prompt)
+        if scripted is not None:
+            return list(scripted.token_ids), list(scripted.logprobs), scripted.finish_reason, scripted.source
+        result = await self._generate(prompt, params)
+        return list(result.token_ids), list(result.logprobs), result.finish_reason, "model"
+
     async def chat(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
         """Serve one `/v1/chat/completions` request body (raises RequestError for a 400)."""
         start = time.monotonic()
@@ -246,11 +313,11 @@ class Gateway:
         replies = self._check_open(episode_id)
         prompt, msgs, reused = self.builder.prompt_ids(messages, tools, replies)
         params = self._sampling(body, len(prompt), episode_id)
-        result = await self._generate(prompt, params)
-        reply = self.builder.reply(result.token_ids, result.logprobs, parse_tools=bool(tools))
-        self._record(episode_id, CallRecord(0, prompt, reply, result.finish_reason, msgs, tools, reused, "chat",
-                                            time.monotonic() - start))
-        finish = "tool_calls" if reply.tool_calls else result.finish_reason
+        ids, logprobs, finish, source = await self._reply_ids(episode_id, prompt, params)
+        reply = self.builder.reply(ids, logprobs, parse_tools=bool(tools))
+        self._record(episode_id, CallRecord(0, prompt, reply, finish, msgs, tools, reused, "chat",
+                                            time.monotonic() - start, source))
+        finish = "tool_calls" if reply.tool_calls else finish
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
@@ -282,14 +349,14 @@ class Gateway:
         episode_id = episode_id or _user(body)
         self._check_open(episode_id)
         params = self._sampling(body, len(ids), episode_id)
-        result = await self._generate(ids, params)
-        text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
-        reply = Reply(list(result.token_ids), list(result.logprobs), text, text)
-        self._record(episode_id, CallRecord(0, ids, reply, result.finish_reason, [], [], 0, "completions",
-                                            time.monotonic() - start))
+        out, logprobs, finish, source = await self._reply_ids(episode_id, ids, params)
+        text = self.tokenizer.decode(out, skip_special_tokens=True)
+        reply = Reply(list(out), list(logprobs), text, text)
+        self._record(episode_id, CallRecord(0, ids, reply, finish, [], [], 0, "completions",
+                                            time.monotonic() - start, source))
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "usage": _usage(ids, reply),
-                "choices": [{"index": 0, "text": text, "finish_reason": result.finish_reason, "logprobs": None}]}
+                "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
 
     def _build_app(self) -> Any:
         from fastapi import FastAPI, Request

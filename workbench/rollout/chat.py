@@ -56,6 +56,15 @@ def stop_token_ids(tokenizer: Any) -> list[int]:
     return sorted(ids)
 
 
+def typed_action_ids(tokenizer: Any, text: str) -> list[int]:
+    """Ids for a reply typed by a person (a human turn, a fork's edited action): the text plus
+    the tokenizer's eos, which ends the turn as a sampled reply would."""
+    ids = encode(tokenizer, text)
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    return ids
+
+
 class ChatRenderer:
     """Renders the prompt and the per-turn deltas of one tokenizer's chat template."""
 
@@ -122,11 +131,7 @@ class ChatRenderer:
 
     def human_action_ids(self, text: str) -> list[int]:
         """Ids for a typed action: the text plus the end-of-turn id the template expects."""
-        ids = encode(self.tokenizer, text)
-        eos = self.tokenizer.eos_token_id
-        if eos is not None:
-            ids.append(eos)
-        return ids
+        return typed_action_ids(self.tokenizer, text)
 
 
 @dataclass

@@ -52,15 +52,19 @@ class ReplayMismatch(RuntimeError):
     Attributes: `turn` (0-based; -1 for the reset), `what` ("observation", "reward",
     "done", "tokens", ...), `recorded` and `replayed` (texts)."""
 
-    def __init__(self, episode: Episode, turn: int, what: str, recorded: Any, replayed: Any, note: str = ""):
+    #: What a mismatch means for an environment's episode (`cause` says it for other sources).
+    ENVIRONMENT = ("The environment does not give the same result for the same seed and actions "
+                   "(non-deterministic, or not the environment/config the run used), so the episode "
+                   "cannot be rebuilt to fork it.")
+
+    def __init__(self, episode: Episode, turn: int, what: str, recorded: Any, replayed: Any, note: str = "",
+                 cause: str = ENVIRONMENT):
         self.turn, self.what, self.recorded, self.replayed = turn, what, recorded, replayed
         where = "the reset (first observation)" if turn < 0 else f"turn {turn}"
         super().__init__(
             f"replay of episode {episode.episode_id} (env {episode.env_name}, seed {episode.env_seed}) "
             f"differs at {where}: the {what}\n  recorded: {recorded!r}\n  replayed: {replayed!r}\n"
-            f"{note}The environment does not give the same result for the same seed and actions "
-            "(non-deterministic, or not the environment/config the run used), so the episode "
-            "cannot be rebuilt to fork it.")
+            f"{note}{cause}")
 
 
 def environment_factory(config: Any = None, environment: Any = None, episode: Episode | None = None
