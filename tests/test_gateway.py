@@ -191,7 +191,7 @@ def test_a_harness_that_retokenizes_history_trips_the_alignment_warning(tiny_eng
     forget = gateway.forget
 
     def keep(episode_id: str) -> None:
-        recorded[int(episode_id.rsplit("-", 1)[1])] = gateway.calls(episode_id)
+        recorded[int(episode_id.split("-")[1])] = gateway.calls(episode_id)  # "r<run>-<index>-<uuid>"
         forget(episode_id)
 
     gateway.forget = keep
@@ -242,6 +242,21 @@ def chatty_agent(base_url: str, episode_id: str, task: dict) -> float:
         messages.append(reply.choices[0].message.model_dump(exclude_none=True))
         messages.append({"role": "user", "content": "Go on."})
     return float(sum(ch.isdigit() or ch == " " for ch in (reply.choices[0].message.content or "")))
+
+
+def test_a_seeded_gateway_rollout_samples_the_same_on_every_run(tiny_engine):
+    """Episode ids on the gateway are unique (a uuid), but the sampling seeds come from the
+    rollout's own names: a new GatewayRollout with the same seed samples the same batch, and
+    the next run of one rollout samples a new one."""
+    def ids(batch):
+        return [ep.token_ids for ep in batch]
+
+    first = GatewayRollout(tiny_engine, chatty_agent, TASKS, group_size=2, max_turns=2, seed=11)
+    a, b = first.run(), first.run()
+    again = GatewayRollout(tiny_engine, chatty_agent, TASKS, group_size=2, max_turns=2, seed=11)
+    assert ids(again.run()) == ids(a) and ids(again.run()) == ids(b)
+    assert ids(a) != ids(b)  # a second run is a new sample
+    assert ids(GatewayRollout(tiny_engine, chatty_agent, TASKS, group_size=2, max_turns=2, seed=12).run()) != ids(a)
 
 
 def test_one_grpo_step_trains_on_gateway_episodes(tiny_model_path, tmp_path):

@@ -49,7 +49,6 @@ from workbench.trajectory import Episode, TrajectoryBatch
 Agent = Callable[[str, str, Any], Any]
 GatewayRewardFn = Callable[[Episode, Any], float]
 
-_RUNS = itertools.count()
 _AGENT_DIFFERS = ("The agent did not repeat what it sent when the episode was recorded, given the same replies "
                   "(it samples, reads a clock or outside state, or its task changed), so the episode cannot be "
                   "replayed to fork it.")
@@ -91,11 +90,12 @@ class GatewayRollout:
                                   max_context_tokens=max_context_tokens, seed=seed)
         self.engine = engine if engine is not None else gateway.engine
         self.seconds = 0.0
+        self._runs, self._forks = itertools.count(), itertools.count()  # the n-th run / fork of this rollout
 
     def run(self) -> TrajectoryBatch:
         """Run every agent, assemble its episode, and return the batch (`meta` has the counts)."""
-        run = f"r{next(_RUNS)}-{uuid.uuid4().hex[:6]}"
-        jobs = [(i, t, task, f"{run}-{i}") for i, (t, task) in
+        run = next(self._runs)
+        jobs = [(i, t, task, f"r{run}-{i}") for i, (t, task) in
                 enumerate((t, task) for t, task in enumerate(self.tasks) for _ in range(self.group_size))]
         return self._run_jobs(jobs, {})[0]
 
@@ -136,8 +136,8 @@ class GatewayRollout:
         if action is not None:
             ids = typed_action_ids(self.engine.tokenizer, action)
             script.append(ScriptedReply(episode.token_ids[:position], ids, [0.0] * len(ids), "stop", "edited"))
-        run = f"f{next(_RUNS)}-{uuid.uuid4().hex[:6]}"
-        jobs = [(b, t_index, self.tasks[t_index], f"{run}-{b}") for b in range(n)]
+        run = next(self._forks)
+        jobs = [(b, t_index, self.tasks[t_index], f"f{run}-e{episode.episode_id}-{b}") for b in range(n)]
         batch, mismatches = self._run_jobs(jobs, {job[3]: script for job in jobs})
         for (b, _, _, eid), branch in zip(jobs, batch):
             if mismatches.get(eid):
@@ -162,19 +162,26 @@ class GatewayRollout:
 
     def _run_jobs(self, jobs: list[tuple[int, int, Any, str]], scripts: dict[str, list[ScriptedReply]]
                   ) -> tuple[TrajectoryBatch, dict[str, Any]]:
-        """Play (index, task index, task, episode id) jobs, the episodes in `scripts` with their
-        first replies scripted; returns the batch and each scripted episode's replay mismatch."""
+        """Play (index, task index, task, name) jobs, the episodes named in `scripts` with their
+        first replies scripted; returns the batch and each scripted episode's replay mismatch
+        (by name). A name seeds the episode's sampling; its gateway id adds a uuid."""
         gateway = self.gateway if self.gateway is not None else Gateway(self.engine, **self._gateway_args)
         gateway.max_turns = self.max_turns
         start = time.perf_counter()
+        # Unique ids on the gateway (other rollouts may share it); sampling seeds from the
+        # rollout's own names (the n-th run's i-th episode), so a run samples the same every time.
+        names = {job[3]: f"{job[3]}-{uuid.uuid4().hex[:8]}" for job in jobs}
+        jobs = [(i, t, task, names[key]) for i, t, task, key in jobs]
         try:
             gateway.start()
-            for episode_id, replies in scripts.items():
-                gateway.script(episode_id, replies)
+            for key, episode_id in names.items():
+                gateway.seed_key(episode_id, key)
+            for key, replies in scripts.items():
+                gateway.script(names[key], replies)
             workers = self.concurrency or len(jobs)
             with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wb-agent") as pool:
                 outcomes = list(pool.map(lambda job: self._play(gateway, job[3], job[2]), jobs))
-            mismatches = {episode_id: gateway.replay_mismatch(episode_id) for episode_id in scripts}
+            mismatches = {key: gateway.replay_mismatch(names[key]) for key in scripts}
             episodes = [self._episode(gateway, i, t, task, eid, outcome)
                         for (i, t, task, eid), outcome in zip(jobs, outcomes)]
         finally:

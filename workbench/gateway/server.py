@@ -93,6 +93,7 @@ class _EpisodeLog:
     closed: bool = False
     cut: str | None = None  # "max_turns" when a call was refused for the turn limit
     script: list[ScriptedReply] = field(default_factory=list)  # replies for the first calls, in order
+    seed_key: str | None = None  # what the calls' sampling seeds derive from, in place of the episode id
     # (call, token position, recorded text, sent text) when a scripted call's prompt was not the recorded one
     mismatch: tuple[int, int, str, str] | None = None
 
@@ -109,7 +110,8 @@ class Gateway:
         max_context_tokens: prompt + reply budget per call.
         temperature: sampling temperature when the request does not say.
         seed: base sampling seed; each call of an episode gets its own seed derived from it,
-            the episode id and the call number (None: fresh randomness). A request's `seed` wins.
+            the episode's seed key (its id, unless `seed_key` named another) and the call
+            number (None: fresh randomness). A request's `seed` wins.
     """
 
     def __init__(self, engine: GenerationEngine, model_name: str = "policy", port: int = 0, max_tokens: int = 64,
@@ -199,6 +201,12 @@ class Gateway:
         with self._lock:
             self._episodes.setdefault(episode_id, _EpisodeLog()).script = list(replies)
 
+    def seed_key(self, episode_id: str, key: str) -> None:
+        """Derive the episode's sampling seeds from `key` instead of its id, so an episode
+        whose id must be unique (a uuid) still samples the same on every run."""
+        with self._lock:
+            self._episodes.setdefault(episode_id, _EpisodeLog()).seed_key = key
+
     def replay_mismatch(self, episode_id: str) -> tuple[int, int, str, str] | None:
         """(call, token position, recorded text, sent text) where a scripted call's prompt
         differed from the recorded one, or None."""
@@ -275,7 +283,11 @@ class Gateway:
         if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
             raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
         if seed is None and self.seed is not None and episode_id is not None:
-            seed = zlib.crc32(f"{self.seed}:{episode_id}:{len(self.calls(episode_id))}".encode())
+            with self._lock:
+                log = self._episodes.get(episode_id)
+                key = log.seed_key if log is not None and log.seed_key is not None else episode_id
+                calls = len(log.calls) if log is not None else 0
+            seed = zlib.crc32(f"{self.seed}:{key}:{calls}".encode())
         try:
             return SamplingParams(max_tokens=min(max_tokens, room),
                                   temperature=_number(body, "temperature", self.temperature),
