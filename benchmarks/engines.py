@@ -60,6 +60,7 @@ def build_engine(backend: str, model, tokenizer, args) -> tuple[object, float]:
     config.inference.backend = backend
     config.inference.max_context_tokens = args.max_context
     config.inference.seed = args.seed
+    config.inference.prefix_cache_mb = args.prefix_cache_mb  # the hf engine's kept KV (vLLM sizes its own)
     config.validate()
     start = time.perf_counter()
     engine = make_engine(config, model, tokenizer)
@@ -218,6 +219,8 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
+                    help="inference.prefix_cache_mb: the hf engine's kept KV of finished rows (default 1024)")
     ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                     help='model weights (hf) and vLLM dtype; "auto": bfloat16 on CUDA, and for hf also on CPUs '
@@ -286,7 +289,7 @@ def main() -> None:
                      "max_tokens": args.max_tokens, "temperature": args.temperature, "seed": args.seed,
                      "env": "guess_number low=1 high=1000000 max_steps=turns+1", "dtype": dtype_name,
                      "device": str(device),
-                     "max_context_tokens": args.max_context},
+                     "max_context_tokens": args.max_context, "hf_prefix_cache_mb": args.prefix_cache_mb},
         "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads or torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                     "load_average_before": round(load_before[0], 2), "load_average_after": round(load_after[0], 2),

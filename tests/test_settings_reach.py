@@ -115,3 +115,24 @@ def test_a_conflicting_setting_is_warned_about_naming_both_values(tiny_model_pat
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigOverrideWarning)  # the same settings: no word
         Trainer(config, environment=make_env("guess_number", max_steps=2, system_prompt="Be brief.", low=1, high=9))
+
+
+def test_the_hf_engines_prefix_cache_settings_reach_every_engine(tiny_model_path, tmp_path):
+    """inference.enable_prefix_caching and prefix_cache_mb reach the hf engine of the trainer,
+    of a Ray rollout worker and of a fork from a checkpoint (before, the hf engine ignored both)."""
+    from workbench.debug.policies import load_policy
+    from workbench.distributed.rollout_workers import RolloutWorker
+    from workbench.engines import hf_engine
+
+    config = distinct_config(tiny_model_path, tmp_path)
+    config.inference.prefix_cache_mb = 3.0
+    assert Trainer(config).engine.prefix_cache.max_bytes == 3 * 2**20
+    worker = RolloutWorker(config, make_env("guess_number"), torch_threads=2)
+    assert worker.engine.prefix_cache.max_bytes == 3 * 2**20
+    model, tok, loaded = load_policy("base", config)
+    assert hf_engine(loaded, model, tok).prefix_cache.max_bytes == 3 * 2**20
+    config.inference.enable_prefix_caching = False
+    assert Trainer(config).engine.prefix_cache is None
+    assert hf_engine(config, model, tok).prefix_cache is None
+    with pytest.raises(Exception, match=r"inference\.prefix_cache_mb must be > 0"):
+        ConfigStore.from_dict({"inference": {"prefix_cache_mb": 0}})

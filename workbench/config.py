@@ -128,7 +128,12 @@ class InferenceConfig:
     gpu_memory_utilization: float = 0.5
     """Fraction of accelerator memory vLLM may take (leave room for training when colocated)."""
     enable_prefix_caching: bool = True
-    """Reuse the KV cache of shared prefixes (turn k reuses turn k-1) in vLLM."""
+    """Reuse the KV cache of shared prefixes (turn k reuses turn k-1): vLLM's prefix
+    caching, and the hf engine's kept KV of finished rows."""
+    prefix_cache_mb: float = 1024.0
+    """hf engine: most megabytes of finished rows' KV kept for their next turn (least
+    recently used go first). SmolLM2-135M keeps about 46 KB per token in float32, 23 KB
+    in bfloat16; a lock-step rollout whose conversations outgrow it prefills the rest again."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"
@@ -492,6 +497,9 @@ class ConfigStore:
             raise ConfigError(f"inference.max_retries must be >= 0, got {i.max_retries!r}")
         _choice("inference.server_kind", i.server_kind, ("vllm", "sglang"))
         _choice("inference.vllm_dtype", i.vllm_dtype, ("auto",) + DTYPES)
+        if not i.prefix_cache_mb > 0:
+            raise ConfigError(f"inference.prefix_cache_mb must be > 0 (enable_prefix_caching=false turns the "
+                              f"cache off), got {i.prefix_cache_mb!r}")
         if not 0 < i.gpu_memory_utilization <= 1:
             raise ConfigError(
                 f"inference.gpu_memory_utilization must be in (0, 1], got {i.gpu_memory_utilization}"

@@ -66,10 +66,10 @@ def fork(episode: Episode, turn: int, action: str | None = None, observation: st
         if policy is None:
             raise ValueError("fork needs engine= (an engine or a Trainer) or policy= (a checkpoint folder or \"base\")")
         from workbench.debug.policies import load_policy
-        from workbench.engines.hf import HFEngine
+        from workbench.engines import hf_engine
 
         model, tokenizer, config = load_policy(policy, config)
-        engine = HFEngine(model, tokenizer)
+        engine = hf_engine(config, model, tokenizer)
     batch = fork_episode(episode, turn, engine, action=action, observation=observation, n=n, config=config,
                          environment=environment, parser=parser, tools=tools, temperature=temperature, seed=seed,
                          **overrides)

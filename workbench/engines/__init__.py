@@ -31,10 +31,19 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
     return engine
 
 
+def hf_engine(config: Any, model: Any, tokenizer: Any) -> HFEngine:
+    """The hf engine with the config's settings for it (`inference.enable_prefix_caching`,
+    `inference.prefix_cache_mb`); `config` None: the engine's defaults."""
+    if config is None:
+        return HFEngine(model, tokenizer)
+    inf = config.inference
+    return HFEngine(model, tokenizer, prefix_cache=inf.enable_prefix_caching, prefix_cache_mb=inf.prefix_cache_mb)
+
+
 def _make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> GenerationEngine:
     inf = config.inference
     if inf.backend == "hf":
-        return HFEngine(model, tokenizer)
+        return hf_engine(config, model, tokenizer)
     if inf.backend == "vllm":
         from workbench.config import resolve_device
         from workbench.engines.vllm_engine import VLLMEngine
@@ -62,4 +71,4 @@ def _make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None
 
 
 __all__ = ["EngineError", "GenerationEngine", "GenerationResult", "HFEngine", "SamplingParams", "StopStrings",
-           "make_engine"]
+           "hf_engine", "make_engine"]
