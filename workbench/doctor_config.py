@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable
 
+
 @dataclass
 class DoctorConfig:
     """Thresholds of the doctor's checks (`workbench.doctor_checks`)."""

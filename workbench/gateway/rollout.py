@@ -42,7 +42,7 @@ from workbench.engines.base import GenerationEngine
 from workbench.gateway.assemble import assemble_episode
 from workbench.gateway.server import Gateway, ScriptedReply
 from workbench.rollout.chat import typed_action_ids
-from workbench.rollout.fork import ReplayMismatch
+from workbench.rollout.fork import PREFIX_FIELDS, ReplayMismatch, first_difference, label_branches
 from workbench.timeouts import CallTimeout, call_with_timeout
 from workbench.trajectory import Episode, TrajectoryBatch
 
@@ -144,20 +144,15 @@ class GatewayRollout:
                 call, at, recorded, sent = mismatches[eid]
                 raise ReplayMismatch(episode, call, "prompt", recorded, sent,
                                      f"(branch {b}, from token {at} of call {call}'s prompt.) ", _AGENT_DIFFERS)
-            for name in ("token_ids", "loss_mask", "rollout_logprobs"):
+            for name in PREFIX_FIELDS:
                 mine, theirs = getattr(episode, name)[:position], getattr(branch, name)[:position]
-                if mine != theirs:
-                    at = next((i for i, (x, y) in enumerate(zip(mine, theirs)) if x != y), min(len(mine), len(theirs)))
+                at = first_difference(mine, theirs)
+                if at is not None:
                     raise ReplayMismatch(episode, branch.turn_index[at] if at < len(branch.turn_index) else turn,
                                          name, mine[at:at + 8], theirs[at:at + 8],
                                          f"(branch {b}, from token {at}: it made {branch.num_turns} calls, error "
                                          f"{branch.error!r}.) ", _AGENT_DIFFERS)
-        where = {"episode_id": episode.episode_id, "group_id": episode.group_id, "env_seed": episode.env_seed,
-                 "turn": turn, "token_position": position, "edit": "action" if action is not None else None,
-                 "text": action, "original_outcome": episode.outcome}
-        for branch in batch:
-            branch.forked_from = dict(where)
-        batch.meta["fork"] = {**where, "n": n}
+        label_branches(batch, episode, turn, position, "action" if action is not None else None, action)
         return batch
 
     def _run_jobs(self, jobs: list[tuple[int, int, Any, str]], scripts: dict[str, list[ScriptedReply]]

@@ -38,6 +38,7 @@ from workbench.engines.base import GenerationEngine, SamplingParams
 from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, parse_tools
 from workbench.gateway.stream import check_stream, response_chunks, sse_events
 from workbench.rollout.chat import encode
+from workbench.rollout.fork import first_difference
 
 LOOPBACK = "127.0.0.1"
 
@@ -225,8 +226,7 @@ class Gateway:
             k = len(log.calls)
             want = log.script[k]
             if prompt != want.prompt_ids:
-                at = next((i for i, (a, b) in enumerate(zip(prompt, want.prompt_ids)) if a != b),
-                          min(len(prompt), len(want.prompt_ids)))
+                at = first_difference(prompt, want.prompt_ids)
                 log.mismatch = (k, at, self.tokenizer.decode(want.prompt_ids[at:at + 12]),
                                 self.tokenizer.decode(prompt[at:at + 12]))
                 raise RequestError(f"replay of episode {episode_id!r} diverged at call {k}: its prompt differs from "

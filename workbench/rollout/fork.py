@@ -43,7 +43,8 @@ from workbench.rollout.configured import rollout_settings
 from workbench.rollout.rollout import Rollout
 from workbench.trajectory import Episode, TrajectoryBatch
 
-__all__ = ["ReplayMismatch", "fork_episode", "replay", "run_settings", "environment_factory"]
+__all__ = ["ReplayMismatch", "fork_episode", "replay", "run_settings", "environment_factory", "label_branches",
+           "first_difference", "PREFIX_FIELDS"]
 
 
 class ReplayMismatch(RuntimeError):
@@ -266,15 +267,34 @@ def fork_episode(episode: Episode, turn: int, engine: GenerationEngine, *, actio
     finally:
         if stop is not None:
             engine.stop = stop
-    where = {"episode_id": episode.episode_id, "group_id": episode.group_id, "env_seed": episode.env_seed,
-             "turn": turn, "token_position": position,
-             "edit": "action" if action is not None else ("observation" if observation is not None else None),
-             "text": action if action is not None else observation, "original_outcome": episode.outcome}
     for i, branch in enumerate(batch):
-        for name in ("token_ids", "loss_mask", "rollout_logprobs"):
+        for name in PREFIX_FIELDS:
             if getattr(branch, name)[:position] != getattr(episode, name)[:position]:
                 raise RuntimeError(f"branch {i}: {name} before the fork point {position} differ from the original's")
+    edit = "action" if action is not None else ("observation" if observation is not None else None)
+    label_branches(batch, episode, turn, position, edit, action if action is not None else observation)
+    return batch
+
+
+#: The per-token lists every branch shares with the original episode before the fork point.
+PREFIX_FIELDS = ("token_ids", "loss_mask", "rollout_logprobs")
+
+
+def label_branches(batch: TrajectoryBatch, episode: Episode, turn: int, position: int, edit: str | None,
+                   text: str | None) -> None:
+    """Number the branches 0..n-1 and record where they part from `episode`: each branch's
+    `forked_from` and the batch's `meta["fork"]` (the same dict, plus `n`)."""
+    where = {"episode_id": episode.episode_id, "group_id": episode.group_id, "env_seed": episode.env_seed,
+             "turn": turn, "token_position": position, "edit": edit, "text": text,
+             "original_outcome": episode.outcome}
+    for i, branch in enumerate(batch):
         branch.episode_id = i
         branch.forked_from = dict(where)
-    batch.meta["fork"] = {**where, "n": n}
-    return batch
+    batch.meta["fork"] = {**where, "n": len(batch)}
+
+
+def first_difference(a: Sequence[Any], b: Sequence[Any]) -> int | None:
+    """The first index where `a` and `b` differ (the shorter one's length when it is a
+    prefix of the other); None when they are equal."""
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return None if at == len(a) == len(b) else at
