@@ -160,6 +160,26 @@ def test_two_learners_equal_one_and_the_trainer_full_finetuning(ray_cluster, tin
             g.shutdown()
 
 
+def test_a_rank_holding_only_failed_episodes_pads_and_equals_one_process(lora_groups, tiny_model_path, tmp_path):
+    """A group whose episodes all failed at reset (no token at all) is the only group of one
+    rank: that rank runs zero-weight forwards only, and the update equals one process's."""
+    from tests.faults.test_failed_episodes import flaky
+
+    config = _config(tiny_model_path, tmp_path, batch_size=4, group_size=2)
+    trainer = Trainer(config, environment=flaky("ray", {1: 2}), dataset=[0, 1])
+    batch = trainer.rollout()
+    trainer.score(batch)
+    trainer.compute_advantages(batch)
+    assert batch.untrained_rows() == [2, 3] and {batch[i].num_tokens for i in (2, 3)} == {0}
+    shards = split_groups(batch, 2)
+    assert sorted(float(batch.loss_mask[s].sum()) == 0 for s in shards) == [False, True]
+    assert len({ep.score for ep in batch.episodes[:2]}) == 2, "the group that ran needs reward variance"
+    lora_groups[2].load_state_dict(_start_state(trainer))
+    lp = lora_groups[2].compute_log_probs(batch)
+    assert float((lp - batch.old_logprobs).abs().max()) <= TOL and float(lp[2:].abs().sum()) == 0.0
+    _compare(trainer, batch, lora_groups, config)
+
+
 @pytest.mark.filterwarnings("ignore::workbench.training.trainer.ZeroVarianceWarning")
 def test_more_learners_than_groups_is_refused(lora_groups, tiny_model_path, tmp_path):
     config = _config(tiny_model_path, tmp_path, batch_size=2, group_size=2)

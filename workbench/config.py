@@ -253,8 +253,8 @@ class CheckpointConfig:
     output_dir: str = "./checkpoints"
     """Folder for checkpoints (`step_000010/` ...)."""
     save_interval: int = 5
-    """Save every N training steps during `fit()` (when `global_step % N == 0`, and at a
-    `time_limit_s` stop); 0 disables. Counted in steps, not in epochs as the seeds' "save
+    """Save every N training steps during `fit()` (when `global_step % N == 0`), and the
+    last step whenever `fit()` ends (steps done, `time_limit_s`, Ctrl-C); 0 disables. Counted in steps, not in epochs as the seeds' "save
     every N epochs" reads: to save every E epochs set E * `training.num_iters_per_epoch`
     (an epoch is `num_iters_per_epoch` steps)."""
     keep_last_n: int = 3

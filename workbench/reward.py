@@ -272,7 +272,8 @@ def episode_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environme
     `environment`: one environment for every episode, or a list with one per episode;
     an episode's own `environment` (the copy that played it) comes first (with
     `own_first=False`, a given one does: the reward tuner's explicit `environment=`).
-    Environment rewards are checked either way (`check_env_rewards`).
+    Environment rewards are checked either way (`check_env_rewards`). An episode that
+    ended with an error before its first turn scores 0.0 without calling `reward_fn`.
     """
     for ep in batch:
         check_env_rewards(ep)
@@ -284,7 +285,9 @@ def episode_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environme
         warnings.warn("a reward_fn is given, so the reward shaping weights (the `reward` config section: "
                       f"{_shaping(reward).weights()}) are not applied; shape inside the reward_fn, or drop it "
                       "to use the weights", UserWarning, stacklevel=3)
-    return [call_reward_fn(reward_fn, ep, env, own_first) for ep, env in zip(batch, envs)]
+    # An episode that failed before its first turn has nothing to score: 0.0, reward_fn not called.
+    return [0.0 if ep.error and not ep.turns else call_reward_fn(reward_fn, ep, env, own_first)
+            for ep, env in zip(batch, envs)]
 
 
 def rescore(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,

@@ -90,9 +90,10 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
         write(f"held-out before training: {evals[-1]}")
 
     def on_step(tr: Any, m: dict) -> None:
+        failed = m.get("rollout/failed_episodes", 0)  # named on the line train_step wrote before
         write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
               f"ppo_kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
-              f"{m['perf/step_seconds']:.1f}s")
+              f"{m['perf/step_seconds']:.1f}s" + (f"  failed {failed:.0f}/{m['episodes']:.0f}" if failed else ""))
 
     # fit resumes (checkpoint.resume), then its jsonl logger writes OUT/metrics.jsonl through
     # open_metrics_log, dropping lines of steps after the checkpoint (they are redone).

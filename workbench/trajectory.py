@@ -350,6 +350,20 @@ class TrajectoryBatch:
     def group_ids(self) -> list[str]:
         return [e.group_id for e in self.episodes]
 
+    def untrained_rows(self) -> list[int]:
+        """Rows of episodes without a single trained (policy-sampled) token, e.g. every
+        episode whose `reset` raised or whose agent never called the model. Every stage
+        leaves them out: no forward pass sees them, no loss counts them, and they are no
+        member of their group's baseline (`update_group_ids`)."""
+        return [i for i, e in enumerate(self.episodes) if e.response_length == 0]
+
+    def update_group_ids(self) -> list[str]:
+        """`group_ids` as the advantage estimators see them: an episode without a trained
+        token is a group of its own, so a failed episode's 0 reward does not move the
+        baseline of the episodes that ran (its advantages are 0 either way)."""
+        untrained = set(self.untrained_rows())
+        return [f"{e.group_id}/untrained{i}" if i in untrained else e.group_id for i, e in enumerate(self.episodes)]
+
     # -- summaries ------------------------------------------------------------------
     def summary(self) -> dict[str, float]:
         """Batch-level numbers with fixed names (the dashboard reads these)."""
@@ -372,6 +386,7 @@ class TrajectoryBatch:
             "env/tool_calls_mean": sum(e.num_tool_calls for e in eps) / n,
             "env/parse_error_rate": sum(1 for e in eps for t in e.turns if t.parse_error) / max(1, sum(e.num_turns for e in eps)),
             "rollout/response_length_mean": sum(e.response_length for e in eps) / n,
+            "rollout/failed_episodes": float(len(self.untrained_rows())),
             "rollout/tokens_mean": sum(e.num_tokens for e in eps) / n,
         }
 
@@ -381,7 +396,8 @@ class TrajectoryBatch:
         advantage is 0. `reward/zero_std_group_rate` is their fraction (1.0 = a no-op step)."""
         groups: dict[int, list[float]] = {}
         for e in self.episodes:
-            groups.setdefault(e.group_id, []).append(e.outcome)
+            if e.response_length:  # an episode with nothing trained is no member of its group (untrained_rows)
+                groups.setdefault(e.group_id, []).append(e.outcome)
         flat = sum(1 for rs in groups.values() if len(rs) > 1 and max(rs) == min(rs))
         return {"reward/groups": float(len(groups)),
                 "reward/zero_std_group_rate": flat / max(len(groups), 1)}

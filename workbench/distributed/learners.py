@@ -50,10 +50,10 @@ import torch.nn as nn
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
 from workbench.distributed.placement import Placement, require_ray, reserve, start_error, wait_started
 from workbench.training.models import build_models, build_optimizers
-from workbench.training.policy import Critic, Policy, forward_logprobs, micro_batches
+from workbench.training.policy import Critic, Policy, forward_logprobs, forward_rows, micro_batches
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rollout_logprob_diff, rows_of, set_actor_fields, shard_plan, split_groups,
-    update_actor, update_critic,
+    update_actor, update_critic, zero_weight_inputs,
 )
 from workbench.trajectory import TrajectoryBatch
 
@@ -174,16 +174,18 @@ class LearnerWorker:
         device = next(model.parameters()).device
         lengths = lengths_of(batch)
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (b, T)
-        parts = micro_batches(lengths, t.micro_batch_size, batch.group_ids)
+        parts = micro_batches(lengths, t.micro_batch_size, batch.group_ids, forward_rows(lengths, batch.loss_mask))
         for idx in parts + [[]] * (micro_steps - len(parts)):
-            rows = idx or [0]  # padding: a forward whose result is dropped (FSDP collectives pair up)
-            T = max(lengths[i] for i in rows)
-            mask = batch.loss_mask[rows, :T].to(device)  # (b, T)
-            lp, _ = forward_logprobs(model, batch.input_ids[rows, :T].to(device),
-                                     batch.attention_mask[rows, :T].to(device), autocast=t.autocast_bf16,
+            if not idx:  # padding: a forward whose result is dropped (FSDP collectives pair up)
+                ids, attn, mask = zero_weight_inputs(batch, lengths, device)  # (1, T) each
+                forward_logprobs(model, ids, attn, autocast=t.autocast_bf16, loss_mask=mask, share_prefix=False)
+                continue
+            T = max(lengths[i] for i in idx)
+            mask = batch.loss_mask[idx, :T].to(device)  # (b, T)
+            lp, _ = forward_logprobs(model, batch.input_ids[idx, :T].to(device),
+                                     batch.attention_mask[idx, :T].to(device), autocast=t.autocast_bf16,
                                      loss_mask=mask, share_prefix=False)
-            if idx:  # the padded path also fills positions trained only in other rows: mask them
-                out[idx, :T] = (lp * mask).float().cpu()
+            out[idx, :T] = (lp * mask).float().cpu()  # the forward fills positions trained in any row: mask them
         reshard(model)
         return out
 
@@ -354,7 +356,8 @@ class LearnerGroup:
         t = self.config.training
         shards = split_groups(batch, self.num_learners)
         lengths, groups = lengths_of(batch), batch.group_ids
-        steps = max(len(micro_batches([lengths[i] for i in rows], t.micro_batch_size, [groups[i] for i in rows]))
+        needed = set(forward_rows(lengths, batch.loss_mask))  # failed episodes: in no forward
+        steps = max(len(micro_batches(lengths, t.micro_batch_size, groups, [i for i in rows if i in needed]))
                     for rows in shards)
         parts = self._gather([w.log_probs.remote(self._part(batch, rows), steps)
                               for w, rows in zip(self.workers, shards)], "compute_log_probs")

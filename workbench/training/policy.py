@@ -157,23 +157,36 @@ class Critic(nn.Module):
         return {n: t.detach().cpu().clone() for n, t in self.state_dict().items() if n in names}
 
 
-def micro_batches(lengths: list[int], size: int, groups: list[Any] | None = None) -> list[list[int]]:
+def micro_batches(lengths: list[int], size: int, groups: list[Any] | None = None,
+                  rows: list[int] | None = None) -> list[list[int]]:
     """Episode indices grouped `size` at a time, longest first, so padding stays small.
 
     With `groups` (a GRPO group id per episode), episodes of one group stay together
     (groups longest first, then episodes longest first), so a micro-batch's rows share
-    their prompt and `forward_logprobs` runs it once.
+    their prompt and `forward_logprobs` runs it once. With `rows`, only those indices
+    are placed (the others belong to no micro-batch).
     """
+    rows = list(range(len(lengths))) if rows is None else rows
     if groups is None:
-        order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+        order = sorted(rows, key=lambda i: -lengths[i])
     else:
         first: dict[Any, int] = {}  # group -> index of first appearance (ids may be any hashable)
         longest: dict[Any, int] = {}
-        for i, (g, n) in enumerate(zip(groups, lengths)):
-            first.setdefault(g, i)
-            longest[g] = max(longest.get(g, 0), n)
-        order = sorted(range(len(lengths)), key=lambda i: (-longest[groups[i]], first[groups[i]], -lengths[i]))
+        for i in rows:
+            first.setdefault(groups[i], i)
+            longest[groups[i]] = max(longest.get(groups[i], 0), lengths[i])
+        order = sorted(rows, key=lambda i: (-longest[groups[i]], first[groups[i]], -lengths[i]))
     return [order[i:i + size] for i in range(0, len(order), size)]
+
+
+def forward_rows(lengths: list[int], loss_mask: torch.Tensor | None = None) -> list[int]:
+    """The rows a forward pass needs: those with a token, and with `loss_mask` (B, T) only
+    those with a trained token (an episode that failed before its first turn has none)."""
+    keep = [i for i, n in enumerate(lengths) if n > 0]
+    if loss_mask is not None:
+        trained = loss_mask.bool().any(1).tolist()  # (B,)
+        keep = [i for i in keep if trained[i]]
+    return keep
 
 
 def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -298,11 +311,12 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
     """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches
     (kept within `groups`, see `micro_batches`).
 
-    With `loss_mask`, only positions of trained tokens are computed (others are 0).
+    With `loss_mask`, only positions of trained tokens are computed (others are 0), and
+    rows without a trained token (a failed episode) are left out of every forward.
     """
     device = next(model.parameters()).device
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
-    for idx in micro_batches(lengths, micro_batch_size, groups):
+    for idx in micro_batches(lengths, micro_batch_size, groups, forward_rows(lengths, loss_mask)):
         T = max(lengths[i] for i in idx)
         ids = input_ids[idx, :T].to(device)  # (b, T)
         mask = attention_mask[idx, :T].to(device)
@@ -316,12 +330,14 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 @torch.no_grad()
 def batch_values(critic: Critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 lengths: list[int], micro_batch_size: int) -> torch.Tensor:
+                 lengths: list[int], micro_batch_size: int, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) critic values in length-sorted micro-batches; 0 on right padding (whatever
-    micro-batch an episode fell in), as every other per-token field of a batch."""
+    micro-batch an episode fell in), as every other per-token field of a batch. Rows
+    without a token (or, with `loss_mask`, without a trained token) stay 0 and are left
+    out of every forward."""
     device = next(critic.parameters()).device
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
-    for idx in micro_batches(lengths, micro_batch_size):
+    for idx in micro_batches(lengths, micro_batch_size, None, forward_rows(lengths, loss_mask)):
         T = max(lengths[i] for i in idx)
         v = critic(input_ids[idx, :T].to(device), attention_mask[idx, :T].to(device))
         out[idx, :T] = v.float().cpu() * attention_mask[idx, :T]  # (b, T): padding of shorter episodes -> 0

@@ -54,7 +54,7 @@ from workbench.training.policy import batch_logprobs, batch_values
 from workbench.progress import fit_postfix, progress_bar, write
 from workbench.training.run_lock import begin_run
 from workbench.training.stages import LocalStages, check_stages, make_stages
-from workbench.training.update import require_trained_tokens, set_kl
+from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
 from workbench.trajectory import TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
@@ -66,6 +66,10 @@ GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
 
 class FitTargetReachedWarning(UserWarning):
     """`fit` was given an absolute target step the trainer has already reached: nothing trained."""
+
+
+class NothingToTrainWarning(UserWarning):
+    """No episode of a step's batch has a trained token (every one failed): the step is skipped."""
 
 
 class ZeroVarianceWarning(UserWarning):
@@ -251,7 +255,8 @@ class Trainer:
             raise ConfigError("compute_values needs training.adv_estimator='gae' (the critic is built only then)")
         self.critic.eval()
         batch.set("values", batch_values(self.critic, batch.input_ids, batch.attention_mask,
-                                         self._lengths(batch), self.config.training.micro_batch_size))
+                                         self._lengths(batch), self.config.training.micro_batch_size,
+                                         batch.loss_mask))
         return batch
 
     def compute_advantages(self, batch: TrajectoryBatch, old_logprobs: bool = True) -> TrajectoryBatch:
@@ -289,7 +294,7 @@ class Trainer:
                     ZeroVarianceWarning, stacklevel=2)
         estimator = algo.get_advantage_estimator(t.adv_estimator)
         adv, ret = estimator(
-            token_level_rewards=batch.token_level_rewards, response_mask=mask, index=batch.group_ids,
+            token_level_rewards=batch.token_level_rewards, response_mask=mask, index=batch.update_group_ids(),
             values=batch.tensors.get("values"), gamma=t.gamma, lam=t.lam,
             norm_adv_by_std_in_grpo=t.norm_adv_by_std_in_grpo,
         )
@@ -311,13 +316,29 @@ class Trainer:
 
     # -- loop -------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        """One full step: rollout, score, advantages, update; metrics appended to history."""
+        """One full step: rollout, score, advantages, update; metrics appended to history.
+
+        Episodes without a trained token (failed at reset, ...) are left out of the update
+        and counted (`rollout/failed_episodes`, a line naming them). A batch with no trained
+        token at all is not updated: `NothingToTrainWarning` names the episodes' errors,
+        `actor/skipped_updates` is 1, and the step still counts (the next one samples anew)."""
         start = time.perf_counter()
+        self._updating = False
         batch = self.rollout()
-        require_trained_tokens(batch)  # every episode failed: name their errors, not a shape error
         self.score(batch)
-        self.compute_advantages(batch, old_logprobs=not self._reuse_update_logprobs())
-        update_metrics = self.update(batch)
+        failed = failed_episodes_line(batch)
+        if failed:
+            write(failed)
+        try:
+            require_trained_tokens(batch)
+        except NothingToTrainError as exc:
+            warnings.warn(f"step {self.global_step} is skipped: {exc}", NothingToTrainWarning, stacklevel=2)
+            update_metrics: dict[str, Any] = {"actor/skipped_updates": 1.0,
+                                              "actor/skipped_reason": "no trained token in the batch"}
+        else:
+            self.compute_advantages(batch, old_logprobs=not self._reuse_update_logprobs())
+            self._updating = True  # until global_step counts this update (see _save_after_interrupt)
+            update_metrics = self.update(batch)
         metrics: dict[str, Any] = {"step": self.global_step}
         metrics.update(batch.summary())
         metrics.update({k: float(v) for k, v in batch.meta.items() if k.startswith("rollout/")})
@@ -330,6 +351,7 @@ class Trainer:
         metrics["perf/step_seconds"] = time.perf_counter() - start
         metrics["policy_loss"] = metrics.get("actor/pg_loss", float("nan"))  # the seeds' name
         self.global_step += 1
+        self._updating = False
         self.metrics_history.append(metrics)
         return metrics
 
@@ -351,9 +373,13 @@ class Trainer:
         (`FitTargetReachedWarning`).
 
         With `time_limit_s`, training stops after the step that ends past that many seconds
-        since `fit` began; `self.stop_reason` then says so (it is None after a full run),
-        callbacks see it on that step, and a checkpoint of that step is saved when
-        `checkpoint.save_interval` is set.
+        since `fit` began; `self.stop_reason` then says so (it is None after a full run) and
+        callbacks see it on that step.
+
+        Checkpoints (when `checkpoint.save_interval` is not 0): every `save_interval` steps,
+        and always of the last step, however `fit` ends: steps done, time limit, or Ctrl-C
+        between steps or in a rollout (the weights of the last finished step; an interrupt
+        inside an update saves nothing and says so), unless the newest checkpoint holds it.
 
         Resumes (`resume`) from the newest valid checkpoint in `checkpoint.output_dir`
         when `checkpoint.resume` is set and no step was taken (or resumed) yet; the step
@@ -411,17 +437,45 @@ class Trainer:
                 bar.set_postfix(fit_postfix(metrics))
                 for cb in callbacks:
                     cb(self, metrics)
-                if c.save_interval and (self.global_step % c.save_interval == 0 or self.stop_reason):
-                    self.save_checkpoint(Path(c.output_dir) / ckpt.checkpoint_name(self.global_step))
-                    ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
+                last = self.global_step >= total or self.stop_reason is not None
+                if c.save_interval and (self.global_step % c.save_interval == 0 or last):
+                    self._save_step_checkpoint()
                 if self.stop_reason:
                     break
+        except KeyboardInterrupt:
+            self._save_after_interrupt()
+            raise
         finally:
             self._fitting = False
             run_lock.release()
             bar.close()
             self.loggers.close()
         return self.metrics_history
+
+    def _save_step_checkpoint(self) -> None:
+        """`checkpoint.output_dir/step_N` of the current step (pruned to `keep_last_n`),
+        unless this trainer saved or loaded that step's checkpoint there already."""
+        c = self.config.checkpoint
+        path = Path(c.output_dir) / ckpt.checkpoint_name(self.global_step)
+        if getattr(self, "_checkpoint_step", None) == (path.resolve(), self.global_step):
+            return
+        self.save_checkpoint(path)
+        ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
+
+    def _save_after_interrupt(self) -> None:
+        """Ctrl-C in `fit`: checkpoint the weights of the last finished step when
+        checkpointing is on, unless the interrupt came inside an update, whose weights are
+        neither the last step's nor the next one's (then say so and save nothing)."""
+        if not self.config.checkpoint.save_interval or self.global_step == 0:
+            return
+        if getattr(self, "_updating", False):
+            write(f"interrupted inside the update of step {self.global_step}: its weights may be partly updated, "
+                  "so no checkpoint is written; the newest checkpoint in "
+                  f"{self.config.checkpoint.output_dir} is where a resume starts")
+            return
+        self._save_step_checkpoint()
+        write(f"interrupted: saved step {self.global_step} to "
+              f"{Path(self.config.checkpoint.output_dir) / ckpt.checkpoint_name(self.global_step)}")
 
     @torch.no_grad()
     def evaluate(self, seeds: Sequence[int], temperature: float = 0.0, group_size: int = 1) -> dict[str, float]:
@@ -473,8 +527,10 @@ class Trainer:
         config = self.config.to_dict()
         if isinstance(self.reward_fn, RewardManager):  # the weights the run actually scored with
             config["reward"] = {**self.reward_fn.weights(), "max_steps": self.reward_fn.max_steps}
-        return ckpt.write_checkpoint(path, tensors, json_files,
-                                     {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
+        written = ckpt.write_checkpoint(path, tensors, json_files,
+                                        {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
+        self._checkpoint_step = (Path(path).resolve(), self.global_step)  # fit does not save it again
+        return written
 
     def export_merged(self, path: str | Path) -> Path:
         """The current policy as a plain Hugging Face model folder (LoRA merged, with the
@@ -512,6 +568,7 @@ class Trainer:
         self.kl_ctrl.value = state["kl_coef"]
         self.engine.sync_weights(self.policy.model)
         self.stages.after_load(self)
+        self._checkpoint_step = (Path(path).resolve(), self.global_step)
 
     def resume(self, force: bool | None = None) -> Path | None:
         """Load the newest checkpoint in `checkpoint.output_dir` that is intact, skipping

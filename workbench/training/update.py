@@ -95,20 +95,36 @@ class NothingToTrainError(RuntimeError):
     """No episode of a batch has a sampled token (every one failed before its first turn)."""
 
 
+def _errors_listed(episodes: Sequence[Any]) -> str:
+    """'episodes [ids]: error; ...' for `episodes`, grouped by error text (at most 5 errors)."""
+    errors: dict[str, list[Any]] = {}
+    for ep in episodes:
+        errors.setdefault(ep.error or "no error recorded (no turn was sampled)", []).append(ep.episode_id)
+    return "; ".join(f"episodes {ids[:8]}{'...' if len(ids) > 8 else ''}: {err}" for err, ids in
+                     list(errors.items())[:5])
+
+
 def require_trained_tokens(batch: TrajectoryBatch) -> None:
     """Raise `NothingToTrainError` naming the episodes' errors when no episode of `batch`
     has a token to train on (e.g. every reset raised), instead of a shape error deep
     inside a forward pass."""
     if any(ep.response_length for ep in batch.episodes):
         return
-    errors: dict[str, list[int]] = {}
-    for ep in batch.episodes:
-        errors.setdefault(ep.error or "no error recorded (no turn was sampled)", []).append(ep.episode_id)
-    listed = "; ".join(f"episodes {ids[:8]}{'...' if len(ids) > 8 else ''}: {err}" for err, ids in
-                       list(errors.items())[:5])
     raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended before the model took a turn, so "
-                              f"there is nothing to train on: {listed}. Fix the environment (try it with "
-                              "workbench.check_env or one Rollout in a notebook cell) and run the step again")
+                              f"there is nothing to train on: {_errors_listed(batch.episodes)}. Fix the "
+                              "environment (try it with workbench.check_env or one Rollout in a notebook cell)")
+
+
+def failed_episodes_line(batch: TrajectoryBatch) -> str:
+    """One line naming the episodes of `batch` that have no trained token and so are left out
+    of the update (`TrajectoryBatch.untrained_rows`), with their errors; "" when there are none."""
+    rows = batch.untrained_rows()
+    if not rows:
+        return ""
+    step = batch.meta.get("step")
+    where = f"step {step}: " if step is not None else ""
+    return (f"{where}{len(rows)} of {len(batch)} episodes failed before the model took a turn and are left out "
+            f"of the update (rollout/failed_episodes): {_errors_listed([batch[i] for i in rows])}")
 
 
 def is_on_policy(t: TrainingConfig) -> bool:
@@ -121,13 +137,16 @@ def plan_update(batch: TrajectoryBatch, t: TrainingConfig, step: int) -> UpdateP
     B, T = batch.input_ids.shape  # (B, T)
     gen = torch.Generator().manual_seed(t.seed * 1_000_033 + step)
     mb = t.mini_batch_size or B
+    untrained = set(batch.untrained_rows())  # failed episodes: in no mini-batch, no forward
     minis = []
     for _ in range(t.ppo_epochs):
         perm = torch.randperm(B, generator=gen).tolist()
         for s in range(0, B, mb):
-            rows = perm[s:s + mb]
-            minis.append(MiniBatch(rows, float(batch.loss_mask[rows].sum().clamp(min=1)), len(rows)))
-    return UpdatePlan(minis, T, t.ppo_epochs, list(range(B)), float(batch.loss_mask.sum().clamp(min=1)))
+            rows = [i for i in perm[s:s + mb] if i not in untrained]
+            if rows:
+                minis.append(MiniBatch(rows, float(batch.loss_mask[rows].sum().clamp(min=1)), len(rows)))
+    trained = [i for i in range(B) if i not in untrained]
+    return UpdatePlan(minis, T, t.ppo_epochs if trained else 0, trained, float(batch.loss_mask.sum().clamp(min=1)))
 
 
 def split_groups(batch: TrajectoryBatch, n: int) -> list[list[int]]:
@@ -167,13 +186,15 @@ def shard_plan(plan: UpdatePlan, batch: TrajectoryBatch, shards: Sequence[Sequen
     out = []
     for r, owned in enumerate(local):
         minis = [replace(m, rows=[owned[i] for i in m.rows if i in owned]) for m in plan.mini_batches]
-        out.append(replace(plan, mini_batches=minis, critic_rows=list(range(len(owned))), distributed=True))
+        critic_rows = sorted(owned[i] for i in plan.critic_rows if i in owned)
+        out.append(replace(plan, mini_batches=minis, critic_rows=critic_rows, distributed=True))
     for k, m in enumerate(plan.mini_batches):
         steps = max(len(_micro(lengths, groups, [i for i in m.rows if i in own], t.micro_batch_size, True))
                     for own in local)
         for p in out:
             p.mini_batches[k].micro_steps = steps
-    critic_steps = max(len(_micro(lengths, groups, sorted(own), t.micro_batch_size, False)) for own in local)
+    critic_steps = max(len(_micro(lengths, groups, sorted(i for i in own if i in set(plan.critic_rows)),
+                                  t.micro_batch_size, False)) for own in local)
     for p in out:
         p.critic_micro_steps = critic_steps
     return out
@@ -286,11 +307,21 @@ def _guarded_step(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], 
     return guarded_step(optimizer, params, finite=lambda ps: _all_ranks(all_finite([_local(p) for p in ps]), True))
 
 
-def _pad_row(batch: TrajectoryBatch, lengths: list[int]) -> int:
-    """The shortest row with a trained token: the input of zero-weight micro-batches."""
-    trained = batch.loss_mask[:, 1:].sum(1) > 0  # (B,)
-    rows = [i for i in range(len(lengths)) if trained[i]] or list(range(len(lengths)))
-    return min(rows, key=lambda i: (lengths[i], i))
+def zero_weight_inputs(batch: TrajectoryBatch, lengths: list[int],
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(ids, attention, loss mask), each (1, T): the input of zero-weight micro-batches, the
+    shortest row with a trained token. A rank whose rows all failed (no trained token, maybe
+    no token at all) forwards two tokens of id 0 instead, the second one marked trained so
+    the forward runs the same modules; its loss is multiplied by 0 like any padding."""
+    trained = batch.loss_mask[:, 1:].sum(1) > 0 if len(batch) else torch.zeros(0, dtype=torch.bool)  # (B,)
+    rows = [i for i in range(len(lengths)) if trained[i]]
+    if not rows:
+        ids = torch.zeros(1, 2, dtype=torch.long, device=device)  # (1, 2)
+        return ids, torch.ones_like(ids), torch.tensor([[0, 1]], device=device)
+    row = min(rows, key=lambda i: (lengths[i], i))
+    T = lengths[row]
+    return (batch.input_ids[[row], :T].to(device), batch.attention_mask[[row], :T].to(device),
+            batch.loss_mask[[row], :T].to(device))
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrajectoryBatch,
@@ -321,25 +352,25 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     skipped = restored = 0
     params = [p for p in model.parameters() if p.requires_grad]
     device = next(model.parameters()).device
-    pad_row = _pad_row(batch, lengths) if B else 0
     for mini in plan.mini_batches:
         optimizer.zero_grad(set_to_none=True)
         finite = True
         parts = _micro(lengths, groups, mini.rows, t.micro_batch_size, True)
         parts += [[]] * max(0, mini.micro_steps - len(parts))  # zero-weight padding
         for idx in parts:
-            pad = not idx
-            rows = idx or [pad_row]
-            # seq-mean-token-sum-norm divides by T, so keep the full T there.
-            T = T_plan if t.loss_agg_mode == "seq-mean-token-sum-norm" else max(lengths[i] for i in rows)
-            ids = batch.input_ids[rows, :T].to(device)  # (b, T)
-            attn = batch.attention_mask[rows, :T].to(device)
-            mask = batch.loss_mask[rows, :T].to(device)
-            logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
-                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
-            if pad:
+            if not idx:  # zero-weight padding: the forward/backward pairs the group's collectives
+                ids, attn, mask = zero_weight_inputs(batch, lengths, device)  # (1, T) each
+                logp, _ = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
+                                           loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
                 (logp.sum() * 0.0).backward()
                 continue
+            # seq-mean-token-sum-norm divides by T, so keep the full T there.
+            T = T_plan if t.loss_agg_mode == "seq-mean-token-sum-norm" else max(lengths[i] for i in idx)
+            ids = batch.input_ids[idx, :T].to(device)  # (b, T)
+            attn = batch.attention_mask[idx, :T].to(device)
+            mask = batch.loss_mask[idx, :T].to(device)
+            logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
+                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
             old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
             loss, m = loss_fn(
                 old_log_probs=old, log_probs=logp,
@@ -405,19 +436,18 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
     lengths = lengths_of(batch)
     acc: Pairs = defaultdict(list)
     params = [p for p in critic.parameters() if p.requires_grad]
-    pad_row = _pad_row(batch, lengths) if len(batch) else 0
     for _ in range(plan.critic_epochs):
         optimizer.zero_grad(set_to_none=True)
         parts = _micro(lengths, batch.group_ids, plan.critic_rows, t.micro_batch_size, False)
         parts += [[]] * max(0, plan.critic_micro_steps - len(parts))  # zero-weight padding
         for idx in parts:
-            rows = idx or [pad_row]
-            T = max(lengths[i] for i in rows)
-            mask = batch.loss_mask[rows, :T].to(device)  # (b, T)
-            v = critic(batch.input_ids[rows, :T].to(device), batch.attention_mask[rows, :T].to(device))
-            if not idx:
-                (v.sum() * 0.0).backward()
+            if not idx:  # zero-weight padding (see update_actor)
+                ids, attn, _ = zero_weight_inputs(batch, lengths, device)  # (1, T) each
+                (critic(ids, attn).sum() * 0.0).backward()
                 continue
+            T = max(lengths[i] for i in idx)
+            mask = batch.loss_mask[idx, :T].to(device)  # (b, T)
+            v = critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device))
             loss, m = algo.compute_value_loss(
                 vpreds=v, returns=batch.returns[idx, :T].to(device), old_values=batch.values[idx, :T].to(device),
                 response_mask=mask, cliprange_value=t.cliprange_value, loss_agg_mode="token-mean")
