@@ -253,6 +253,11 @@ class ArithmeticEnv(ParamsEnvironment):
         lines = [self.problem] + [f"calculator({e}) = {r}" for e, r in self.calls]
         return "\n".join(lines)
 
+    def expert_action(self) -> str:
+        """The scripted expert's reply in the current state (`expert_action` below): what
+        SFT warm-up learns from (`workbench.training.sft`)."""
+        return expert_action(self)
+
 
 def expert_action(env: ArithmeticEnv) -> str:
     """Compute the whole story with one calculator call, then give the answer."""

@@ -147,6 +147,11 @@ class GridEnv(ParamsEnvironment):
         """The current map and positions."""
         return f"{self.render()}\n{self._where()}"
 
+    def expert_action(self) -> str:
+        """The scripted expert's reply in the current state (`expert_action` below): what
+        SFT warm-up learns from (`workbench.training.sft`)."""
+        return expert_action(self)
+
 
 def expert_action(env: GridEnv) -> str:
     """The first move of a BFS shortest path from the agent to the goal."""

@@ -112,6 +112,11 @@ class GuessNumberEnv(ParamsEnvironment):
             f"Guesses left: {max(self.max_steps - self.step_count, 0)}."
         )
 
+    def expert_action(self) -> str:
+        """The scripted expert's reply in the current state (`expert_action` below): what
+        SFT warm-up learns from (`workbench.training.sft`)."""
+        return expert_action(self)
+
 
 def expert_action(env: GuessNumberEnv) -> str:
     """Binary search over the range the feedback still allows (never peeks at the secret)."""

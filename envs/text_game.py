@@ -211,6 +211,11 @@ class TextGameEnv(ParamsEnvironment):
         held = ", ".join(self.inventory) or "nothing"
         return f"{self.describe_room()} You carry: {held}."
 
+    def expert_action(self) -> str:
+        """The scripted expert's reply in the current state (`expert_action` below): what
+        SFT warm-up learns from (`workbench.training.sft`)."""
+        return expert_action(self)
+
 
 def expert_action(env: TextGameEnv) -> str:
     """The winning command for the current state (follows the plan, recovers if off it)."""

@@ -168,6 +168,11 @@ def _best_guess(candidates: list[str], pool: list[str]) -> str:
             best, best_key = guess, key
     return best
 
+    def expert_action(self) -> str:
+        """The scripted expert's reply in the current state (`expert_action` below): what
+        SFT warm-up learns from (`workbench.training.sft`)."""
+        return expert_action(self)
+
 
 def expert_action(env: WordleEnv) -> str:
     """Constraint filtering: keep the words consistent with every mark so far, then

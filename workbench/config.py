@@ -323,6 +323,22 @@ class RewardConfig:
 
 
 @dataclass
+class SFTConfig:
+    """Supervised warm-up before RL (`Trainer.sft`, `workbench.training.sft`): the policy
+    learns the loss-masked turns of episodes its environment's scripted expert played
+    (`env.expert_action()`). With `steps` > 0, `fit` (and `python -m workbench train`)
+    runs these steps first; they count as training steps (metrics `sft/...`, saved
+    batches and checkpoints like any step), and RL steps follow."""
+
+    steps: int = 0
+    """SFT steps (one optimizer step each, over all demonstrations) before RL; 0: none."""
+    episodes: int = 32
+    """Demonstration episodes the expert plays (once, on seeds apart from training's)."""
+    learning_rate: float | None = None
+    """Learning rate of the SFT steps; None: `training.learning_rate`."""
+
+
+@dataclass
 class RayConfig:
     use_ray: bool = False
     """Distribute rollout workers with Ray (needs `pip install ray`)."""
@@ -357,6 +373,7 @@ SECTIONS = {
     "ray": RayConfig,
     "reward": RewardConfig,
     "doctor": DoctorConfig,
+    "sft": SFTConfig,
 }
 
 
@@ -391,6 +408,8 @@ class ConfigStore:
     """Shaping of environment rewards (`RewardManager` weights)."""
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
     """Thresholds of the run doctor's checks (`workbench.doctor_config`)."""
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    """Supervised warm-up from an expert's demonstrations before RL."""
 
     # -- (de)serialisation ---------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -563,6 +582,13 @@ class ConfigStore:
         if self.reward.max_steps is not None:
             _positive_int("reward.max_steps", self.reward.max_steps)
         check_doctor_config(self.doctor, ConfigError)
+        if self.sft.steps < 0:
+            raise ConfigError(f"sft.steps must be >= 0 (0: no SFT warm-up), got {self.sft.steps!r}")
+        _positive_int("sft.episodes", self.sft.episodes)
+        lr = self.sft.learning_rate
+        if lr is not None and not (math.isfinite(lr) and lr > 0):
+            raise ConfigError(f"sft.learning_rate must be a finite number > 0 or null (training.learning_rate), "
+                              f"got {lr!r}")
         return self
 
     def __repr__(self) -> str:

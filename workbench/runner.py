@@ -70,7 +70,8 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
     `summary.md` (with the run doctor's findings). Returns {"trainer", "evals", "before",
-    "after" (the held-out batches or None), "stopped" (why fit stopped early, or ""),
+    "after", "after_sft" (the held-out batches or None; after_sft with `sft.steps`), "stopped"
+    (why fit stopped early, or ""),
     "findings" (`workbench.debug.doctor.diagnose_parts` over the steps and held-out batches)}."""
     from workbench.progress import write
     from workbench.training import Trainer, run_files
@@ -82,14 +83,25 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     trainer = Trainer(config)
     config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
     eval_seeds = list(range(10_000, 10_000 + eval_episodes))
-    report: dict[str, Any] = {"trainer": trainer, "evals": [], "before": None, "after": None, "stopped": ""}
+    report: dict[str, Any] = {"trainer": trainer, "evals": [], "before": None, "after": None, "after_sft": None,
+                              "stopped": ""}
     evals = report["evals"]
     if eval_episodes:
         evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
         report["before"] = trainer.last_eval_batch
         write(f"held-out before training: {evals[-1]}")
 
+    sft_steps = config.sft.steps
+
     def on_step(tr: Any, m: dict) -> None:
+        if "sft/nll" in m:  # a step of the SFT warm-up (config.sft): the expert's tokens' NLL
+            write(f"step {m['step']:3d}  SFT on {m['sft/episodes']:.0f} expert episodes  "
+                  f"nll {m['sft/nll']:.3f}  {m['perf/step_seconds']:.1f}s")
+            if tr.global_step == sft_steps and eval_episodes:
+                evals.append({"step": tr.global_step, **tr.evaluate(eval_seeds)})
+                report["after_sft"] = tr.last_eval_batch
+                write(f"held-out after {sft_steps} SFT steps: {evals[-1]}")
+            return
         failed = m.get("rollout/failed_episodes", 0)  # named on the line train_step wrote before
         write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
               f"ppo_kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
@@ -107,6 +119,8 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
         # OUT/evals/step_XXXXXX.jsonl.gz, written after fit: a fresh run (checkpoint.resume=False)
         # moves an earlier run's evals/ aside when fit starts.
         run_files.record_eval(out, config, 0, report["before"])
+        if report["after_sft"] is not None:
+            run_files.record_eval(out, config, sft_steps, report["after_sft"])
         run_files.record_eval(out, config, trainer.global_step, report["after"])
         write(f"held-out after training: {evals[-1]}")
     if transcript is not None:
@@ -117,19 +131,23 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
                          f"{config.training.adv_estimator} steps")
     elif trainer.last_batch is not None:
         write_transcript(trainer.last_batch, out / "transcript.md", f"{config.environment.name}: last training batch")
-    plot_curve(trainer.metrics_history, out / "reward_curve.png", evals)
+    rl_steps = [m for m in trainer.metrics_history if "reward/mean" in m]  # SFT steps have no rollout
+    plot_curve(rl_steps, out / "reward_curve.png", evals)
     (out / "evals.json").write_text(json.dumps(evals, indent=1))
-    rows = [{"step": m["step"], "reward_mean": m["reward/mean"], "success": m["env/success_rate"],
-             "entropy": m.get("actor/entropy", float("nan")), "seconds": m["perf/step_seconds"]}
+    rows = [{"step": m["step"], "reward_mean": m.get("reward/mean", float("nan")),
+             "success": m.get("env/success_rate", float("nan")), "entropy": m.get("actor/entropy", float("nan")),
+             "sft_nll": m.get("sft/nll", float("nan")), "seconds": m["perf/step_seconds"]}
             for m in trainer.metrics_history]
+    if not any("sft/nll" in m for m in trainer.metrics_history):
+        rows = [{k: v for k, v in r.items() if k != "sft_nll"} for r in rows]
     table = summary_table(rows)
     stopped = report["stopped"]
     # The run doctor over the training steps and the held-out batches (workbench.debug.doctor).
     from workbench.debug.doctor import diagnose_parts, findings_markdown, findings_table
 
+    held_out = [b for b in (report["before"], report["after_sft"], report["after"]) if b is not None]
     report["findings"] = diagnose_parts(trainer.doctor.history if trainer.doctor else None,
-                                        [(e["step"], b) for e, b in zip(evals, [report["before"], report["after"]])],
-                                        config.doctor)
+                                        [(e["step"], b) for e, b in zip(evals, held_out)], config.doctor)
     (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
                                     + ("\n" + summary_table(evals) + "\n" if evals else "")
                                     + "\n" + findings_markdown(report["findings"]) + "\n")

@@ -42,6 +42,8 @@ EVALS = "evals"
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 EVALS_FILE = "evals.json"
+#: The SFT warm-up's demonstration episodes (`workbench.training.sft`), saved once.
+DEMONSTRATIONS = "demonstrations.jsonl.gz"
 #: Where the CLI puts checkpoints inside its run folder.
 CHECKPOINTS = "checkpoints"
 #: A step file's name: the 0-based step number, six digits, like checkpoint folders.
@@ -119,6 +121,16 @@ def record_step(run_dir: str | Path, config: ConfigStore, step: int, batch: Traj
         return None
     return _warn_on_failure(lambda: save_step_batch(run_dir, step, batch), f"training step {step}",
                             rollout_path(run_dir, step))
+
+
+def record_demonstrations(run_dir: str | Path, config: ConfigStore, batch: TrajectoryBatch | None) -> Path | None:
+    """Save the SFT warm-up's demonstration episodes once as RUN/demonstrations.jsonl.gz
+    (unless `training.save_rollouts_every` is 0 or they are saved already); a failed save
+    warns, as in `record_step`."""
+    path = Path(run_dir) / DEMONSTRATIONS
+    if batch is None or not config.training.save_rollouts_every or path.exists():
+        return None
+    return _warn_on_failure(lambda: batch.save(path), "SFT demonstrations", path)
 
 
 def record_eval(run_dir: str | Path, config: ConfigStore, step: int, batch: TrajectoryBatch | None) -> Path | None:

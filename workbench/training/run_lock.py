@@ -34,7 +34,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench.training.run_files import EVALS, ROLLOUTS
+from workbench.training.run_files import DEMONSTRATIONS, EVALS, ROLLOUTS
 
 LOCK_NAME = ".workbench.lock"
 #: Seconds between heartbeats (mtime refreshes) of a held lock.
@@ -188,7 +188,7 @@ class RunLock:
 #: What a run writes into its folders (checkpoints `step_*`, the loggers' files, each step's
 #: batch and the held-out batches: `workbench.training.run_files`); only these are moved by
 #: `set_aside_earlier_run` (an output folder may hold the user's own files).
-RUN_FILES = ("metrics.jsonl", "episodes.jsonl", "tensorboard", "wandb", ROLLOUTS, EVALS)
+RUN_FILES = ("metrics.jsonl", "episodes.jsonl", "tensorboard", "wandb", ROLLOUTS, EVALS, DEMONSTRATIONS)
 #: Subfolder of an output folder that earlier runs are moved into.
 PREVIOUS_RUNS = "previous_runs"
 

@@ -53,9 +53,10 @@ from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
 from workbench.progress import fit_postfix, progress_bar, write
 from workbench.training.run_lock import begin_run
+from workbench.training.sft import expert_demonstrations, sft_step
 from workbench.training.stages import LocalStages, check_stages, make_stages
 from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
-from workbench.trajectory import TrajectoryBatch
+from workbench.trajectory import Episode, TrajectoryBatch
 
 Callback = Callable[["Trainer", dict], None]
 
@@ -317,11 +318,14 @@ class Trainer:
     # -- loop -------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """One full step: rollout, score, advantages, update; metrics appended to history.
+        While `global_step < sft.steps` it is an SFT step instead (`sft_step`).
 
         Episodes without a trained token (failed at reset, ...) are left out of the update
         and counted (`rollout/failed_episodes`, a line naming them). A batch with no trained
         token at all is not updated: `NothingToTrainWarning` names the episodes' errors,
         `actor/skipped_updates` is 1, and the step still counts (the next one samples anew)."""
+        if self.global_step < self.config.sft.steps:  # the run's SFT warm-up comes first (config.sft)
+            return self.sft_step()
         start = time.perf_counter()
         self._updating = False
         batch = self.rollout()
@@ -355,6 +359,52 @@ class Trainer:
         self.metrics_history.append(metrics)
         return metrics
 
+    # -- supervised warm-up ----------------------------------------------------------------
+    def demonstrations(self, episodes: int | None = None) -> TrajectoryBatch:
+        """The expert's demonstration episodes SFT learns from (`workbench.training.sft`):
+        `sft.episodes` of them played once by the environment's scripted expert and kept."""
+        n = self.config.sft.episodes if episodes is None else episodes
+        cached = getattr(self, "_demonstrations", None)
+        if cached is None or len(cached) != n:
+            self._demonstrations = expert_demonstrations(self, n)
+        return self._demonstrations
+
+    def sft_step(self, data: Any = None) -> dict[str, float]:
+        """One SFT step on `data` (a TrajectoryBatch or a list of Episodes; default the
+        expert's `demonstrations()`): one optimizer step on the NLL of its trained tokens,
+        at `sft.learning_rate` (else `training.learning_rate`). It counts as a training
+        step: `global_step` moves on and its metrics (`sft/nll`, `sft/tokens`, ...) go to
+        the history; the engine gets the new weights."""
+        start = time.perf_counter()
+        batch = self.demonstrations() if data is None else _as_batch(data)
+        lr = self.config.sft.learning_rate or self.config.training.learning_rate
+        saved = [g["lr"] for g in self.optimizer.param_groups]
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        try:
+            self._updating = True
+            step_metrics = sft_step(self.policy.model, self.optimizer, batch, self.config.training)
+        finally:
+            for g, value in zip(self.optimizer.param_groups, saved):
+                g["lr"] = value
+        self.engine.sync_weights(self.policy.model)
+        metrics: dict[str, Any] = {"step": self.global_step, **step_metrics, "sft/learning_rate": lr,
+                                   "perf/step_seconds": time.perf_counter() - start}
+        self.last_batch = batch
+        self.global_step += 1
+        self._updating = False
+        self.metrics_history.append(metrics)
+        return metrics
+
+    def sft(self, data: Any = None, steps: int = 1) -> list[dict[str, float]]:
+        """`steps` SFT steps (`sft_step`) on `data` (default: the expert's demonstrations);
+        returns their metrics. For the run's own warm-up set `sft.steps`, and `fit` runs
+        those steps first, with its logging and checkpoints."""
+        if not isinstance(steps, int) or steps < 0:
+            raise ValueError(f"sft(steps=...) must be an integer >= 0, got {steps!r}")
+        batch = None if data is None else _as_batch(data)
+        return [self.sft_step(batch) for _ in range(steps)]
+
     def fit(self, num_epochs: int | None = None, num_iters_per_epoch: int | None = None,
             callbacks: Sequence[Callback] = (), time_limit_s: float | None = None, *,
             steps: int | None = None, until_step: int | None = None) -> list[dict[str, float]]:
@@ -365,10 +415,12 @@ class Trainer:
                 cell with `fit(steps=20)` again trains 20 more.
             until_step: up to the absolute step `until_step` (`global_step == until_step`).
             num_epochs, num_iters_per_epoch: the older form, also absolute: up to step
-                `num_epochs * num_iters_per_epoch` (either one defaults to `training.*`),
-                the same as `until_step=num_epochs * num_iters_per_epoch`; with none of
-                these, `until_step=training.num_epochs * training.num_iters_per_epoch`.
-                A run resumed from a checkpoint thus stops at the step it was meant to.
+                `sft.steps + num_epochs * num_iters_per_epoch` (either one defaults to
+                `training.*`); with none of these, the same with `training.num_epochs *
+                training.num_iters_per_epoch` RL steps. A run resumed from a checkpoint
+                thus stops at the step it was meant to.
+        The first `sft.steps` steps of a run are SFT steps on the expert's demonstrations
+        (`sft_step`; saved once as RUN/demonstrations.jsonl.gz, not seen by the doctor).
         An absolute target the trainer has already reached trains nothing and warns
         (`FitTargetReachedWarning`).
 
@@ -409,7 +461,8 @@ class Trainer:
         if steps is not None:
             total = self.global_step + steps
         else:
-            total = until_step if until_step is not None else (num_epochs or t.num_epochs) * num_iters
+            total = (until_step if until_step is not None
+                     else self.config.sft.steps + (num_epochs or t.num_epochs) * num_iters)
             if total <= self.global_step:
                 warnings.warn(f"fit: the trainer is at step {self.global_step}, already at the absolute target "
                               f"step {total}, so nothing is trained; fit(steps=N) trains N more steps",
@@ -428,10 +481,14 @@ class Trainer:
                 if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
                     self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
                                         f"of {total} steps")
-                if self.doctor is not None:  # one line per new finding; diagnose/<name> in the metrics
+                sft = "sft/nll" in metrics  # an SFT step: its batch is the expert's, not the policy's
+                if self.doctor is not None and not sft:  # one line per new finding; diagnose/<name> in the metrics
                     metrics.update(self.doctor.observe(self.last_batch, metrics["step"], self.metrics_history))
-                run_files.record_step(run_dir, self.config, metrics["step"], self.last_batch,
-                                      last=self.global_step >= total or self.stop_reason is not None)
+                if sft:
+                    run_files.record_demonstrations(run_dir, self.config, self.last_batch)
+                else:
+                    run_files.record_step(run_dir, self.config, metrics["step"], self.last_batch,
+                                          last=self.global_step >= total or self.stop_reason is not None)
                 self.loggers.log_step(metrics, self.last_batch, self.global_step)
                 bar.update(1)
                 bar.set_postfix(fit_postfix(metrics))
@@ -614,6 +671,17 @@ class Trainer:
                        (self.metrics_history[-1] if self.metrics_history else {}).items()
                        if isinstance(v, (int, float)))
         return f"<p><b>{self!r}</b></p><table>{rows}</table>"
+
+
+def _as_batch(data: Any) -> TrajectoryBatch:
+    """A TrajectoryBatch, or a list of Episodes as one."""
+    if isinstance(data, TrajectoryBatch):
+        return data
+    episodes = list(data)
+    if not episodes or not all(isinstance(e, Episode) for e in episodes):
+        raise TypeError("sft data must be a TrajectoryBatch or a non-empty list of Episodes "
+                        f"(e.g. trainer.demonstrations()), got {type(data).__name__}")
+    return TrajectoryBatch(episodes)
 
 
 def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:
