@@ -17,6 +17,10 @@ Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `rollouts/` and the held-out batches under `evals/` (`workbench.training.run_files`;
 reopen the run with `workbench.debug.load_run`), and checkpoints under `checkpoints/`;
 `--loggers tensorboard,trackio,wandb` adds those sinks (`workbench.training.loggers`).
+
+A bad config field, or a run folder or batch file that cannot be read (`RunError`: a
+missing or cut file, a link out of the run folder), prints one line (`config error: ...`,
+`error: ...`; `diff: ...` from diff) and exits 2, without a traceback.
 """
 from __future__ import annotations
 
