@@ -151,6 +151,7 @@ def test_a_checkpoint_folder_linking_out_is_refused(run, outside):
     loaded = load_run(run)
     with pytest.raises(RunError, match="step_000001 is a symbolic link"):
         loaded.checkpoints
+    assert "not listed: " in loaded._repr_html_() and "symbolic link" in loaded._repr_html_()
 
 
 def test_links_that_stay_inside_the_folder_and_a_linked_run_folder_load(run, tmp_path):

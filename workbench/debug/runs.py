@@ -218,7 +218,10 @@ class Run:
 
     def _repr_html_(self) -> str:
         s = self._summary()
-        s["checkpoints"] = ", ".join(p.name for p in self.checkpoints) or "none"
+        try:
+            s["checkpoints"] = ", ".join(p.name for p in self.checkpoints) or "none"
+        except RunError as exc:  # a link out of the run folder: say so, a display never raises
+            s["checkpoints"] = f"not listed: {exc}"
         rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
                        f"<td style='text-align:left'>{html.escape(_cell(v))}</td></tr>" for k, v in s.items())
         return f"<p><b>Run</b> <code>{html.escape(str(self.path))}</code></p><table>{rows}</table>"
