@@ -17,6 +17,10 @@ Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `rollouts/` and the held-out batches under `evals/` (`workbench.training.run_files`;
 reopen the run with `workbench.debug.load_run`), and checkpoints under `checkpoints/`;
 `--loggers tensorboard,trackio,wandb` adds those sinks (`workbench.training.loggers`).
+
+A bad config field, or a run folder or batch file that cannot be read (`RunError`: a
+missing or cut file, a link out of the run folder), prints one line (`config error: ...`,
+`error: ...`; `diff: ...` from diff) and exits 2, without a traceback.
 """
 from __future__ import annotations
 
@@ -214,6 +218,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    from workbench.debug.runs import RunError  # here, not at the top: --help stays quick (no torch)
+
     try:
         if args.command == "export-verl":
             from workbench.compat.verl_export import cmd_export_verl
@@ -229,6 +235,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing
         print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:  # a run folder or batch file that cannot be read: the message names it
+        print(f"error: {exc}", file=sys.stderr)
         return 2
 
 

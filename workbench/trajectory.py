@@ -21,6 +21,7 @@ of the fields; `batch.require("advantages")` says which stage produces a missing
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import os
 from dataclasses import asdict, dataclass, field
@@ -52,6 +53,23 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "diff_kl": (torch.float32, "per-token KL(B || A) estimate (k3) on trained tokens", "debug.compare_policies"),
 }
 COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
+
+#: The most decompressed bytes `TrajectoryBatch.load` reads from one file (2 GiB: a saved
+#: batch takes about 100-300 bytes per token with every field, so millions of tokens).
+MAX_LOAD_BYTES = 2 * 1024**3
+#: The longest line (one episode) `TrajectoryBatch.load` reads (256 MiB: an episode of
+#: about a million tokens).
+MAX_LINE_BYTES = 256 * 1024**2
+
+
+class NotABatchFile(ValueError):
+    """`TrajectoryBatch.load` was given a file that does not start with the header `save`
+    writes (another file, an empty one); the message names the file."""
+
+
+class BatchTooLarge(ValueError):
+    """A batch file decompresses to more than `TrajectoryBatch.load` reads (`MAX_LOAD_BYTES`
+    in all, `MAX_LINE_BYTES` in one line); the message names the file and the limit."""
 
 
 @dataclass
@@ -469,14 +487,64 @@ class TrajectoryBatch:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> "TrajectoryBatch":
-        """Read a file written by `save` (gzip when the name ends in ".gz")."""
-        with _open_text(Path(path), "r") as f:
-            lines = f.read().splitlines()
-        header = json.loads(lines[0])
-        if header.get("format") != "workbench.trajectory_batch":
-            raise ValueError(f"{path} is not a workbench trajectory batch file")
-        records = [json.loads(line) for line in lines[1:]]
+    def load(cls, path: str | Path, max_bytes: int | None = None,
+             max_line_bytes: int | None = None) -> "TrajectoryBatch":
+        """Read a file written by `save` (gzip when the name ends in ".gz").
+
+        The file is streamed line by line and its decompressed size counted, so a file
+        that decompresses to far more than any batch (a gzip bomb, a wrong file) is
+        refused before it fills memory: more than `max_bytes` in all (default
+        `MAX_LOAD_BYTES`, 2 GiB) or one line longer than `max_line_bytes` (default
+        `MAX_LINE_BYTES`, 256 MiB; one line holds one episode) raises `BatchTooLarge`
+        naming the file and the limit. A saved batch takes about 100-300 bytes per token
+        with every field, so the defaults hold millions of tokens; pass larger limits for
+        a bigger file. A file that is not a batch raises `NotABatchFile`, one cut short
+        ValueError (naming the file and line), EOFError or OSError (a cut or damaged gzip
+        stream); all of them name the file except a damaged gzip stream's.
+        """
+        path = Path(path)
+        limit = MAX_LOAD_BYTES if max_bytes is None else max_bytes
+        line_limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
+        records: list[dict[str, Any]] = []
+        header: dict[str, Any] | None = None
+        total = 0
+        with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
+            for number in itertools.count(1):
+                line = f.readline(line_limit + 1)
+                if not line:
+                    break
+                total += len(line)
+                if len(line) > line_limit and not line.endswith(b"\n"):
+                    raise BatchTooLarge(
+                        f"{path} line {number} is longer than {line_limit} bytes (max_line_bytes) once "
+                        "decompressed; one line holds one episode and none is that long, so this is not a "
+                        "batch written by TrajectoryBatch.save (a gzip bomb?). Reading stopped there; for a "
+                        "real batch this big pass a larger max_line_bytes to TrajectoryBatch.load")
+                if total > limit:
+                    raise BatchTooLarge(
+                        f"{path} decompresses to more than {limit} bytes (max_bytes); reading stopped there "
+                        "(a gzip bomb, or not a batch file?). For a real batch this big pass a larger "
+                        "max_bytes to TrajectoryBatch.load")
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
+                    if header is None:
+                        raise NotABatchFile(f"{path} is not a workbench trajectory batch file: its first line is "
+                                            f"not JSON ({type(exc).__name__}: {exc})") from exc
+                    raise ValueError(f"{path} line {number} is cut short or damaged "
+                                     f"({type(exc).__name__}: {exc})") from exc
+                if header is None:
+                    if not isinstance(record, dict) or record.get("format") != "workbench.trajectory_batch":
+                        raise NotABatchFile(f"{path} is not a workbench trajectory batch file (its first line is "
+                                            "not the header TrajectoryBatch.save writes)")
+                    header = record
+                elif not isinstance(record, dict) or "token_ids" not in record:
+                    raise ValueError(f"{path} line {number} is not an episode record (a JSON object with "
+                                     "'token_ids')")
+                else:
+                    records.append(record)
+        if header is None:
+            raise NotABatchFile(f"{path} is empty: not a workbench trajectory batch file")
         per_token = [r.pop("_fields", {}) for r in records]
         batch = cls([Episode.from_dict(r) for r in records])
         B, T = batch.tensors["input_ids"].shape
@@ -509,4 +577,5 @@ def _open_text(path: Path, mode: str) -> Any:
 #: The seeds' name for a batch of trajectories.
 RolloutData = TrajectoryBatch
 
-__all__ = ["Episode", "Trajectory", "Turn", "TrajectoryBatch", "RolloutData", "TOKEN_FIELDS"]
+__all__ = ["Episode", "Trajectory", "Turn", "TrajectoryBatch", "RolloutData", "TOKEN_FIELDS", "BatchTooLarge",
+           "NotABatchFile", "MAX_LOAD_BYTES", "MAX_LINE_BYTES"]

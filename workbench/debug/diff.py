@@ -37,7 +37,9 @@ import torch
 
 from workbench.algo import kl_penalty
 from workbench.debug.policies import checkpoint_config, load_policy, policy_label
+from workbench.debug.runs import RunError, inside_run, read_batch
 from workbench.training import run_files
+from workbench.training.checkpoint import PREFIX as CHECKPOINT_PREFIX
 from workbench.training.checkpoint import checkpoint_name
 from workbench.trajectory import TrajectoryBatch
 
@@ -219,24 +221,46 @@ def add_diff_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def _run_batch_path(run: Path, step: int | None, eval_step: int | None) -> Path:
     """The saved batch of training step `step` (or the held-out batch at `eval_step`) of a
-    run folder (`workbench.training.run_files`); the last saved one when no step is given."""
+    run folder (`workbench.training.run_files`); the last saved one when no step is given.
+    Raises `RunError` for a negative step, a missing file or a link out of the run folder."""
     evals = eval_step is not None
     number = eval_step if evals else step
-    folder = run / (run_files.EVALS if evals else run_files.ROLLOUTS)
+    folder = inside_run(run, run / (run_files.EVALS if evals else run_files.ROLLOUTS))
+    saved = run_files.saved_steps(folder)
     if number is None:
-        saved = run_files.saved_steps(folder)
         if not saved:
-            raise FileNotFoundError(f"{folder} holds no step_*.jsonl.gz batches; give --batch FILE")
+            raise RunError(f"{folder} holds no step_*.jsonl.gz batches; give --batch FILE")
         number = saved[-1]
-    path = (run_files.eval_path if evals else run_files.rollout_path)(run, number)
+    if number < 0:
+        raise RunError(f"--{'eval' if evals else 'step'} {number}: a step is a 0-based step number (>= 0); "
+                       f"saved in {folder}: {_steps_text(saved)}")
+    path = inside_run(run, (run_files.eval_path if evals else run_files.rollout_path)(run, number))
     if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
+        raise RunError(f"{path} does not exist: no batch of step {number} was saved (saved in {folder}: "
+                       f"{_steps_text(saved)})")
     return path
 
 
+def _steps_text(steps: list[int]) -> str:
+    return ", ".join(map(str, steps)) or "none"
+
+
 def _policy_arg(spec: str, run: Path | None) -> str:
+    """A policy argument as load_policy takes it: with --run, a step number N is the run's
+    checkpoint of step N (RUN/checkpoints/step_00000N), which must be there; a folder must exist."""
     if run is not None and re.fullmatch(r"\d+", spec):
-        return str(run / "checkpoints" / checkpoint_name(int(spec)))
+        folder = inside_run(run, run / run_files.CHECKPOINTS)
+        path = inside_run(run, folder / checkpoint_name(int(spec)))
+        if not path.exists():
+            there = sorted(p.name for p in folder.iterdir() if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX)) \
+                if folder.is_dir() else []
+            raise RunError(f"there is no checkpoint of step {int(spec)} in {folder} ({path.name} does not exist); "
+                           f"checkpoints there: {', '.join(there) or 'none'}. A run saves one every "
+                           "checkpoint.save_interval steps and at its end; give one of those steps, or \"base\"")
+        return str(path)
+    if spec != "base" and not Path(spec).exists():
+        raise RunError(f"{spec}: no such checkpoint folder; give a checkpoint folder (e.g. RUN/checkpoints/"
+                       f"step_000010), \"base\", or with --run RUN a step number")
     return spec
 
 
@@ -252,15 +276,15 @@ def cmd_diff(args: argparse.Namespace) -> int:
         return 2
     try:
         path = _run_batch_path(run, args.step, args.eval) if run is not None else Path(args.batch)
-        batch = TrajectoryBatch.load(path)
+        batch = read_batch(path)
         a, b = _policy_arg(args.a, run), _policy_arg(args.b, run)
         config = None
         if args.config:
             config = ConfigStore.load(args.config)
-        elif run is not None and (run / "config.yaml").exists():
+        elif run is not None and inside_run(run, run / run_files.CONFIG_FILE).exists():
             config = checkpoint_config(run)
         diff = compare_policies(a, b, batch, config=config, top=args.top)
-    except (FileNotFoundError, CheckpointError) as exc:  # a wrong path: the message says which
+    except (FileNotFoundError, CheckpointError, RunError) as exc:  # a wrong path: the message says which
         print(f"diff: {exc}", file=sys.stderr)
         return 2
     report = f"batch: {path}\n\n" + diff.to_markdown(args.top)

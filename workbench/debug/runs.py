@@ -15,11 +15,21 @@ is strict: a folder without `rollouts/` (written before runs saved their batches
 saying which path, what is wrong and what to do. Nothing is cached: each `batch(step)`
 reads its file again and returns a fresh batch, so changing it (e.g. re-scoring it in
 the `RewardTuner`) never changes what the next call returns.
+
+Reading stays inside the run folder: a file or folder the loader reads (config.yaml,
+metrics.jsonl, evals.json, rollouts/, evals/, checkpoints/ and what is in them) that is a
+symbolic link leading out of the folder raises `RunError` naming the link, and nothing
+behind it is read (so a planted link cannot make an error message quote another file).
+Links that stay inside the folder, and a run folder that is itself a link, are fine. A
+batch file that decompresses to more than `TrajectoryBatch.load` reads (a gzip bomb) is a
+`RunError` too (`workbench.trajectory.MAX_LOAD_BYTES`).
 """
 from __future__ import annotations
 
 import html
 import json
+import math
+import numbers
 import zlib
 from pathlib import Path
 from typing import Any
@@ -27,9 +37,9 @@ from typing import Any
 from workbench.config import ConfigError, ConfigStore
 from workbench.training import checkpoint as ckpt
 from workbench.training import run_files
-from workbench.trajectory import TrajectoryBatch
+from workbench.trajectory import BatchTooLarge, NotABatchFile, TrajectoryBatch
 
-__all__ = ["Run", "RunError", "load_run"]
+__all__ = ["Run", "RunError", "load_run", "inside_run", "read_batch"]
 
 #: What reading a damaged batch file raises (a cut gzip stream, a half JSON line, a bad record).
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, zlib.error)
@@ -46,15 +56,45 @@ def load_run(run_dir: str | Path) -> "Run":
     numbers are read now, batches when asked for. Raises `RunError`."""
     path = Path(run_dir)
     if not path.is_dir():
-        raise RunError(f"{path}: no such folder; give the run's output folder (the CLI's --output, or "
+        what = "is a file, not a folder" if path.exists() else "no such folder"
+        raise RunError(f"{path}: {what}; give the run's output folder (the CLI's --output, or "
                        "training.log_dir, else checkpoint.output_dir, of a run trained in a notebook)")
+    for name in (run_files.ROLLOUTS, run_files.EVALS, run_files.CHECKPOINTS):
+        inside_run(path, path / name)
     if not (path / run_files.ROLLOUTS).is_dir():
         raise RunError(
             f"{path} has no {run_files.ROLLOUTS}/ folder, so its batches cannot be reopened: it was written "
             "before runs saved each step's batch, or with training.save_rollouts_every=0. Train it again "
             "with save_rollouts_every >= 1 (the default) to reopen it; its numbers are in metrics.jsonl")
-    return Run(path, _read_config(path / run_files.CONFIG_FILE), _read_metrics(path / run_files.METRICS_FILE),
-               _read_evals(path / run_files.EVALS_FILE))
+    return Run(path, _read_config(inside_run(path, path / run_files.CONFIG_FILE)),
+               _read_metrics(inside_run(path, path / run_files.METRICS_FILE)),
+               _read_evals(inside_run(path, path / run_files.EVALS_FILE)))
+
+
+def inside_run(run_dir: str | Path, path: str | Path) -> Path:
+    """`path` (a file or folder in the run folder `run_dir`), after checking that no symbolic
+    link on the way leads out of the run folder; raises `RunError` naming the link (and
+    reading nothing behind it) if one does. Links within the folder are followed as usual,
+    and `run_dir` may itself be a link. A path that does not exist passes (the caller says
+    it is missing)."""
+    root, path = Path(run_dir), Path(path)
+    real_root = root.resolve()
+    try:
+        parts = path.relative_to(root).parts
+    except ValueError:
+        raise RunError(f"{path} is not inside the run folder {root}") from None
+    here = root
+    for part in parts:
+        here = here / part
+        if not here.is_symlink():
+            continue
+        target = here.resolve()
+        if target != real_root and real_root not in target.parents:
+            raise RunError(
+                f"{here} is a symbolic link to {target}, outside the run folder {root}; a run is read only from "
+                "inside its folder, so it is not followed. Copy what it points to into the run folder in place "
+                "of the link")
+    return path
 
 
 class Run:
@@ -93,8 +133,16 @@ class Run:
         """Checkpoint folders, oldest first: under `checkpoints/` (CLI runs), else in the run
         folder itself (a notebook run whose logs went to `checkpoint.output_dir`), else in the
         config's `checkpoint.output_dir` when that is an absolute path. [] when there are none.
-        Listing tidies folders left by dead writers (`checkpoint.list_checkpoints`)."""
-        places = [self.path / run_files.CHECKPOINTS, self.path]
+        Listing tidies folders left by dead writers (`checkpoint.list_checkpoints`).
+        A checkpoint folder (or `checkpoints/`) that is a link out of the run folder raises
+        `RunError`, as every read of the run folder does (the config's absolute
+        `checkpoint.output_dir` is where the run said it saved them, and is read as such)."""
+        places = [inside_run(self.path, self.path / run_files.CHECKPOINTS), self.path]
+        for place in places:
+            if place.is_dir():
+                for entry in place.iterdir():
+                    if entry.name.startswith(ckpt.PREFIX):
+                        inside_run(self.path, entry)
         if Path(self.config.checkpoint.output_dir).is_absolute():
             places.append(Path(self.config.checkpoint.output_dir))
         for place in places:
@@ -108,13 +156,13 @@ class Run:
         """The batch of training step `step` (0-based, as in `metrics["step"]`) exactly as
         it stood after that step's update; None = the last saved step."""
         step = self._pick(step, self.steps, "training batch", run_files.ROLLOUTS)
-        return _read_batch(run_files.rollout_path(self.path, step), step)
+        return read_batch(inside_run(self.path, run_files.rollout_path(self.path, step)), step)
 
     def eval_batch(self, step: int | None = None) -> TrajectoryBatch:
         """The held-out batch evaluated at `global_step == step` (0 = before training);
         None = the last one."""
         step = self._pick(step, self.eval_steps, "evaluation batch", run_files.EVALS)
-        return _read_batch(run_files.eval_path(self.path, step), step, check_step=False)
+        return read_batch(inside_run(self.path, run_files.eval_path(self.path, step)))
 
     def tokenizer(self) -> Any:
         """The tokenizer of the run's model (`config.model.path`), to decode batches' tokens;
@@ -137,6 +185,12 @@ class Run:
                 raise RunError(f"{self.path / folder} holds no {what} yet (no step finished, or "
                                "training.save_rollouts_every=0 and no evaluation ran)")
             return saved[-1]
+        whole = isinstance(step, numbers.Real) and not isinstance(step, bool) and math.isfinite(step) \
+            and step == int(step)  # numpy ints and 3.0 (a float "step" column) pass
+        if not whole or step < 0:
+            raise RunError(f"step {step!r}: a step is a 0-based step number (an int >= 0, as in "
+                           f"metrics['step']), or None for the last; saved steps in {self.path / folder}: "
+                           f"{_ranges(saved) or 'none'}")
         if step not in saved:
             every = self.config.training.save_rollouts_every
             raise RunError(f"{self.path / folder / run_files.step_file_name(int(step))} is missing: no {what} "
@@ -153,7 +207,7 @@ class Run:
             "model": self.config.model.path, "metric steps": len(df),
             "saved steps": _ranges(self.steps) or "none",
             "last reward": last.get("reward/mean"), "last success": last.get("env/success_rate"),
-            "evals": ", ".join(f"step {e.get('step')}: {e.get('eval/success_rate', float('nan')):.2f}"
+            "evals": ", ".join(f"step {e.get('step')}: {_number(e.get('eval/success_rate', float('nan')))}"
                                for e in self.evals) or "none",
         }
 
@@ -164,10 +218,21 @@ class Run:
 
     def _repr_html_(self) -> str:
         s = self._summary()
-        s["checkpoints"] = ", ".join(p.name for p in self.checkpoints) or "none"
+        try:
+            s["checkpoints"] = ", ".join(p.name for p in self.checkpoints) or "none"
+        except RunError as exc:  # a link out of the run folder: say so, a display never raises
+            s["checkpoints"] = f"not listed: {exc}"
         rows = "".join(f"<tr><th style='text-align:left'>{html.escape(k)}</th>"
                        f"<td style='text-align:left'>{html.escape(_cell(v))}</td></tr>" for k, v in s.items())
         return f"<p><b>Run</b> <code>{html.escape(str(self.path))}</code></p><table>{rows}</table>"
+
+
+def _number(value: Any) -> str:
+    """A number as 0.00; anything else (a string written into evals.json) as its short repr."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.2f}"
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _cell(value: Any) -> str:
@@ -228,18 +293,33 @@ def _read_evals(path: Path) -> list[dict[str, Any]]:
     return evals
 
 
-def _read_batch(path: Path, step: int, check_step: bool = True) -> TrajectoryBatch:
+def read_batch(path: str | Path, step: int | None = None) -> TrajectoryBatch:
+    """`TrajectoryBatch.load(path)`, with every way a file can fail to load (missing, not a
+    batch, cut short, too large) as a `RunError` naming the file and what to do. With
+    `step`, the batch must be that step's (its `meta["step"]`, when it has one)."""
+    path = Path(path)
+    if path.is_dir():
+        raise RunError(f"{path} is a folder, not a batch file (give a .jsonl.gz file written by "
+                       "TrajectoryBatch.save, e.g. RUN/rollouts/step_000000.jsonl.gz)")
     try:
         batch = TrajectoryBatch.load(path)
     except FileNotFoundError as exc:
-        raise RunError(f"{path} is missing (deleted while the run was open?)") from exc
+        raise RunError(f"{path} is missing (no such file, or deleted while the run was open)") from exc
+    except BatchTooLarge as exc:
+        raise RunError(str(exc)) from exc
+    except NotABatchFile as exc:
+        raise RunError(f"{exc}; give a batch file written by TrajectoryBatch.save (a run's "
+                       "rollouts/step_XXXXXX.jsonl.gz)") from exc
     except _READ_ERRORS as exc:
+        # load's ValueErrors name the file and the line; the rest (a cut gzip stream, a bad record) do not
+        what = str(exc) if isinstance(exc, ValueError) and str(path) in str(exc) else \
+            f"{path} is cut short or damaged ({type(exc).__name__}: {exc})"
         raise RunError(
-            f"{path} is cut short or damaged ({type(exc).__name__}: {exc}). Batches are written whole and "
-            "renamed into place, so it was cut later (an interrupted copy, a full disk): copy it again from "
-            "where the run was trained, or delete it to reopen the other steps") from exc
+            f"{what}. Batches are written whole and renamed into place, so a run's batch file was damaged later "
+            "(an interrupted copy, a full disk): copy it again from where the run was trained, or delete it to "
+            "reopen the other steps") from exc
     saved = batch.meta.get("step")
-    if check_step and saved is not None and saved != step:
+    if step is not None and saved is not None and saved != step:
         raise RunError(f"{path} holds the batch of step {saved}, not of step {step}: the file was renamed "
                        "or copied over; put it back under its own name")
     return batch

@@ -536,12 +536,24 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, seeds: Sequence[int], temperature: float = 0.0, group_size: int = 1) -> dict[str, float]:
-        """Success rate and reward on given (e.g. held-out) seeds; greedy by default."""
+        """Success rate and reward on given (e.g. held-out) seeds; greedy by default.
+
+        Environment rewards are checked as training scoring checks them
+        (`workbench.reward.check_env_rewards`): a non-finite or float32-overflowing one raises
+        `RewardError` naming the episode and turn, instead of a NaN mean. The batch is kept in
+        `last_eval_batch` either way, to look at."""
+        from workbench.reward import RewardError, check_env_rewards
+
         self.policy.model.eval()
         rollout = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0)
         rollout.progress_desc = "eval"
         batch = rollout.run()
         self.last_eval_batch = batch
+        try:
+            for ep in batch:
+                check_env_rewards(ep)
+        except RewardError as exc:
+            raise RewardError(f"evaluation (seeds {list(seeds)[:8]}{'...' if len(seeds) > 8 else ''}): {exc}") from exc
         s = batch.summary()
         return {"eval/success_rate": s["env/success_rate"], "eval/reward_mean": s["reward/mean"],
                 "eval/episodes": float(len(batch))}
