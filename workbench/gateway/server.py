@@ -57,7 +57,7 @@ LENGTH_SLACK = 2
 longest token (in characters) x the context: no tokenisation can make it fit. The slack
 covers normalisers that drop characters."""
 
-log = logging.getLogger("uvicorn.error")  # the server's own log (uvicorn writes it to stderr)
+_server_log = logging.getLogger("uvicorn.error")  # the server's own log (uvicorn writes it to stderr)
 
 
 @dataclass
@@ -472,7 +472,7 @@ class Gateway:
             try:
                 raw = await request.body()
             except ClientDisconnect:  # nobody to answer: one line in the log, no traceback
-                log.warning("gateway: a client disconnected before sending its whole request body (%s %s); "
+                _server_log.warning("gateway: a client disconnected before sending its whole request body (%s %s); "
                             "nothing was served", request.method, request.url.path)
                 return Response(status_code=400)
             try:
