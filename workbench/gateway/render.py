@@ -106,12 +106,35 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
         fn = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(tool, dict) or tool.get("type", "function") != "function" or not isinstance(fn, dict):
             raise RequestError(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", f"tools[{i}]")
+        _check_parameters(fn.get("parameters"), f"tools[{i}].function.parameters")
         try:
             ToolDefinition(fn.get("name"), str(fn.get("description") or ""), dict(fn.get("parameters") or {}))
         except (ValueError, TypeError) as exc:
             raise RequestError(f"tools[{i}].function: {exc}", f"tools[{i}].function") from None
         out.append({"type": "function", "function": fn})
     return out
+
+
+def _check_parameters(params: Any, where: str) -> None:
+    """A tool's JSON-schema `parameters`: an object whose `properties` (when given) map names to
+    schema objects and whose `required` (when given) is a list of names. The tool instructions
+    and chat templates read these shapes; anything else is the caller's error, named."""
+    if params is None:
+        return
+    if not isinstance(params, dict):
+        raise RequestError(f"{where} must be a JSON-schema object, got {type(params).__name__}", where)
+    props = params.get("properties")
+    if props is not None:
+        if not isinstance(props, dict):
+            raise RequestError(f"{where}.properties must be an object mapping argument names to their schemas, "
+                               f"got {type(props).__name__}", f"{where}.properties")
+        for name, schema in props.items():
+            if not isinstance(schema, dict):
+                raise RequestError(f"{where}.properties.{name} must be a schema object such as "
+                                   f"{{'type': 'string'}}, got {type(schema).__name__}", f"{where}.properties.{name}")
+    required = params.get("required")
+    if required is not None and (not isinstance(required, list) or not all(isinstance(r, str) for r in required)):
+        raise RequestError(f"{where}.required must be a list of argument names", f"{where}.required")
 
 
 def check_messages(messages: Any) -> list[dict[str, Any]]:
@@ -150,6 +173,9 @@ class PromptBuilder:
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer)
+        #: The longest vocabulary entry in characters (byte-level BPE entries hold one character
+        #: per byte), so a text of N characters is at least N / max_token_chars tokens.
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
         self.parser = FunctionCallingParser()
         probe = [{"role": "user", "content": "hi"}]
         tool = {"type": "function", "function": {"name": "probe_tool", "description": "", "parameters": {}}}

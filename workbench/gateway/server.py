@@ -13,34 +13,51 @@ agent that cannot set headers names its episode. Otherwise the episode id comes 
 not recorded. Generation goes through `engine.submit`, so concurrent requests share the
 engine's batches (the hf engine's dynamic batcher, vLLM's scheduler).
 
-Limits: an episode takes at most `max_turns` calls (the next one gets a 400 with code
-`max_turns_reached` and the episode is marked cut); `close_episode` makes every later
-call of that episode a 400 (`episode_closed`); prompt + `max_tokens` must fit
-`max_context_tokens` (`context_length_exceeded`). Malformed requests get OpenAI's error
-shape, `{"error": {"message", "type", "param", "code"}}`, with status 400. The server only
-binds 127.0.0.1. `stream=true` gets the reply as server-sent events once it is generated
-(`workbench.gateway.stream`; `stream_options.include_usage` adds the usage chunk). Not
-supported (a 400 says so): `n` > 1, non-text content.
+Limits: an episode takes at most `max_turns` calls, counting the calls still being
+generated (the next one gets a 400 with code `max_turns_reached` and the episode is marked
+cut), so a burst of concurrent calls cannot pass it; `close_episode` makes every later call
+of that episode a 400 (`episode_closed`); prompt + `max_tokens` must fit
+`max_context_tokens` (`context_length_exceeded`: a prompt whose characters alone cannot fit
+is refused before it is tokenised, and tokenising runs off the event loop, so one huge prompt
+holds up no other request). Each call of an episode takes its call number when it is
+admitted, before generating, and its sampling seed derives from that number, so concurrent
+calls of one episode sample with distinct seeds. Malformed requests get OpenAI's error
+shape, `{"error": {"message", "type", "param", "code"}}`, with status 400, naming the field
+(`workbench.gateway.checks`); a 500 (`engine_error`) is the engine failing, nothing the
+client sent. A client that disconnects before its body is read costs one warning line in
+the server's log. The server only binds 127.0.0.1. `stream=true` gets the reply as
+server-sent events once it is generated (`workbench.gateway.stream`; `stream_options.include_usage` adds the usage chunk). Not
+supported (a 400 says so): `n` > 1, `top_logprobs` > 0 (the engines give the sampled
+token's logprob only), non-text content.
 """
 # No `from __future__ import annotations` here: FastAPI reads the route functions' annotations
 # (`request: Request`) as objects, and `Request` is imported inside `_build_app`.
 import asyncio
-import json
+import logging
 import socket
 import threading
 import time
 import uuid
 import zlib
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from workbench.engines.base import GenerationEngine, SamplingParams
+from workbench.engines.base import EngineError, GenerationEngine, SamplingParams
+from workbench.gateway.checks import check_choices, check_seed, number, parse_body, user
 from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, parse_tools
 from workbench.gateway.stream import check_stream, response_chunks, sse_events
 from workbench.rollout.chat import encode
 from workbench.rollout.fork import first_difference
 
 LOOPBACK = "127.0.0.1"
+
+LENGTH_SLACK = 2
+"""A prompt is refused unread when its characters exceed LENGTH_SLACK x the tokenizer's
+longest token (in characters) x the context: no tokenisation can make it fit. The slack
+covers normalisers that drop characters."""
+
+_server_log = logging.getLogger("uvicorn.error")  # the server's own log (uvicorn writes it to stderr)
 
 
 @dataclass
@@ -93,6 +110,8 @@ class _EpisodeLog:
     calls: list[CallRecord] = field(default_factory=list)
     closed: bool = False
     cut: str | None = None  # "max_turns" when a call was refused for the turn limit
+    in_flight: set[int] = field(default_factory=set)  # call numbers admitted and still being served
+    numbers: set[int] = field(default_factory=set)  # call numbers of the recorded calls
     script: list[ScriptedReply] = field(default_factory=list)  # replies for the first calls, in order
     seed_key: str | None = None  # what the calls' sampling seeds derive from, in place of the episode id
     # (call, token position, recorded text, sent text) when a scripted call's prompt was not the recorded one
@@ -130,6 +149,7 @@ class Gateway:
         self._server: Any = None
         self._thread: threading.Thread | None = None
         self.unrecorded_calls = 0
+        self._tokenize_pool: ThreadPoolExecutor | None = None  # one thread: prompts are tokenised off the loop
         self.app = self._build_app()
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -171,6 +191,9 @@ class Gateway:
         if self._thread is not None:
             self._thread.join(10)
         self._server, self._thread = None, None
+        if self._tokenize_pool is not None:
+            self._tokenize_pool.shutdown(wait=False, cancel_futures=True)
+            self._tokenize_pool = None
 
     def __enter__(self) -> "Gateway":
         return self.start()
@@ -215,15 +238,14 @@ class Gateway:
             log = self._episodes.get(episode_id)
             return log.mismatch if log else None
 
-    def _scripted(self, episode_id: str | None, prompt: list[int]) -> ScriptedReply | None:
-        """The scripted reply of this call, or None; a prompt that is not the recorded one raises."""
-        if episode_id is None:
+    def _scripted(self, episode_id: str | None, k: int | None, prompt: list[int]) -> ScriptedReply | None:
+        """The scripted reply of call number `k`, or None; a prompt that is not the recorded one raises."""
+        if episode_id is None or k is None:
             return None
         with self._lock:
             log = self._episodes.get(episode_id)
-            if log is None or len(log.calls) >= len(log.script):
+            if log is None or k >= len(log.script):
                 return None
-            k = len(log.calls)
             want = log.script[k]
             if prompt != want.prompt_ids:
                 at = first_difference(prompt, want.prompt_ids)
@@ -240,33 +262,65 @@ class Gateway:
         with self._lock:
             self._episodes.pop(episode_id, None)
 
+    def _admissible(self, episode_id: str, log: _EpisodeLog) -> None:
+        """Raise when the episode takes no more calls (call with the lock held)."""
+        if log.closed:
+            raise RequestError(f"episode {episode_id!r} is closed (its time limit passed or it was cut); "
+                               "start a new episode", None, "episode_closed")
+        if self.max_turns is not None and len(log.calls) + len(log.in_flight) >= self.max_turns:
+            log.cut = "max_turns"
+            busy = f" ({len(log.in_flight)} still being answered)" if log.in_flight else ""
+            raise RequestError(f"episode {episode_id!r} has reached its turn limit: it made max_turns="
+                               f"{self.max_turns} calls{busy}; the gateway cut it here", None, "max_turns_reached")
+
     def _check_open(self, episode_id: str | None) -> list[Reply]:
         """The episode's earlier replies; a RequestError when it is closed or at its turn limit."""
         if episode_id is None:
             return []
         with self._lock:
             log = self._episodes.setdefault(episode_id, _EpisodeLog())
-            if log.closed:
-                raise RequestError(f"episode {episode_id!r} is closed (its time limit passed or it was cut); "
-                                   "start a new episode", None, "episode_closed")
-            if self.max_turns is not None and len(log.calls) >= self.max_turns:
-                log.cut = "max_turns"
-                raise RequestError(f"episode {episode_id!r} has made max_turns={self.max_turns} calls; the gateway "
-                                   "cut it here", None, "max_turns_reached")
+            self._admissible(episode_id, log)
             return [c.reply for c in log.calls]
 
-    def _record(self, episode_id: str | None, record: CallRecord) -> None:
+    def _admit(self, episode_id: str | None) -> int | None:
+        """Take this call's number (the smallest one no recorded or in-flight call of the episode
+        holds) before it is generated, checking the turn limit in the same step, so concurrent
+        calls can neither pass the limit nor share a number (their seeds derive from it).
+        `_release` gives it back; None for a call of no episode."""
+        if episode_id is None:
+            return None
+        with self._lock:
+            log = self._episodes.setdefault(episode_id, _EpisodeLog())
+            self._admissible(episode_id, log)
+            k = len(log.calls)
+            while k in log.numbers or k in log.in_flight:
+                k += 1
+            log.in_flight.add(k)
+            return k
+
+    def _release(self, episode_id: str | None, k: int | None) -> None:
+        if episode_id is None or k is None:
+            return
+        with self._lock:
+            log = self._episodes.get(episode_id)
+            if log is not None:
+                log.in_flight.discard(k)
+
+    def _record(self, episode_id: str | None, k: int | None, record: CallRecord) -> None:
         if episode_id is None:
             self.unrecorded_calls += 1
             return
         with self._lock:
             log = self._episodes.setdefault(episode_id, _EpisodeLog())
+            log.in_flight.discard(k)
             if not log.closed:  # a call that finishes after its episode was closed is not part of it
                 record.index = len(log.calls)
                 log.calls.append(record)
+                log.numbers.add(k)
 
     # -- serving ---------------------------------------------------------------------------
-    def _sampling(self, body: dict[str, Any], prompt_len: int, episode_id: str | None) -> SamplingParams:
+    def _sampling(self, body: dict[str, Any], prompt_len: int, field_name: str = "messages") -> SamplingParams:
+        """The request's sampling parameters; its seed only when it sent one (see `_seeded`)."""
         max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
         max_tokens = self.max_tokens if max_tokens is None else max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
@@ -274,67 +328,95 @@ class Gateway:
         room = self.max_context_tokens - prompt_len
         if room < 1:
             raise RequestError(f"the prompt is {prompt_len} tokens; this gateway's context is "
-                               f"{self.max_context_tokens} tokens", "messages", "context_length_exceeded")
+                               f"{self.max_context_tokens} tokens", field_name, "context_length_exceeded")
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise RequestError("stop must be a string or a list of strings", "stop")
-        seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool)):
-            raise RequestError(f"seed must be an integer, got {seed!r}", "seed")
-        if seed is None and self.seed is not None and episode_id is not None:
-            with self._lock:
-                log = self._episodes.get(episode_id)
-                key = log.seed_key if log is not None and log.seed_key is not None else episode_id
-                calls = len(log.calls) if log is not None else 0
-            seed = zlib.crc32(f"{self.seed}:{key}:{calls}".encode())
         try:
             return SamplingParams(max_tokens=min(max_tokens, room),
-                                  temperature=_number(body, "temperature", self.temperature),
-                                  top_p=_number(body, "top_p", 1.0), stop=[s for s in stop if s],
-                                  stop_token_ids=list(self.builder.stop_ids), seed=seed)
+                                  temperature=number(body, "temperature", self.temperature, 0.0, 2.0),
+                                  top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                                  stop=[s for s in stop if s], stop_token_ids=list(self.builder.stop_ids),
+                                  seed=check_seed(body))
         except ValueError as exc:
+            if isinstance(exc, RequestError):
+                raise
             raise RequestError(str(exc), None) from None
 
+    def _seeded(self, params: SamplingParams, episode_id: str | None, k: int | None) -> SamplingParams:
+        """`params` with the seed of call number `k` of the episode, when the request sent none."""
+        if params.seed is not None or self.seed is None or episode_id is None or k is None:
+            return params
+        with self._lock:
+            log = self._episodes.get(episode_id)
+            key = log.seed_key if log is not None and log.seed_key is not None else episode_id
+        return replace(params, seed=zlib.crc32(f"{self.seed}:{key}:{k}".encode()))
+
+    def _check_length(self, chars: int, param: str) -> None:
+        """Refuse, before tokenising, a prompt whose characters cannot fit the context (LENGTH_SLACK)."""
+        longest = self.builder.max_token_chars
+        if chars > LENGTH_SLACK * longest * self.max_context_tokens:
+            raise RequestError(f"the prompt is {chars:,} characters long, far more than this gateway's context of "
+                               f"{self.max_context_tokens} tokens holds (no token of this tokenizer is longer than "
+                               f"{longest} characters); shorten it", param, "context_length_exceeded")
+
+    async def _off_loop(self, fn: Any, *args: Any) -> Any:
+        """Run `fn(*args)` on the gateway's tokenising thread, so the event loop keeps serving."""
+        if self._tokenize_pool is None:
+            self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="wb-gateway-tokenize")
+        return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
+
     async def _generate(self, prompt: list[int], params: SamplingParams) -> Any:
-        result = await asyncio.wrap_future(self.engine.submit(prompt, params))
+        try:
+            result = await asyncio.wrap_future(self.engine.submit(prompt, params))
+        except EngineError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - whatever the engine raised is its failure, named
+            raise EngineError(f"{self.engine.name} engine: {type(exc).__name__}: {exc}") from exc
         if result.finish_reason == "error":
-            raise RuntimeError(f"{self.engine.name} engine: {result.error or 'generation failed'}")
+            raise EngineError(f"{self.engine.name} engine: {result.error or 'generation failed'}")
         return result
 
-    async def _reply_ids(self, episode_id: str | None, prompt: list[int],
+    async def _reply_ids(self, episode_id: str | None, k: int | None, prompt: list[int],
                          params: SamplingParams) -> tuple[list[int], list[float], str, str]:
-        """(ids, logprobs, finish reason, source) of this call: its scripted reply, else sampled."""
-        scripted = self._scripted(episode_id, prompt)
+        """(ids, logprobs, finish reason, source) of call `k`: its scripted reply, else sampled."""
+        scripted = self._scripted(episode_id, k, prompt)
         if scripted is not None:
             return list(scripted.token_ids), list(scripted.logprobs), scripted.finish_reason, scripted.source
-        result = await self._generate(prompt, params)
+        result = await self._generate(prompt, self._seeded(params, episode_id, k))
         return list(result.token_ids), list(result.logprobs), result.finish_reason, "model"
 
     async def chat(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
         """Serve one `/v1/chat/completions` request body (raises RequestError for a 400)."""
         start = time.monotonic()
-        _common_checks(body)
+        check_stream(body)  # before generating: a malformed stream_options is a 400, not a wasted reply
+        want_logprobs = check_choices(body)
         messages = check_messages(body.get("messages"))
         tools = parse_tools(body.get("tools"))
         if body.get("tool_choice") not in (None, "auto", "none"):
             raise RequestError("tool_choice must be 'auto' or 'none' (the model decides)", "tool_choice")
         if body.get("tool_choice") == "none":
             tools = []
-        episode_id = episode_id or _user(body)
+        episode_id = episode_id or user(body)
         replies = self._check_open(episode_id)
-        prompt, msgs, reused = self.builder.prompt_ids(messages, tools, replies)
-        params = self._sampling(body, len(prompt), episode_id)
-        ids, logprobs, finish, source = await self._reply_ids(episode_id, prompt, params)
-        reply = self.builder.reply(ids, logprobs, parse_tools=bool(tools))
-        self._record(episode_id, CallRecord(0, prompt, reply, finish, msgs, tools, reused, "chat",
-                                            time.monotonic() - start, source))
+        self._check_length(sum(len(m["content"]) for m in messages), "messages")
+        prompt, msgs, reused = await self._off_loop(self.builder.prompt_ids, messages, tools, replies)
+        params = self._sampling(body, len(prompt))
+        k = self._admit(episode_id)
+        try:
+            ids, logprobs, finish, source = await self._reply_ids(episode_id, k, prompt, params)
+            reply = self.builder.reply(ids, logprobs, parse_tools=bool(tools))
+            self._record(episode_id, k, CallRecord(0, prompt, reply, finish, msgs, tools, reused, "chat",
+                                                   time.monotonic() - start, source))
+        finally:
+            self._release(episode_id, k)
         finish = "tool_calls" if reply.tool_calls else finish
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-        if body.get("logprobs"):
+        if want_logprobs:
             choice["logprobs"] = {"content": [
                 {"token": self.tokenizer.decode([t]), "logprob": lp, "bytes": None, "top_logprobs": []}
                 for t, lp in zip(reply.token_ids, reply.logprobs)]}
@@ -344,12 +426,14 @@ class Gateway:
     async def completions(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
         """Serve one `/v1/completions` request body: a text prompt (tokenised as sent) or token ids."""
         start = time.monotonic()
-        _common_checks(body)
+        check_stream(body)
+        check_choices(body, chat=False)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
             prompt = prompt[0]
         if isinstance(prompt, str) and prompt:
-            ids = encode(self.tokenizer, prompt)
+            self._check_length(len(prompt), "prompt")
+            ids = await self._off_loop(encode, self.tokenizer, prompt)
         elif (isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)):
             vocab = len(self.tokenizer)
             if any(t < 0 or t >= vocab for t in prompt):
@@ -358,21 +442,25 @@ class Gateway:
         else:
             raise RequestError("prompt must be a non-empty string or a non-empty list of token ids (one prompt)",
                                "prompt")
-        episode_id = episode_id or _user(body)
-        self._check_open(episode_id)
-        params = self._sampling(body, len(ids), episode_id)
-        out, logprobs, finish, source = await self._reply_ids(episode_id, ids, params)
-        text = self.tokenizer.decode(out, skip_special_tokens=True)
-        reply = Reply(list(out), list(logprobs), text, text)
-        self._record(episode_id, CallRecord(0, ids, reply, finish, [], [], 0, "completions",
-                                            time.monotonic() - start, source))
+        episode_id = episode_id or user(body)
+        params = self._sampling(body, len(ids), "prompt")
+        k = self._admit(episode_id)
+        try:
+            out, logprobs, finish, source = await self._reply_ids(episode_id, k, ids, params)
+            text = self.tokenizer.decode(out, skip_special_tokens=True)
+            reply = Reply(list(out), list(logprobs), text, text)
+            self._record(episode_id, k, CallRecord(0, ids, reply, finish, [], [], 0, "completions",
+                                                   time.monotonic() - start, source))
+        finally:
+            self._release(episode_id, k)
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
                 "model": self.model_name, "usage": _usage(ids, reply),
                 "choices": [{"index": 0, "text": text, "finish_reason": finish, "logprobs": None}]}
 
     def _build_app(self) -> Any:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse, StreamingResponse
+        from fastapi.responses import JSONResponse, Response, StreamingResponse
+        from starlette.requests import ClientDisconnect
 
         app = FastAPI(title="workbench gateway", docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -382,14 +470,13 @@ class Gateway:
 
         async def handle(request: Request, fn: Any, episode_id: str | None) -> Any:
             try:
-                body = json.loads(await request.body())
-            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                return error(400, f"the request body is not valid JSON: {exc}", "invalid_request_error",
-                             None, "invalid_json")
-            if not isinstance(body, dict):
-                return error(400, "the request body must be a JSON object", "invalid_request_error", None,
-                             "invalid_request")
+                raw = await request.body()
+            except ClientDisconnect:  # nobody to answer: one line in the log, no traceback
+                _server_log.warning("gateway: a client disconnected before sending its whole request body (%s %s); "
+                            "nothing was served", request.method, request.url.path)
+                return Response(status_code=400)
             try:
+                body = parse_body(raw)
                 response = await fn(body, episode_id or request.headers.get("x-episode-id"))
                 stream, include_usage = check_stream(body)
                 if stream:  # the finished reply as OpenAI's chunks (workbench.gateway.stream)
@@ -398,8 +485,10 @@ class Gateway:
                 return JSONResponse(response)
             except RequestError as exc:
                 return error(400, exc.message, "invalid_request_error", exc.param, exc.code)
-            except Exception as exc:  # noqa: BLE001 - the engine failed: a server error, named
-                return error(500, f"{type(exc).__name__}: {exc}", "server_error", None, "engine_error")
+            except EngineError as exc:  # the engine failed: a server error, named
+                return error(500, str(exc), "server_error", None, "engine_error")
+            except Exception as exc:  # noqa: BLE001 - a fault of the gateway itself, named; it keeps serving
+                return error(500, f"{type(exc).__name__}: {exc}", "server_error", None, "internal_error")
 
         @app.post("/v1/chat/completions")
         async def chat(request: Request):
@@ -437,27 +526,6 @@ class Gateway:
     def __repr__(self) -> str:
         state = f"serving {self.base_url}" if self._thread is not None else "stopped"
         return f"Gateway({self.engine!r}, {state}, episodes={len(self._episodes)})"
-
-
-def _common_checks(body: dict[str, Any]) -> None:
-    check_stream(body)  # before generating: a malformed stream_options is a 400, not a wasted reply
-    n = body.get("n", 1)
-    if n != 1:
-        raise RequestError(f"n must be 1 (one choice per call), got {n!r}", "n", "unsupported_parameter")
-
-
-def _user(body: dict[str, Any]) -> str | None:
-    user = body.get("user")
-    return user if isinstance(user, str) and user else None
-
-
-def _number(body: dict[str, Any], name: str, default: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, (int, float)) or isinstance(value, bool):
-        raise RequestError(f"{name} must be a number, got {value!r}", name)
-    return float(value)
 
 
 def _usage(prompt: list[int], reply: Reply) -> dict[str, int]:
