@@ -27,16 +27,29 @@ never changed, even when it leaves less than `max_tokens` for the first turn. A 
 would overflow ends the episode as truncated ("context"), and a human action that
 would overflow is rejected with a ValueError before anything changes.
 
+Environments with room for a limited number of episodes at once (an OpenEnv server at
+its session limit): a `reset` that raises `EnvironmentBusy` does not end the episode; it
+waits (`rollout.waiting`, in order) and is reset again, joining the next turn, after one
+of this rollout's own episodes has ended -- each ended episode's `env.end_episode()` is
+called (after `on_truncate`) to give its place back. The wait does not count against
+`step_timeout` while this rollout has episodes running: those free the places, and each
+of their calls has its own limit. When none is running (the places are held outside
+this rollout: another process, another rollout), the rollout polls for room for up to
+the episode's `step_timeout` (None: no limit), then ends it with the environment's own
+words. Episodes that waited are counted in `rollout/queued_episodes`.
+
 Simplified: turns are synchronous (all live episodes generate, then all step their
 environments).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.env_registry import make_environment
+from workbench.environment import EnvironmentBusy
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
 from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
@@ -163,6 +176,10 @@ class Rollout:
         # Tokens a cut first observation leaves for the first turn (see `_opening`).
         self.first_turn_room = min(max_tokens, max(1, (max_context_tokens - self.close_reserve) // 2))
         self.slots: list[_Slot] = []
+        self.waiting: list[int] = []  # episodes whose reset found no room (EnvironmentBusy), in order
+        self.queued: set[int] = set()  # episodes that waited at some point
+        self._busy: dict[int, str] = {}  # the last EnvironmentBusy text of each waiting episode
+        self._ended = self._tried_at = 0  # episodes ended; that count when the waiting were last tried
         self.turn_counter = 0
 
     # -- construction helpers ----------------------------------------------------------
@@ -175,8 +192,10 @@ class Rollout:
 
     # -- episode lifecycle -------------------------------------------------------------
     def reset(self) -> "Rollout":
-        """Reset every environment and render each episode's opening prompt."""
-        self.slots = []
+        """Reset every environment and render each episode's opening prompt (episodes whose
+        environment has no room yet wait in `self.waiting`; see the module docstring)."""
+        self.slots, self.waiting, self.queued, self._busy = [], [], set(), {}
+        self._ended = self._tried_at = 0
         self.turn_counter = 0
         for i, env in enumerate(self.environments):
             ep = Episode(episode_id=i, group_id=self.group_ids[i], env_name=type(env).__name__, env_seed=self.seeds[i])
@@ -187,32 +206,88 @@ class Rollout:
             parser = self.parser if self.parser is not None else getattr(env, "action_parser", None)
             manager = MultiTurnManager(registry, parser, env, max_turns=self.max_turns,
                                        step_timeout=self.step_timeouts[i])
-            slot = _Slot(ep, env, manager)
-            self.slots.append(slot)
-            try:
-                obs = manager.reset(seed=self.seeds[i])
-            except Exception as exc:  # a crashing reset ends this episode only
-                self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
-                continue
-            try:
-                system = manager.system_prompt()
-            except Exception as exc:  # a crashing get_prompt_prefix ends this episode only
-                self._fail(slot, f"{type(env).__name__}.get_prompt_prefix (the system prompt) raised "
-                                 f"{type(exc).__name__}: {exc}")
-                continue
-            bad = invalid_text(obs, "the first observation (reset)") or invalid_text(system, "the system prompt")
-            if bad:
-                self._fail(slot, bad)
-                continue
-            try:
-                seen, ep.messages, ids = self._opening(system, obs or "", ep)
-            except _NoRoom as exc:
-                self._fail(slot, str(exc))
-                continue
-            ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
-            ep.prompt_length = len(ids)
-            ep.states.append(seen)
+            self.slots.append(_Slot(ep, env, manager))
+        for i in range(len(self.slots)):
+            self._start(i)
         return self
+
+    def _start(self, i: int) -> bool:
+        """Reset episode `i`'s environment and render its opening; False when the
+        environment has no room yet (the episode is put in `self.waiting`)."""
+        slot = self.slots[i]
+        ep, env, manager = slot.episode, slot.env, slot.manager
+        try:
+            obs = manager.reset(seed=self.seeds[i])
+        except EnvironmentBusy as exc:  # no room on the environment's server yet: wait
+            self._busy[i] = str(exc)
+            self.queued.add(i)
+            if i not in self.waiting:
+                self.waiting.append(i)
+            return False
+        except Exception as exc:  # a crashing reset ends this episode only
+            self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
+            return True
+        try:
+            system = manager.system_prompt()
+        except Exception as exc:  # a crashing get_prompt_prefix ends this episode only
+            self._fail(slot, f"{type(env).__name__}.get_prompt_prefix (the system prompt) raised "
+                             f"{type(exc).__name__}: {exc}")
+            return True
+        bad = invalid_text(obs, "the first observation (reset)") or invalid_text(system, "the system prompt")
+        if bad:
+            self._fail(slot, bad)
+            return True
+        try:
+            seen, ep.messages, ids = self._opening(system, obs or "", ep)
+        except _NoRoom as exc:
+            self._fail(slot, str(exc))
+            return True
+        ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
+        ep.prompt_length = len(ids)
+        ep.states.append(seen)
+        return True
+
+    def admit_waiting(self) -> list[int]:
+        """Reset the waiting episodes that find room now, in order; returns those now live.
+
+        Tried only after one of this rollout's episodes has ended since the last try (it
+        gave a place back). With none of this rollout's episodes live, nothing here can
+        make room: the waiting episodes are retried (every 0.05 s, backing off to 1 s)
+        until they start or their `step_timeout` passes, when they end with the
+        environment's own words."""
+        if not self.waiting or (self.live and self._ended == self._tried_at):
+            return []
+        self._tried_at = self._ended
+        started = self._try_waiting()
+        if started or not self.waiting or self.live:
+            return started
+        begin, delay = time.monotonic(), 0.05
+        while self.waiting:
+            waited = time.monotonic() - begin
+            for i in list(self.waiting):
+                limit = self.step_timeouts[i]
+                if limit is not None and waited >= limit:
+                    self.waiting.remove(i)
+                    self._fail(self.slots[i], f"environment reset raised EnvironmentBusy: {self._busy.get(i, '')} "
+                                              f"(waited {waited:.1f} s with no episode of this rollout running; "
+                                              f"step_timeout={limit:g})")
+            if not self.waiting:
+                break
+            time.sleep(delay)
+            delay = min(1.0, delay * 2)
+            started = self._try_waiting()
+            if started:
+                return started
+        return []
+
+    def _try_waiting(self) -> list[int]:
+        """One reset try of every waiting episode, in order; the ones now live."""
+        started = []
+        for i in list(self.waiting):
+            self.waiting.remove(i)
+            if self._start(i) and not self.slots[i].episode.done:
+                started.append(i)
+        return started
 
     def _opening_messages(self, system: str, observation: str) -> list[dict[str, Any]]:
         opening = observation
@@ -266,20 +341,24 @@ class Rollout:
     def fault_metrics(self) -> dict[str, float]:
         """`rollout/env_timeouts`: episodes ended by a `step_timeout` overrun;
         `rollout/stuck_threads`: timed-out calls (any rollout) whose threads could not be
-        interrupted and are still running; `rollout/context_cuts`: first observations cut.
-        `run()` copies the non-zero ones into the batch's `meta`."""
+        interrupted and are still running; `rollout/context_cuts`: first observations cut;
+        `rollout/queued_episodes`: episodes that waited for room on their environment's
+        server before they started (or ended). `run()` copies the non-zero ones into the
+        batch's `meta`."""
         eps = [s.episode for s in self.slots]
         return {
             "rollout/env_timeouts": float(sum(1 for e in eps if e.error and "CallTimeout" in e.error)),
             "rollout/stuck_threads": float(len(stuck_threads())),
             "rollout/context_cuts": float(sum(1 for e in eps if any(w.startswith("context: first observation cut")
                                                                      for w in e.warnings))),
+            "rollout/queued_episodes": float(len(self.queued)),
         }
 
     @property
     def live(self) -> list[int]:
-        """Indices of episodes that have not ended."""
-        return [i for i, s in enumerate(self.slots) if not s.episode.done]
+        """Indices of episodes that have started and not ended (not those in `self.waiting`)."""
+        waiting = set(self.waiting)
+        return [i for i, s in enumerate(self.slots) if not s.episode.done and i not in waiting]
 
     @property
     def batch(self) -> TrajectoryBatch:
@@ -296,6 +375,7 @@ class Rollout:
         """
         if not self.slots:
             self.reset()
+        self.admit_waiting()
         human_actions = dict(human_actions or {})
         human_ids = {}
         for i, text in human_actions.items():
@@ -337,7 +417,7 @@ class Rollout:
             self.reset()
         steps = 0
         with EpisodeBar(self.slots, self.progress, self.progress_desc, self.progress_leave) as bar:
-            while self.live and (max_steps is None or steps < max_steps):
+            while (self.live or self.waiting) and (max_steps is None or steps < max_steps):
                 self.step()
                 steps += 1
                 bar.refresh()
@@ -509,6 +589,13 @@ class Rollout:
     def _finish(self, slot: _Slot) -> None:
         ep = slot.episode
         ep.done = True
+        self._ended += 1
+        end = getattr(slot.env, "end_episode", None)
+        if callable(end):  # give back what the episode held (a server session), so a waiting one can start
+            try:
+                end()
+            except Exception as exc:  # noqa: BLE001 - the episode has ended either way
+                ep.warnings.append(f"{type(slot.env).__name__}.end_episode raised {type(exc).__name__}: {exc}")
         if self.check_alignment and ep.token_ids and ep.messages:
             report = check_token_alignment(ep, self.tokenizer)
             if not report.ok:
