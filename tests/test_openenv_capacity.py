@@ -19,12 +19,13 @@ pytest.importorskip("openenv.core.env_server.http_server")
 
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
-from tests.test_openenv import _free_port  # noqa: E402
+from tests.test_openenv import GuessEnv, _free_port  # noqa: E402
 from workbench.adapters.openenv_capacity import ServerPlaces, server_words  # noqa: E402
 from workbench.adapters.openenv_env import OpenEnvEnvironment  # noqa: E402
 from workbench.env_registry import make_env  # noqa: E402
 from workbench.environment import EnvironmentBusy  # noqa: E402
 from workbench.rollout.async_rollout import AsyncRollout  # noqa: E402
+from workbench.rollout.fork import replay  # noqa: E402
 from workbench.rollout.rollout import Rollout  # noqa: E402
 from workbench.trajectory import TrajectoryBatch  # noqa: E402
 
@@ -121,6 +122,10 @@ def test_a_rollout_queues_what_the_server_cannot_take(fresh_places, tiny_engine,
     assert batch.meta["rollout/queued_episodes"] == 3.0
     assert envs[0].places.open == 0  # every session closed when its episode ended
     assert capsys.readouterr().err.count(NOTICE) == 1
+    # a fork replays its copies side by side: it needs them all at once, and says so
+    with pytest.raises(RuntimeError, match=r"needs 2 environments at once, but 1 found no room: all 1 places"):
+        replay(batch[0], 1, tiny_engine, n=2, environment=lambda: make_env(f"openenv:{url}"), max_tokens=4)
+    assert envs[0].places.open == 0
 
 
 def test_a_server_that_refuses_mid_run_ends_only_the_refused_episodes(fresh_places, tiny_engine, capsys):
@@ -198,3 +203,21 @@ def test_a_refusal_on_a_closed_socket_still_gives_the_servers_words(fresh_places
     two.close()
     with pytest.raises(ValueError, match="environment.params.max_concurrent must be a whole number"):
         make_env(f"openenv:{url}", max_concurrent=0)
+
+
+class SoloGuessEnv(GuessEnv):
+    """A class whose sessions may not run side by side (OpenEnv's default)."""
+
+    SUPPORTS_CONCURRENT_SESSIONS = False
+
+
+def test_a_class_without_concurrent_sessions_is_served_one_at_a_time(tiny_engine, capsys):
+    envs = [make_env("openenv:tests.test_openenv_capacity:SoloGuessEnv") for _ in range(3)]
+    assert envs[0].places.limit == 1  # known from the class: no refusal needed
+    batch = Rollout(tiny_engine, envs, seeds=[0, 1, 2], max_turns=2, max_tokens=4, step_timeout=20).run()
+    assert [ep.error for ep in batch] == [None] * 3 and all(ep.num_tokens > 0 for ep in batch)
+    assert batch.meta["rollout/queued_episodes"] == 2.0
+    err = capsys.readouterr().err
+    assert err.count(NOTICE) == 1 and "SoloGuessEnv does not set SUPPORTS_CONCURRENT_SESSIONS = True" in err
+    for env in envs:
+        env.close()

@@ -29,27 +29,22 @@ would overflow is rejected with a ValueError before anything changes.
 
 Environments with room for a limited number of episodes at once (an OpenEnv server at
 its session limit): a `reset` that raises `EnvironmentBusy` does not end the episode; it
-waits (`rollout.waiting`, in order) and is reset again, joining the next turn, after one
-of this rollout's own episodes has ended -- each ended episode's `env.end_episode()` is
-called (after `on_truncate`) to give its place back. The wait does not count against
-`step_timeout` while this rollout has episodes running: those free the places, and each
-of their calls has its own limit. When none is running (the places are held outside
-this rollout: another process, another rollout), the rollout polls for room for up to
-the episode's `step_timeout` (None: no limit), then ends it with the environment's own
-words. Episodes that waited are counted in `rollout/queued_episodes`.
+waits (`rollout.waiting`) and is reset when one of this rollout's episodes has ended
+(each ended episode's `env.end_episode()` is called, after `on_truncate`, to give its
+place back). How the wait meets `step_timeout`: `workbench.rollout.waiting`. Episodes
+that waited are counted in `rollout/queued_episodes`.
 
 Simplified: turns are synchronous (all live episodes generate, then all step their
 environments).
 """
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.env_registry import make_environment
-from workbench.environment import EnvironmentBusy
+from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
 from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
@@ -96,7 +91,7 @@ class _NoRoom(ValueError):
     """An episode's opening prompt does not fit `max_context_tokens` even without its observation."""
 
 
-class Rollout:
+class Rollout(EpisodeQueue):
     """Batched, stepwise multi-turn rollout over several environment instances.
 
     Args:
@@ -176,10 +171,7 @@ class Rollout:
         # Tokens a cut first observation leaves for the first turn (see `_opening`).
         self.first_turn_room = min(max_tokens, max(1, (max_context_tokens - self.close_reserve) // 2))
         self.slots: list[_Slot] = []
-        self.waiting: list[int] = []  # episodes whose reset found no room (EnvironmentBusy), in order
-        self.queued: set[int] = set()  # episodes that waited at some point
-        self._busy: dict[int, str] = {}  # the last EnvironmentBusy text of each waiting episode
-        self._ended = self._tried_at = 0  # episodes ended; that count when the waiting were last tried
+        self._clear_queue()  # no episode waits for room (workbench.rollout.waiting)
         self.turn_counter = 0
 
     # -- construction helpers ----------------------------------------------------------
@@ -194,8 +186,8 @@ class Rollout:
     def reset(self) -> "Rollout":
         """Reset every environment and render each episode's opening prompt (episodes whose
         environment has no room yet wait in `self.waiting`; see the module docstring)."""
-        self.slots, self.waiting, self.queued, self._busy = [], [], set(), {}
-        self._ended = self._tried_at = 0
+        self.slots = []
+        self._clear_queue()
         self.turn_counter = 0
         for i, env in enumerate(self.environments):
             ep = Episode(episode_id=i, group_id=self.group_ids[i], env_name=type(env).__name__, env_seed=self.seeds[i])
@@ -219,10 +211,7 @@ class Rollout:
         try:
             obs = manager.reset(seed=self.seeds[i])
         except EnvironmentBusy as exc:  # no room on the environment's server yet: wait
-            self._busy[i] = str(exc)
-            self.queued.add(i)
-            if i not in self.waiting:
-                self.waiting.append(i)
+            self._wait(i, exc)
             return False
         except Exception as exc:  # a crashing reset ends this episode only
             self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
@@ -246,48 +235,6 @@ class Rollout:
         ep.prompt_length = len(ids)
         ep.states.append(seen)
         return True
-
-    def admit_waiting(self) -> list[int]:
-        """Reset the waiting episodes that find room now, in order; returns those now live.
-
-        Tried only after one of this rollout's episodes has ended since the last try (it
-        gave a place back). With none of this rollout's episodes live, nothing here can
-        make room: the waiting episodes are retried (every 0.05 s, backing off to 1 s)
-        until they start or their `step_timeout` passes, when they end with the
-        environment's own words."""
-        if not self.waiting or (self.live and self._ended == self._tried_at):
-            return []
-        self._tried_at = self._ended
-        started = self._try_waiting()
-        if started or not self.waiting or self.live:
-            return started
-        begin, delay = time.monotonic(), 0.05
-        while self.waiting:
-            waited = time.monotonic() - begin
-            for i in list(self.waiting):
-                limit = self.step_timeouts[i]
-                if limit is not None and waited >= limit:
-                    self.waiting.remove(i)
-                    self._fail(self.slots[i], f"environment reset raised EnvironmentBusy: {self._busy.get(i, '')} "
-                                              f"(waited {waited:.1f} s with no episode of this rollout running; "
-                                              f"step_timeout={limit:g})")
-            if not self.waiting:
-                break
-            time.sleep(delay)
-            delay = min(1.0, delay * 2)
-            started = self._try_waiting()
-            if started:
-                return started
-        return []
-
-    def _try_waiting(self) -> list[int]:
-        """One reset try of every waiting episode, in order; the ones now live."""
-        started = []
-        for i in list(self.waiting):
-            self.waiting.remove(i)
-            if self._start(i) and not self.slots[i].episode.done:
-                started.append(i)
-        return started
 
     def _opening_messages(self, system: str, observation: str) -> list[dict[str, Any]]:
         opening = observation
@@ -589,13 +536,7 @@ class Rollout:
     def _finish(self, slot: _Slot) -> None:
         ep = slot.episode
         ep.done = True
-        self._ended += 1
-        end = getattr(slot.env, "end_episode", None)
-        if callable(end):  # give back what the episode held (a server session), so a waiting one can start
-            try:
-                end()
-            except Exception as exc:  # noqa: BLE001 - the episode has ended either way
-                ep.warnings.append(f"{type(slot.env).__name__}.end_episode raised {type(exc).__name__}: {exc}")
+        self._episode_ended(slot)
         if self.check_alignment and ep.token_ids and ep.messages:
             report = check_token_alignment(ep, self.tokenizer)
             if not report.ok:
