@@ -44,8 +44,8 @@ from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.env_registry import make_environment
-from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
+from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
@@ -313,7 +313,8 @@ class Rollout(EpisodeQueue):
         return TrajectoryBatch([s.episode for s in self.slots])
 
     def step(self, human_actions: dict[int, str] | None = None) -> list[int]:
-        """Advance every live episode by one turn; returns the indices advanced.
+        """Advance every live episode by one turn; returns the indices advanced. Waiting
+        episodes that find room now are reset first and take this turn too.
 
         Args:
             human_actions: {episode index: text} for turns typed by a person; those
