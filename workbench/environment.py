@@ -24,7 +24,7 @@ an episode holds outside the process (a server session) when the rollout ends it
 
 An environment whose server has no room for another episode right now raises
 `EnvironmentBusy` from `reset`; the rollout keeps that episode waiting and resets it
-again when one of its own episodes ends (see `workbench.rollout.rollout`).
+again when one of its own episodes ends (see `workbench.rollout.waiting`).
 """
 from __future__ import annotations
 
