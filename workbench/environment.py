@@ -19,7 +19,12 @@ subclass's reset runs; environments draw all randomness from `self.rng`.
 
 Optional hooks: `get_tools()` returns tools the model may call in this environment
 (see `workbench.tools`), `action_parser` names a parser ("json", "react",
-"function_calling") when the environment expects tool calls.
+"function_calling") when the environment expects tool calls, `end_episode()` frees what
+an episode holds outside the process (a server session) when the rollout ends it.
+
+An environment whose server has no room for another episode right now raises
+`EnvironmentBusy` from `reset`; the rollout keeps that episode waiting and resets it
+again when one of its own episodes ends (see `workbench.rollout.waiting`).
 """
 from __future__ import annotations
 
@@ -35,6 +40,14 @@ StepResult = tuple[str, float, bool, dict]
 
 class EnvironmentError_(RuntimeError):
     """Raised for misuse of an environment (e.g. stepping a finished episode)."""
+
+
+class EnvironmentBusy(RuntimeError):
+    """Raised by `reset` when the environment's server has no room for another episode
+    now: it serves a limited number at once and all are taken (an OpenEnv server at its
+    `max_concurrent_envs`). Nothing was started. A rollout keeps the episode waiting and
+    resets it again when one of its own episodes ends; the message says what holds the
+    room (the server's own words when it refused)."""
 
 
 def _as_config(config: EnvironmentConfig | Mapping[str, Any] | None) -> EnvironmentConfig:
@@ -153,6 +166,12 @@ class BaseEnvironment:
         `info["settled_reward"]`. Default: None (an unfinished episode earns nothing more).
         """
         return None
+
+    def end_episode(self) -> None:
+        """Free what the episode holds outside this process (a server session, a place in
+        a server's limit). A rollout calls it once when an episode ends, for any reason
+        (done, truncated, failed), after `on_truncate`; the next `reset()` takes them up
+        again. Default: nothing."""
 
     def settle(self, reason: str) -> float:
         """`on_truncate(reason)` at most once per episode; 0.0 when it returns None or

@@ -22,12 +22,27 @@ per episode (`GenericEnvClient(base_url).sync()`, plain dicts in and out). This 
     wire format), the environment's `state()` after each step (`info["state"]`, OpenEnv's
     extra state fields included), and `success` from either when they report one.
   * errors: a failed connection, a server error or an invalid action raise from
-    `reset`/`step`, which ends that episode only (the rollout records it); the client's
-    message timeout is `step_timeout`, so a hung server cannot hold a step longer.
+    `reset`/`step`, which ends that episode only (the rollout records it), with the
+    server's own words ("Server error: ... (code: ...)") also when it closed the socket
+    instead of answering; the client's message timeout is `step_timeout`, so a hung
+    server cannot hold a step longer.
+  * sessions and the server's limit: each episode holds one WebSocket session, opened by
+    `reset` and closed by `end_episode()` (the rollout calls it when the episode ends) or
+    `close()`. An OpenEnv server serves at most `max_concurrent_envs` sessions at once
+    (1 unless its `create_app` call says more) and does not publish that number, so the
+    adapter learns it from the server's first refusal ("Server at capacity: 1/1 sessions
+    active ... (code: CAPACITY_REACHED)", then one notice on stderr saying how to raise
+    it), or from the `max_concurrent` param (a number, the most sessions this process
+    opens at once on that server). All environments of this process that use one server
+    share its places (`workbench.adapters.openenv_capacity.ServerPlaces`); with every
+    place taken, `reset` raises `EnvironmentBusy` and the rollout queues the episode
+    until one of its episodes ends. So a batch of 8 on a server of capacity 1 runs its
+    episodes one after another.
   * `openenv:module:Class`: the class is served on 127.0.0.1 (a uvicorn thread, a free port)
     the first time an environment needs it; every copy of the environment shares that
-    server (one session each, `max_sessions` param, default 64; the class must declare
-    `SUPPORTS_CONCURRENT_SESSIONS = True` for more than one), and it is stopped when the
+    server (one session each, `max_sessions` param, default 64 when the class declares
+    `SUPPORTS_CONCURRENT_SESSIONS = True`, else 1, which runs its episodes one at a time),
+    and it is stopped when the
     last copy is closed (or garbage-collected). The action and observation classes come
     from the annotations of `Class.step` (or params `action_class` / `observation_class`).
 """
@@ -41,8 +56,9 @@ import typing
 import weakref
 from typing import Any, Mapping
 
+from workbench.adapters.openenv_capacity import ServerPlaces, capacity_limit, server_words
 from workbench.config import EnvironmentConfig
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environment import BaseEnvironment, EnvironmentBusy, StepResult
 from workbench.imports import import_object
 
 OBSERVATION_FIELDS = ("text", "message", "prompt", "content", "output", "observation")
@@ -64,11 +80,13 @@ class _Served:
     _lock = threading.Lock()
     _by_spec: dict[str, "_Served"] = {}
 
-    def __init__(self, spec: str, max_sessions: int, action_class: str | None, observation_class: str | None):
+    def __init__(self, spec: str, max_sessions: int | None, action_class: str | None, observation_class: str | None):
         import uvicorn
         from openenv.core.env_server.http_server import create_fastapi_app
 
         env_cls = import_object(spec)
+        concurrent = bool(getattr(env_cls, "SUPPORTS_CONCURRENT_SESSIONS", False))
+        self.max_sessions = max_sessions if max_sessions is not None else 64 if concurrent else 1
         hints = typing.get_type_hints(env_cls.step)
         action_cls = import_object(action_class) if action_class else hints.get("action")
         obs_cls = import_object(observation_class) if observation_class else hints.get("return")
@@ -76,7 +94,7 @@ class _Served:
             raise ValueError(f"cannot tell the action and observation classes of {spec}: annotate "
                              "`step(self, action: MyAction) -> MyObservation` or set the env params "
                              "action_class / observation_class to 'module:Name'")
-        app = create_fastapi_app(env_cls, action_cls, obs_cls, max_concurrent_envs=max_sessions)
+        app = create_fastapi_app(env_cls, action_cls, obs_cls, max_concurrent_envs=self.max_sessions)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.spec, self.port, self.refs = spec, sock.getsockname()[1], 0
@@ -89,13 +107,19 @@ class _Served:
             if time.monotonic() > deadline or not self.thread.is_alive():
                 raise RuntimeError(f"the OpenEnv server for {spec} did not start on 127.0.0.1:{self.port}")
             time.sleep(0.01)
+        why = (f"{env_cls.__name__} does not set SUPPORTS_CONCURRENT_SESSIONS = True, so the adapter serves it "
+               "one session at a time" if not concurrent else f"the adapter serves {spec} with max_sessions="
+               f"{self.max_sessions}")
+        ServerPlaces.for_url(self.url).learned(
+            self.max_sessions, why, "set the env param max_sessions=N (the class must set "
+            "SUPPORTS_CONCURRENT_SESSIONS = True, which it may when its sessions share no state)")
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     @classmethod
-    def acquire(cls, spec: str, max_sessions: int, action_class: str | None,
+    def acquire(cls, spec: str, max_sessions: int | None, action_class: str | None,
                 observation_class: str | None) -> "_Served":
         with cls._lock:
             served = cls._by_spec.get(spec)
@@ -114,14 +138,52 @@ class _Served:
         self.thread.join(10)
 
 
+class _Session:
+    """One environment's WebSocket session and the server place it holds. Holds no
+    reference to the environment, so a garbage-collected environment closes it."""
+
+    def __init__(self, places: ServerPlaces):
+        self.places = places
+        self.client: Any = None
+        self.has_place = False
+        self.lock = threading.Lock()
+
+    def open(self, make_client: Any) -> Any:
+        """The open client; takes a place and connects first when there is none.
+        Raises `EnvironmentBusy` (nothing opened) when every place is taken."""
+        with self.lock:
+            if self.client is not None:
+                return self.client
+            if not self.has_place:
+                if not self.places.take():
+                    raise EnvironmentBusy(self.places.busy_text())
+                self.has_place = True
+            self.client = make_client()  # kept before connecting, so close() also closes a half-open one
+        self.client.connect()
+        return self.client
+
+    def close(self) -> None:
+        """Close the client (if any) and give the place back (if held)."""
+        with self.lock:
+            client, self.client = self.client, None
+            place, self.has_place = self.has_place, False
+        if client is not None:
+            try:
+                client.close()
+            except Exception:  # noqa: BLE001 - the server may be gone already
+                pass
+        if place:
+            self.places.give_back()
+
+
 class OpenEnvEnvironment(BaseEnvironment):
     """An OpenEnv server (URL) or `Environment` class (`module:Class`) behind the workbench API.
 
     Args:
         target: "http://HOST:PORT" of a running server, or "module:Class" to serve in-process.
         config: `EnvironmentConfig` or dict; params: `action_field`, `action_json`,
-            `observation_field`, `max_sessions`, `action_class`, `observation_class`
-            (see the module docstring).
+            `observation_field`, `max_concurrent`, `max_sessions`, `action_class`,
+            `observation_class` (see the module docstring).
     """
 
     def __init__(self, target: str, config: EnvironmentConfig | Mapping[str, Any] | None = None, **params: Any):
@@ -136,15 +198,34 @@ class OpenEnvEnvironment(BaseEnvironment):
         self.action_json = bool(self.params.get("action_json", False))
         self.observation_field: str | None = self.params.get("observation_field")
         self._served: _Served | None = None
-        self._client: Any = None
         self._finalizer: Any = None
         self.last_info: dict[str, Any] = {}
+        max_concurrent = self._count_param("max_concurrent")
         if not target.startswith(("http://", "https://")):
             if ":" not in target:
                 raise ValueError(f"openenv:{target} is neither a URL (http://HOST:PORT) nor module:Class")
-            self._served = _Served.acquire(target, int(self.params.get("max_sessions", 64)),
+            self._served = _Served.acquire(target, self._count_param("max_sessions"),
                                            self.params.get("action_class"), self.params.get("observation_class"))
             self._finalizer = weakref.finalize(self, _Served.release, self._served)
+        self.places = ServerPlaces.for_url(self.url)
+        if max_concurrent is not None:
+            self.places.given(max_concurrent)
+        self._session = _Session(self.places)
+        weakref.finalize(self, self._session.close).atexit = False  # a dropped environment gives its place back
+
+    def _count_param(self, name: str) -> int | None:
+        """The env param `name` as a whole number >= 1, or None when not set."""
+        value = self.params.get(name)
+        if value is None:
+            return None
+        try:
+            number = int(value)
+        except (TypeError, ValueError):
+            number = 0
+        if isinstance(value, bool) or number < 1 or number != float(value):
+            raise ValueError(f"environment.params.{name} must be a whole number >= 1 (sessions at once on the "
+                             f"OpenEnv server), got {value!r}")
+        return number
 
     @classmethod
     def from_config(cls, config: EnvironmentConfig | Mapping[str, Any]) -> "OpenEnvEnvironment":
@@ -169,25 +250,31 @@ class OpenEnvEnvironment(BaseEnvironment):
         raise TypeError("an OpenEnvEnvironment holds a live connection; rebuild it from its config "
                         "(OpenEnvEnvironment.from_config(env.config)) instead of pickling it")
 
+    def end_episode(self) -> None:
+        """Close this episode's session and give its place on the server back (the rollout
+        calls it when the episode ends); the next `reset` opens a new one."""
+        self._session.close()
+
     def close(self) -> None:
         """Close this environment's session; the last copy of a served class stops its server."""
-        if self._client is not None:
-            try:
-                self._client.close()
-            except Exception:  # noqa: BLE001 - the server may be gone already
-                pass
-            self._client = None
+        self._session.close()
         if self._finalizer is not None:
             self._finalizer()  # releases the server once, whether here or at garbage collection
 
     # -- the environment API ------------------------------------------------------------------
+    def _make_client(self) -> Any:
+        client_cls = _import_openenv()
+        timeout = self.config.step_timeout or 60.0
+        return client_cls(base_url=self.url, message_timeout_s=float(timeout)).sync()
+
     def _connect(self) -> Any:
-        if self._client is None:
-            client_cls = _import_openenv()
-            timeout = self.config.step_timeout or 60.0
-            self._client = client_cls(base_url=self.url, message_timeout_s=float(timeout)).sync()
-            self._client.connect()
-        return self._client
+        """The open session's client (a place is taken and a session opened when there is none)."""
+        return self._session.open(self._make_client)
+
+    def _with_words(self, exc: Exception, words: str) -> RuntimeError:
+        """The error to raise for `exc` when the server said `words` that `exc` does not show
+        (read from a socket it closed)."""
+        return RuntimeError(f"{words} [the OpenEnv server at {self.url} closed the connection: {type(exc).__name__}]")
 
     def _schema_action_field(self) -> str:
         import httpx
@@ -226,9 +313,27 @@ class OpenEnvEnvironment(BaseEnvironment):
                          "--env-param observation_field=NAME)")
 
     def reset(self) -> str:
-        client = self._connect()
+        """Open a session (or reuse this environment's open one) and reset it. Raises
+        `EnvironmentBusy` when the server has no room for it (every place of this process
+        taken, or the server refused with its capacity error; nothing stays open)."""
         seed = self._seed if self._seed is not None else self.rng.getrandbits(31)
-        result = client.reset(seed=seed)
+        client = None
+        try:
+            client = self._connect()
+            result = client.reset(seed=seed)
+        except EnvironmentBusy:
+            raise
+        except Exception as exc:
+            words = server_words(client, exc) if client is not None else None
+            self._session.close()  # a failed reset holds nothing
+            limit = capacity_limit(words or str(exc))
+            if limit is not None:
+                self.places.refused(limit, words or str(exc))
+                raise EnvironmentBusy(f"{words or exc} [the OpenEnv server at {self.url}; this process has "
+                                      f"{self.places.open} session(s) open on it]") from None
+            if words is not None and words != str(exc):
+                raise self._with_words(exc, words) from exc
+            raise
         self.last_info = {}
         return self._text(result.observation)
 
@@ -246,8 +351,18 @@ class OpenEnvEnvironment(BaseEnvironment):
         return {self.action_field: text}
 
     def step(self, action: str) -> StepResult:
+        if self._session.client is None:
+            raise RuntimeError(f"the OpenEnv environment at {self.url} has no open session: reset() first "
+                               "(end_episode() or close() ended the last one)")
         client = self._connect()
-        result = client.step(self._action(action))
+        payload = self._action(action)
+        try:
+            result = client.step(payload)
+        except Exception as exc:
+            words = server_words(client, exc)
+            if words is not None and words != str(exc):
+                raise self._with_words(exc, words) from exc
+            raise
         info: dict[str, Any] = {}
         observation = result.observation
         metadata = observation.get("metadata") if isinstance(observation, Mapping) else None

@@ -17,6 +17,10 @@ environment/tools, generate its next turn -- and the loops only meet in the engi
   environment holds a pool thread for at most `step_timeout` (plus a short grace
   period to interrupt it) and then ends its own episode only.
 
+Episodes whose environment had no room at reset (`EnvironmentBusy`) wait as in
+`Rollout`; each is reset on the calling thread once an episode has ended, and then runs
+at its own pace like the others.
+
 Everything else -- token bookkeeping, deltas, truncation, failures, the alignment
 check -- runs on the calling thread through the same `Rollout` methods
 (`_apply_action`, `_truncate`, `_fail`, `_finish`), so episodes are built exactly as
@@ -109,13 +113,13 @@ class AsyncRollout(Rollout):
         if not self.slots:
             self.reset()
         live = self.live
-        if not live:
+        if not live and not self.waiting:
             batch = self.batch
             batch.meta.update({k: v for k, v in self.fault_metrics().items() if v})
             return batch
         events: queue.SimpleQueue = queue.SimpleQueue()
-        turns_left = {i: max_steps for i in live}
-        workers = self.env_workers or min(64, len(live))
+        turns_left = {i: max_steps for i in live + self.waiting}
+        workers = self.env_workers or min(64, len(live) + len(self.waiting))
         pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="wb-env")
         self._engine_error = None
         in_flight = 0
@@ -124,7 +128,15 @@ class AsyncRollout(Rollout):
         try:
             for i in live:
                 in_flight += self._request_turn(i, events, turns_left)
-            while in_flight:
+            while True:
+                if self.waiting and self._engine_error is None:  # episodes waiting for room (module docstring)
+                    for i in self.admit_waiting():  # waits only when no episode of this rollout is live
+                        in_flight += self._request_turn(i, events, turns_left)
+                    bar.refresh()
+                if not in_flight:
+                    if self.waiting and not self.live and self._engine_error is None:
+                        continue  # all that were waiting ended or are still waiting: try again
+                    break
                 kind, i, payload = events.get()
                 in_flight -= 1
                 if kind == "generated":

@@ -133,6 +133,8 @@ def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1,
     Raises:
         ReplayMismatch: a replayed observation, reward, done flag or token differs.
         ValueError: `turn` is out of range or the episode had ended before it.
+        RuntimeError: the environment's server has no room for `n` episodes at once
+            (`EnvironmentBusy` at reset; the copies replay side by side).
     """
     if not 0 <= turn <= episode.num_turns:
         raise ValueError(f"turn must be in 0..{episode.num_turns} for an episode of {episode.num_turns} turns, "
@@ -151,6 +153,14 @@ def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1,
                       group_ids=[f"fork:{episode.group_id or episode.episode_id}:t{turn}"] * n, seed=seed,
                       parser=parser, tools=tools, check_alignment=check_alignment, **settings)
     rollout.reset()
+    if rollout.waiting:  # the copies replay side by side: each needs its own place on the server now
+        reason = rollout.waiting_reason(rollout.waiting[0])
+        for slot in rollout.slots:
+            if callable(getattr(slot.env, "end_episode", None)):
+                slot.env.end_episode()
+        raise RuntimeError(f"replaying {n} copies of episode {episode.episode_id} needs {n} environments at once, "
+                           f"but {len(rollout.waiting)} found no room: {reason}; fork fewer copies at a time (n) "
+                           "or raise the server's limit")
     tok = rollout.tokenizer
     for slot in rollout.slots:
         new = slot.episode

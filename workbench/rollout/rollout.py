@@ -30,6 +30,13 @@ characters than the tokens left can hold (`ChatRenderer.max_chars_per_token`) is
 by its length and never tokenized whole, so a 10 MB observation is cut or ends its
 episode as quickly as a short one.
 
+Environments with room for a limited number of episodes at once (an OpenEnv server at
+its session limit): a `reset` that raises `EnvironmentBusy` does not end the episode; it
+waits (`rollout.waiting`) and is reset when one of this rollout's episodes has ended
+(each ended episode's `env.end_episode()` is called, after `on_truncate`, to give its
+place back). How the wait meets `step_timeout`: `workbench.rollout.waiting`. Episodes
+that waited are counted in `rollout/queued_episodes`.
+
 Simplified: turns are synchronous (all live episodes generate, then all step their
 environments).
 """
@@ -41,6 +48,7 @@ from typing import Any, Callable, Sequence
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.env_registry import make_environment
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
+from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
@@ -86,7 +94,7 @@ class _NoRoom(ValueError):
     """An episode's opening prompt does not fit `max_context_tokens` even without its observation."""
 
 
-class Rollout:
+class Rollout(EpisodeQueue):
     """Batched, stepwise multi-turn rollout over several environment instances.
 
     Args:
@@ -166,6 +174,7 @@ class Rollout:
         # Tokens a cut first observation leaves for the first turn (see `_opening`).
         self.first_turn_room = min(max_tokens, max(1, (max_context_tokens - self.close_reserve) // 2))
         self.slots: list[_Slot] = []
+        self._clear_queue()  # no episode waits for room (workbench.rollout.waiting)
         self.turn_counter = 0
 
     # -- construction helpers ----------------------------------------------------------
@@ -178,8 +187,10 @@ class Rollout:
 
     # -- episode lifecycle -------------------------------------------------------------
     def reset(self) -> "Rollout":
-        """Reset every environment and render each episode's opening prompt."""
+        """Reset every environment and render each episode's opening prompt (episodes whose
+        environment has no room yet wait in `self.waiting`; see the module docstring)."""
         self.slots = []
+        self._clear_queue()
         self.turn_counter = 0
         for i, env in enumerate(self.environments):
             ep = Episode(episode_id=i, group_id=self.group_ids[i], env_name=type(env).__name__, env_seed=self.seeds[i])
@@ -190,32 +201,43 @@ class Rollout:
             parser = self.parser if self.parser is not None else getattr(env, "action_parser", None)
             manager = MultiTurnManager(registry, parser, env, max_turns=self.max_turns,
                                        step_timeout=self.step_timeouts[i])
-            slot = _Slot(ep, env, manager)
-            self.slots.append(slot)
-            try:
-                obs = manager.reset(seed=self.seeds[i])
-            except Exception as exc:  # a crashing reset ends this episode only
-                self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
-                continue
-            try:
-                system = manager.system_prompt()
-            except Exception as exc:  # a crashing get_prompt_prefix ends this episode only
-                self._fail(slot, f"{type(env).__name__}.get_prompt_prefix (the system prompt) raised "
-                                 f"{type(exc).__name__}: {exc}")
-                continue
-            bad = invalid_text(obs, "the first observation (reset)") or invalid_text(system, "the system prompt")
-            if bad:
-                self._fail(slot, bad)
-                continue
-            try:
-                seen, ep.messages, ids = self._opening(system, obs or "", ep)
-            except _NoRoom as exc:
-                self._fail(slot, str(exc))
-                continue
-            ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
-            ep.prompt_length = len(ids)
-            ep.states.append(seen)
+            self.slots.append(_Slot(ep, env, manager))
+        for i in range(len(self.slots)):
+            self._start(i)
         return self
+
+    def _start(self, i: int) -> bool:
+        """Reset episode `i`'s environment and render its opening; False when the
+        environment has no room yet (the episode is put in `self.waiting`)."""
+        slot = self.slots[i]
+        ep, env, manager = slot.episode, slot.env, slot.manager
+        try:
+            obs = manager.reset(seed=self.seeds[i])
+        except EnvironmentBusy as exc:  # no room on the environment's server yet: wait
+            self._wait(i, exc)
+            return False
+        except Exception as exc:  # a crashing reset ends this episode only
+            self._fail(slot, f"environment reset raised {type(exc).__name__}: {exc}")
+            return True
+        try:
+            system = manager.system_prompt()
+        except Exception as exc:  # a crashing get_prompt_prefix ends this episode only
+            self._fail(slot, f"{type(env).__name__}.get_prompt_prefix (the system prompt) raised "
+                             f"{type(exc).__name__}: {exc}")
+            return True
+        bad = invalid_text(obs, "the first observation (reset)") or invalid_text(system, "the system prompt")
+        if bad:
+            self._fail(slot, bad)
+            return True
+        try:
+            seen, ep.messages, ids = self._opening(system, obs or "", ep)
+        except _NoRoom as exc:
+            self._fail(slot, str(exc))
+            return True
+        ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
+        ep.prompt_length = len(ids)
+        ep.states.append(seen)
+        return True
 
     def _opening_messages(self, system: str, observation: str) -> list[dict[str, Any]]:
         opening = observation
@@ -307,20 +329,24 @@ class Rollout:
     def fault_metrics(self) -> dict[str, float]:
         """`rollout/env_timeouts`: episodes ended by a `step_timeout` overrun;
         `rollout/stuck_threads`: timed-out calls (any rollout) whose threads could not be
-        interrupted and are still running; `rollout/context_cuts`: first observations cut.
-        `run()` copies the non-zero ones into the batch's `meta`."""
+        interrupted and are still running; `rollout/context_cuts`: first observations cut;
+        `rollout/queued_episodes`: episodes that waited for room on their environment's
+        server before they started (or ended). `run()` copies the non-zero ones into the
+        batch's `meta`."""
         eps = [s.episode for s in self.slots]
         return {
             "rollout/env_timeouts": float(sum(1 for e in eps if e.error and "CallTimeout" in e.error)),
             "rollout/stuck_threads": float(len(stuck_threads())),
             "rollout/context_cuts": float(sum(1 for e in eps if any(w.startswith("context: first observation cut")
                                                                      for w in e.warnings))),
+            "rollout/queued_episodes": float(len(self.queued)),
         }
 
     @property
     def live(self) -> list[int]:
-        """Indices of episodes that have not ended."""
-        return [i for i, s in enumerate(self.slots) if not s.episode.done]
+        """Indices of episodes that have started and not ended (not those in `self.waiting`)."""
+        waiting = set(self.waiting)
+        return [i for i, s in enumerate(self.slots) if not s.episode.done and i not in waiting]
 
     @property
     def batch(self) -> TrajectoryBatch:
@@ -328,7 +354,8 @@ class Rollout:
         return TrajectoryBatch([s.episode for s in self.slots])
 
     def step(self, human_actions: dict[int, str] | None = None) -> list[int]:
-        """Advance every live episode by one turn; returns the indices advanced.
+        """Advance every live episode by one turn; returns the indices advanced. Waiting
+        episodes that find room now are reset first and take this turn too.
 
         Args:
             human_actions: {episode index: text} for turns typed by a person; those
@@ -337,6 +364,7 @@ class Rollout:
         """
         if not self.slots:
             self.reset()
+        self.admit_waiting()
         human_actions = dict(human_actions or {})
         human_ids = {}
         for i, text in human_actions.items():
@@ -378,7 +406,7 @@ class Rollout:
             self.reset()
         steps = 0
         with EpisodeBar(self.slots, self.progress, self.progress_desc, self.progress_leave) as bar:
-            while self.live and (max_steps is None or steps < max_steps):
+            while (self.live or self.waiting) and (max_steps is None or steps < max_steps):
                 self.step()
                 steps += 1
                 bar.refresh()
@@ -557,6 +585,7 @@ class Rollout:
     def _finish(self, slot: _Slot) -> None:
         ep = slot.episode
         ep.done = True
+        self._episode_ended(slot)
         if self.check_alignment and ep.token_ids and ep.messages:
             report = check_token_alignment(ep, self.tokenizer)
             if not report.ok:
