@@ -14,8 +14,16 @@ environment registry (`workbench.env_registry`), which also finds them through t
 | `arithmetic`   | multi-step word problem, calculator tool      | tool call / "Answer: N" |
 | `text_game`    | take key, open door, get weapon, beat monster | a short command         |
 
+The reply formats are read leniently by default ("I guess 8" is a guess of 8). With
+`strict_format=True` (`make_env("guess_number", strict_format=True)`, or
+`environment.strict_format: true` in a run's config) only a reply that is exactly the
+format counts (whitespace around it allowed): anything else is a format error the model
+reads as the observation, costing the turn but no guess or move (see `envs/_common.py`
+and each module's docstring).
+
 Every module also has `expert_action(env) -> str`, a scripted player (`EXPERTS`),
-handy for demonstrations, SFT warm-up data and tests.
+handy for demonstrations, SFT warm-up data and tests. The experts' replies are exactly
+the format, so they play strict environments without a format error.
 """
 from __future__ import annotations
 

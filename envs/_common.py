@@ -1,10 +1,19 @@
-"""Shared pieces of the example environments: default-aware config handling and
-lenient action parsing.
+"""Shared pieces of the example environments: default-aware config handling, lenient
+action parsing, and the strict format mode.
 
 A 135M model is sloppy: it writes "I guess 8!" instead of "8", "Go UP." instead of
 "up". The parsers here pull the first integer / direction / word out of free text so
 the environments reward the decision, not the formatting. Everything is pure
 functions on strings, easy to test.
+
+Lenient parsing can be exploited: a policy that answers "You have 4 guesses left." is
+read as guessing 4. With `environment.strict_format` (`env.strict_format`) every example
+environment takes only a reply that is exactly its action, whitespace around it allowed
+(`strict_span`), and answers anything else with `ParamsEnvironment.format_error`: an
+observation saying what to write, `invalid_reward`, `info["invalid_action"]` and
+`info["parse_error"]`. A format error costs the turn (the step counts toward
+`max_steps`, so a babbling policy still ends its episode) and changes nothing else: no
+guess is recorded, the agent does not move.
 """
 from __future__ import annotations
 
@@ -12,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.environment import BaseEnvironment
+from workbench.environment import BaseEnvironment, StepResult
 
 _INT_RE = re.compile(r"-?\d+")
 _WORD_RE = re.compile(r"[A-Za-z]+")
@@ -89,6 +98,15 @@ def find_direction_span(text: str) -> tuple[str | None, list[int] | None]:
     return move, [start, start + len(bare)]
 
 
+def strict_span(text: str) -> tuple[str, list[int]]:
+    """(the reply without the whitespace around it, its [start, end] in `text`): what a
+    strict-format environment holds against its action format ("  8\n" -> ("8", [2, 3]))."""
+    text = text or ""
+    stripped = text.strip()
+    start = len(text) - len(text.lstrip()) if stripped else 0
+    return stripped, [start, start + len(stripped)]
+
+
 def word_spans(text: str) -> list[tuple[str, int, int]]:
     """(word, start, end) for each alphabetic word of `text`, in order (what `words` reads)."""
     return [(m.group(), m.start(), m.end()) for m in _WORD_RE.finditer(text or "")]
@@ -132,6 +150,14 @@ class ParamsEnvironment(BaseEnvironment):
     def default_prompt(self) -> str:
         """The environment's own system prompt; override in subclasses."""
         return "You are a helpful assistant."
+
+    def format_error(self, why: str, what_to_write: str, after: str = "") -> StepResult:
+        """The step result of a strict-format refusal: observation "Format error: `why`.
+        `what_to_write`" (then `after`), reward `params["invalid_reward"]`, not done, info
+        `invalid_action` and `parse_error` ("strict format: `why`")."""
+        obs = f"Format error: {why}. {what_to_write}{after}"
+        return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True,
+                                                                   "parse_error": f"strict format: {why}"}
 
     def get_prompt_prefix(self) -> str:
         """`config.system_prompt` when set, else the environment's own prompt."""

@@ -18,6 +18,15 @@ Action (any of these, first one in the reply wins):
     (`{"name": "answer", "arguments": {"answer": 14}}` or `answer(14)`), or a reply
     that is only a number. This ends the episode.
 
+Strict format (`environment.strict_format=true`): a reply must be exactly one of
+  * one calculator (or `answer`) call as a single `<tool_call>...</tool_call>` block, or
+  * `Answer: N` alone (the label in any case, whitespace around the reply allowed).
+Anything else ("The answer is 14", a bare "14", text around a call, two calls) is a
+format error: `invalid_reward`, `info` has `invalid_action` and `parse_error`, the
+episode goes on and the turn counts toward `max_steps`. In a rollout the tool call is
+run by the strict function-calling parser before the environment sees the reply, and a
+call with text around it is that parser's error.
+
 Rewards: correct answer `correct_reward` (1.0, `info["success"] = True`), wrong answer
 `wrong_reward` (0.0); a reply that is neither is `invalid_reward` (-0.1) with
 `info["invalid_action"] = True` and the episode goes on.
@@ -31,8 +40,9 @@ import json
 import re
 from typing import Any
 
-from envs._common import ParamsEnvironment
+from envs._common import ParamsEnvironment, strict_span
 from workbench.environment import StepResult
+from workbench.tools.parsers import FunctionCallingParser
 
 NAMES = [("Mia", "She"), ("Tom", "He"), ("Ana", "She"), ("Leo", "He"), ("Sara", "She"), ("Ben", "He")]
 ITEMS = ["apples", "marbles", "stickers", "books", "coins", "pencils", "cookies", "shells"]
@@ -41,6 +51,8 @@ _ANSWER_RE = re.compile(r"answer\W{0,12}(?:is\W{0,3})?(-?\d[\d,]*(?:\.\d+)?)", r
 _NUMBER_ONLY_RE = re.compile(r"^\s*(-?\d[\d,]*(?:\.\d+)?)\s*\.?\s*$")
 _CALL_RE = re.compile(r"\b(calculator|calculate|calc|answer)\s*\(", re.IGNORECASE)
 _REACT_RE = re.compile(r"Action:\s*(calculator|answer)\s*\n\s*Action Input:\s*(.+)", re.IGNORECASE)
+_STRICT_ANSWER_RE = re.compile(r"Answer:[ \t]*(-?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
+_STRICT_CALLS = FunctionCallingParser(strict=True)
 
 
 def _json_objects(text: str) -> list[tuple[int, int, dict]]:
@@ -122,6 +134,28 @@ def parse_action_span(text: str) -> tuple[str, Any, list[int]] | None:
     return kind, arg, [start, end]
 
 
+def parse_strict_action(text: str) -> tuple[str, Any, list[int]] | str:
+    """(kind, arg, [start, end]) as `parse_action_span` when `text` is exactly one
+    `<tool_call>` block or `Answer: N` (whitespace around it allowed), else why it is not."""
+    bare, (start, end) = strict_span(text)
+    answer = _STRICT_ANSWER_RE.fullmatch(bare)
+    if answer:
+        return "answer", answer.group(1), [start, end]
+    if not bare.startswith("<tool_call>"):
+        return "the reply is not one <tool_call> block or 'Answer: <number>' alone"
+    parsed = _STRICT_CALLS.parse(bare)
+    if parsed.error or not parsed.tool_calls:
+        return parsed.error or "the reply is not one <tool_call> block"
+    call = parsed.tool_calls[0]
+    name, args = call.name.lower(), call.arguments
+    first = str(args.get("input", next(iter(args.values()), ""))) if args else ""
+    if name in ("calculator", "calculate", "calc"):
+        return "calculator", str(args.get("expression", first)), [start, end]
+    if name == "answer":
+        return "answer", str(args.get("answer", first)), [start, end]
+    return f"unknown tool {call.name!r}; call calculator, or reply 'Answer: <number>'"
+
+
 def _group(expr: str) -> str:
     """`expr` in parentheses unless it is a single number."""
     return expr if expr.isdigit() else f"({expr})"
@@ -137,6 +171,7 @@ class ArithmeticEnv(ParamsEnvironment):
 
     NAME = "arithmetic"
     DEFAULT_MAX_STEPS = 4
+    supports_strict_format = True
     action_parser = "function_calling"
     DEFAULT_PARAMS: dict[str, Any] = {
         "difficulty": 2,         # operations in the story (1-5)
@@ -162,7 +197,8 @@ class ArithmeticEnv(ParamsEnvironment):
             "Solve the math word problem. You can use the calculator tool: "
             '<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 3 * 4"}}</tool_call> '
             "and you get the result back. When you know the result, reply with "
-            "'Answer: <number>'."
+            "'Answer: <number>'." + (" Each reply is one tool call or the answer, and nothing else."
+                                     if self.strict_format else "")
         )
 
     def get_tools(self) -> list:
@@ -217,8 +253,14 @@ class ArithmeticEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Run a calculator call or grade an answer; see the module docstring."""
-        parsed = parse_action_span(action or "")
         last = self.step_count + 1 >= self.max_steps
+        if self.strict_format:
+            parsed = parse_strict_action(action or "")
+            if isinstance(parsed, str):
+                out = f" Out of steps. The answer was {self.answer}." if last else ""
+                return self.format_error(parsed, "Reply with one calculator call or 'Answer: <number>' alone.", out)
+        else:
+            parsed = parse_action_span(action or "")
         if parsed is None:
             obs = "Call the calculator or reply 'Answer: <number>'."
             if last:

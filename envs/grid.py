@@ -13,6 +13,11 @@ sure the goal is reachable (maps are redrawn until it is), so every seed is solv
 Action: any text with a direction word: up/down/left/right (or north/south/west/east,
 any case, anywhere in the reply); a reply of a single letter u/d/l/r also works.
 
+Strict format (`environment.strict_format=true`): the reply must be one of the words
+up, down, left, right (any case, whitespace around it allowed). Anything else ("Go up.",
+"north", "u") is a format error: the agent stays put, the reward is `invalid_reward`,
+`info` has `invalid_action` and `parse_error`, and the turn counts toward `max_steps`.
+
 Rewards (defaults in `GridEnv.DEFAULT_PARAMS`): reaching G gives `goal_reward` (1.0)
 and ends the episode with `info["success"] = True`; every other move costs
 `step_penalty` (0.05), bumping into a wall or the edge too (the agent stays put and the
@@ -24,7 +29,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from envs._common import ParamsEnvironment, find_direction_span
+from envs._common import ParamsEnvironment, find_direction_span, strict_span
 from workbench.environment import StepResult
 
 Cell = tuple[int, int]  # (row, col), 0-based
@@ -56,6 +61,7 @@ class GridEnv(ParamsEnvironment):
 
     NAME = "grid"
     DEFAULT_MAX_STEPS = 12
+    supports_strict_format = True
     DEFAULT_PARAMS: dict[str, Any] = {
         "size": 4,             # the grid is size x size
         "n_walls": 3,          # wall cells drawn per map
@@ -79,7 +85,8 @@ class GridEnv(ParamsEnvironment):
     def default_prompt(self) -> str:
         return (
             "You move the agent A on a grid to reach the goal G. # is a wall, . is free. "
-            "Row 1 is the top row. Reply with one word: up, down, left or right."
+            "Row 1 is the top row. Reply with one word: up, down, left or right"
+            + (", and nothing else." if self.strict_format else ".")
         )
 
     # -- map ---------------------------------------------------------------------
@@ -121,7 +128,15 @@ class GridEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Move one cell; see the module docstring for the rewards."""
-        move, span = find_direction_span(action)
+        if self.strict_format:
+            bare, span = strict_span(action)
+            move = bare.lower() if bare.lower() in MOVES else None
+            if move is None:
+                return self.format_error("the reply is not one of up, down, left, right",
+                                         "Reply with only one word: up, down, left or right. You did not move.",
+                                         f"\n{self.render()}")
+        else:
+            move, span = find_direction_span(action)
         if move is None:
             obs = f"No direction found. Reply with up, down, left or right.\n{self.render()}"
             return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True}

@@ -10,6 +10,13 @@ Action: any text; the first integer in it is the guess ("I guess 8" -> 8); a rep
 without digits may spell it ("eight"). `info["action_span"]` is the [start, end] of the
 characters the guess was read from.
 
+Strict format (`environment.strict_format=true`): the reply must be a bare integer
+("8", whitespace around it allowed). Anything else ("I guess 8", "8.", "eight", "You
+have 4 guesses left.") is a format error: the observation says to reply with the number
+alone, the reward is `invalid_reward`, `info` has `invalid_action` and `parse_error`. It
+costs the turn (one of the `max_steps` guesses' steps) but records no guess and leaves
+the range as it was.
+
 Rewards (defaults in `GuessNumberEnv.DEFAULT_PARAMS`):
   * correct guess: `success_reward` (1.0). With `scale_by_remaining=True` it is
     scaled by the share of the budget left, `success_reward * (max_steps - steps_used
@@ -27,8 +34,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from envs._common import ParamsEnvironment, first_number_span
+import re
+
+from envs._common import ParamsEnvironment, first_number_span, strict_span
 from workbench.environment import StepResult
+
+_BARE_INT_RE = re.compile(r"-?\d+")
 
 
 class GuessNumberEnv(ParamsEnvironment):
@@ -40,6 +51,7 @@ class GuessNumberEnv(ParamsEnvironment):
 
     NAME = "guess_number"
     DEFAULT_MAX_STEPS = 6
+    supports_strict_format = True
     DEFAULT_PARAMS: dict[str, Any] = {
         "low": 1,                     # smallest possible secret
         "high": 16,                   # largest possible secret
@@ -63,7 +75,8 @@ class GuessNumberEnv(ParamsEnvironment):
         return (
             f"You are playing a number guessing game. I picked a secret whole number "
             f"between {self.low} and {self.high}. After each guess I tell you if the "
-            f"secret is higher or lower. Reply with a single number."
+            f"secret is higher or lower. "
+            + ("Reply with the number only, nothing else." if self.strict_format else "Reply with a single number.")
         )
 
     def reset(self) -> str:
@@ -78,9 +91,18 @@ class GuessNumberEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Score one guess; see the module docstring for the rewards."""
-        guess, span = first_number_span(action)
         left = self.max_steps - self.step_count - 1  # guesses left after this one
         reveal = f" Out of guesses. The number was {self.secret}." if left <= 0 else ""
+        if self.strict_format:
+            bare, span = strict_span(action)
+            if not _BARE_INT_RE.fullmatch(bare):
+                return self.format_error(
+                    "the reply is not a bare number",
+                    f"Reply with only a number between {self.low} and {self.high}, and nothing else. "
+                    "No guess was counted.", reveal)
+            guess: int | None = int(bare)
+        else:
+            guess, span = first_number_span(action)
         if guess is None or not self.low <= guess <= self.high:
             why = "No number found" if guess is None else f"{guess} is out of range"
             obs = f"{why}. Reply with a single number between {self.low} and {self.high}.{reveal}"

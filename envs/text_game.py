@@ -13,6 +13,14 @@ Action: free text, parsed leniently and case-insensitively: the first verb in th
 reply (take/get/grab/pick, open/unlock, go/move/walk/head, attack/fight/kill/hit,
 look, inventory) plus any object or direction word; a direction alone means "go".
 
+Strict format (`environment.strict_format=true`): the reply must be the command alone:
+letters and spaces, at most 4 words, starting with a verb or direction and ending with a
+word the command reads (a verb, a direction, key, door, the weapon or the monster), e.g.
+"take key", "go north", "attack troll"; whitespace around it allowed. "I take the key",
+"take key." or "go north now" is a format error: nothing happens, the reward is
+`invalid_reward`, `info` has `invalid_action` and `parse_error`, and the turn counts
+toward `max_steps`.
+
 Rewards (defaults in `TextGameEnv.DEFAULT_PARAMS`): each first-time milestone (take
 key, open door, take weapon, reach the monster) gives `progress_reward` (0.1);
 defeating the monster gives `win_reward` (1.0), `info["success"] = True`, and ends
@@ -24,9 +32,10 @@ known verb or direction is `invalid_reward` (-0.1), `info["invalid_action"] = Tr
 from __future__ import annotations
 
 import random
+import re
 from typing import Any
 
-from envs._common import ParamsEnvironment, word_spans, words
+from envs._common import ParamsEnvironment, strict_span, word_spans, words
 from workbench.environment import StepResult
 
 VERBS: dict[str, str] = {
@@ -45,6 +54,9 @@ _DIRECTION_WORDS = {"north": "north", "south": "south", "east": "east", "west": 
                     "forward": None, "back": None}
 
 
+_COMMAND_RE = re.compile(r"[A-Za-z]+(?:[ \t]+[A-Za-z]+){0,3}")
+
+
 def _a(noun: str) -> str:
     """`noun` with its indefinite article ("an axe", "a sword")."""
     return ("an " if noun[0] in "aeiou" else "a ") + noun
@@ -55,6 +67,7 @@ class TextGameEnv(ParamsEnvironment):
 
     NAME = "text_game"
     DEFAULT_MAX_STEPS = 12
+    supports_strict_format = True
     DEFAULT_PARAMS: dict[str, Any] = {
         "progress_reward": 0.1,   # first time: take key, open door, take weapon, reach monster
         "win_reward": 1.0,        # defeat the monster
@@ -70,7 +83,7 @@ class TextGameEnv(ParamsEnvironment):
         return (
             "You are playing a text adventure. Reply with one short command such as "
             "'take key', 'open door', 'go north' or 'attack troll'. Find a weapon and "
-            "defeat the monster to win."
+            "defeat the monster to win." + (" Reply with the command only, nothing else." if self.strict_format else "")
         )
 
     # -- world -----------------------------------------------------------------
@@ -143,6 +156,13 @@ class TextGameEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Apply one command; see the module docstring for the rewards."""
+        if self.strict_format:
+            bare = strict_span(action)[0]
+            if not (_COMMAND_RE.fullmatch(bare) and self.command_span(bare) == [0, len(bare)]):
+                return self.format_error(
+                    "the reply is not a command alone",
+                    "Reply with only a short command such as 'take key', 'open door', 'go north' or 'attack'. "
+                    "Nothing happened.", f"\n{self.describe_room()}")
         verb, tokens, direction = self.parse(action)
         useless = -float(self.params["useless_penalty"])
         info: dict[str, Any] = {"success": False, "verb": verb}

@@ -14,6 +14,11 @@ Action: any text. The guess is the first 5-letter word of the reply that is in t
 word list, preferring a word written in CAPITALS, then one that is not a chat filler
 word ("I think the word is CRANE" -> CRANE). `info["action_span"]` is where that word is.
 
+Strict format (`environment.strict_format=true`): the reply must be a single 5-letter
+word (letters only, any case, whitespace around it allowed); "I think CRANE" or
+"crane." is a format error (`invalid_reward`, `info` has `invalid_action` and
+`parse_error`), which, like an invalid guess, uses a step but not a guess.
+
 Invalid guesses (no 5-letter word, or not in the list, unless `allow_any_word`) give
 `invalid_reward` (-0.1) and `info["invalid_action"] = True` and do NOT use up one of
 the `max_guesses` (6) guesses, but they do use a step of `max_steps` (default 10),
@@ -30,10 +35,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from envs._common import ParamsEnvironment, word_spans
+import re
+
+from envs._common import ParamsEnvironment, strict_span, word_spans
 from workbench.environment import StepResult
 
 WORDS_PATH = Path(__file__).parent / "data" / "words.txt"
+_FIVE_LETTERS_RE = re.compile(r"[A-Za-z]{5}")
 
 #: Words a chatty model writes around its guess; they are only picked as the guess
 #: when nothing else in the reply is a valid word.
@@ -72,6 +80,7 @@ class WordleEnv(ParamsEnvironment):
 
     NAME = "wordle"
     DEFAULT_MAX_STEPS = 10
+    supports_strict_format = True
     DEFAULT_PARAMS: dict[str, Any] = {
         "max_guesses": 6,         # valid guesses allowed
         "win_reward": 1.0,        # reward for finding the word
@@ -94,7 +103,7 @@ class WordleEnv(ParamsEnvironment):
             "You are playing Wordle. Guess the secret 5-letter English word. After each "
             "guess you get one mark per letter: G = right letter in the right spot, "
             "Y = letter is in the word but in another spot, . = letter is not in the word. "
-            "Reply with a single 5-letter word."
+            "Reply with a single 5-letter word" + (", and nothing else." if self.strict_format else ".")
         )
 
     def reset(self) -> str:
@@ -128,8 +137,12 @@ class WordleEnv(ParamsEnvironment):
 
     def step(self, action: str) -> StepResult:
         """Score one guess; see the module docstring for the rewards."""
-        guess, reason, span = self.parse_guess_span(action)
         left = self.max_guesses - len(self.history)
+        if self.strict_format and not _FIVE_LETTERS_RE.fullmatch(strict_span(action)[0]):
+            return self.format_error("the reply is not a single 5-letter word",
+                                     f"Reply with only the 5-letter word. No guess was counted. "
+                                     f"({left} guesses left)")
+        guess, reason, span = self.parse_guess_span(action)
         if guess is None:
             obs = f"{reason} Reply with a single 5-letter word. ({left} guesses left)"
             return obs, float(self.params["invalid_reward"]), False, {"invalid_action": True}

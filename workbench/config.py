@@ -286,6 +286,14 @@ class EnvironmentConfig:
     step_timeout: float | None = 60.0
     """Seconds each `env.reset` / `env.step` of a rollout may take; an overrun ends that
     episode with a timeout error and the others go on (see `workbench.timeouts`). None or 0 = no limit."""
+    strict_format: bool = False
+    """Strict action format: only a reply that *is* the action counts (a bare number for
+    guess_number, one JSON object for the json parser, one tool call, "Answer: N" alone),
+    whitespace around it allowed; anything else is a format error the model reads as the
+    observation (`info["parse_error"]`, `invalid_action`; it costs the turn). False: the
+    lenient parsing that pulls the action out of a sentence. Read by `BaseEnvironment`
+    (`env.strict_format`); the rollout builds the environment's parser strict from it.
+    An environment without a strict mode (`supports_strict_format`) refuses True."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EnvironmentConfig":

@@ -66,8 +66,9 @@ def check_parse_from_incidental_span(h: History, cfg: DoctorConfig) -> Finding |
         f"{len(incidental)} of {len(rewarded)} rewarded turns were rewarded for an action that is a small part "
         f"of the reply (median {median(cover):.0%} of it){example}: the parser pulled the action out of a "
         "sentence, so the reward may come from a parser exploit rather than the task",
-        "Make the action format strict (reward only a reply that is the action, e.g. a bare number) or penalise "
-        "extra text, and read the evidence episodes before trusting the success rate.",
+        "Make the action format strict: set environment.strict_format=true (CLI: --environment.strict_format "
+        "true), so only a reply that is the action counts (e.g. a bare number) and anything else is a format "
+        "error the model sees; and read the evidence episodes before trusting the success rate.",
         h, [h.evidence(ep, t, s) for ((ep, t, s), _) in incidental], cfg)
 
 

@@ -20,11 +20,23 @@ subclass's reset runs; environments draw all randomness from `self.rng`.
 Optional hooks: `get_tools()` returns tools the model may call in this environment
 (see `workbench.tools`), `action_parser` names a parser ("json", "react",
 "function_calling") when the environment expects tool calls, `end_episode()` frees what
-an episode holds outside the process (a server session) when the rollout ends it.
+an episode holds outside the process (a server session) when the rollout ends it, and
+`expert_action()` gives a scripted expert's reply in the current state (what the SFT
+warm-up learns from, `workbench.training.sft`).
 
 An environment whose server has no room for another episode right now raises
 `EnvironmentBusy` from `reset`; the rollout keeps that episode waiting and resets it
 again when one of its own episodes ends (see `workbench.rollout.waiting`).
+
+Strict format: `config.strict_format` (`environment.strict_format` in a run's config) is
+read here, once, into `env.strict_format`. An environment that has a strict mode sets the
+class attribute `supports_strict_format = True` and, when `self.strict_format` is set,
+takes only a reply that is exactly the action (whitespace around it allowed) and answers
+anything else with a format error: an observation saying what to write, and
+`info["invalid_action"] = True` plus `info["parse_error"] = "<why>"` (which the rollout
+records as the turn's `parse_error`). The rollout builds the environment's parser strict
+too (`workbench.tools.MultiTurnManager`). Asking a class without a strict mode for one
+raises a `ConfigError`, so the setting is never ignored in silence.
 """
 from __future__ import annotations
 
@@ -33,7 +45,7 @@ import math
 import random
 from typing import Any, Mapping
 
-from workbench.config import EnvironmentConfig
+from workbench.config import ConfigError, EnvironmentConfig
 
 StepResult = tuple[str, float, bool, dict]
 
@@ -103,10 +115,17 @@ class BaseEnvironment:
         subtracts that penalty once per flagged turn.
       * `truncated` (bool): the episode ended by a limit, not by its goal; the base
         class sets it when `max_steps` is reached.
+      * `parse_error` (str): the reply was not in the action format (a strict-format
+        refusal); the rollout records it as the turn's `parse_error`, which
+        `env/parse_error_rate` and the run doctor's format-errors check count. Set
+        `invalid_action` with it.
     """
 
     #: Name of the action parser this environment expects, or None for plain text.
     action_parser: str | None = None
+    #: Whether this class has a strict format mode (see the module docstring); a config
+    #: with `strict_format=True` is refused by a class that leaves this False.
+    supports_strict_format: bool = False
 
     def __init__(self, config: EnvironmentConfig | Mapping[str, Any] | None = None):
         self.config = _as_config(config)
@@ -117,6 +136,17 @@ class BaseEnvironment:
         self.last_observation: str = ""
         self.rng = random.Random(self.config.seed)
         self._seed = self.config.seed
+        #: Strict action format (`config.strict_format`; see the module docstring).
+        strict = getattr(self.config, "strict_format", False)
+        if not isinstance(strict, bool):
+            raise ConfigError(f"environment.strict_format must be true or false, got {strict!r}")
+        self.strict_format: bool = strict
+        if self.strict_format and not type(self).supports_strict_format:
+            raise ConfigError(
+                f"environment.strict_format is true but {type(self).__name__} has no strict format mode "
+                f"(its class does not set supports_strict_format = True); set environment.strict_format "
+                f"to false, or give the environment a strict mode (refuse a reply that is not exactly the "
+                f"action with an observation and info['parse_error']) and set supports_strict_format = True")
 
     # -- seed-compatible aliases ------------------------------------------------
     @property

@@ -95,7 +95,8 @@ class Turn:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """Tool calls made in this turn: {"name", "arguments", "success", "result"}."""
     parse_error: str | None = None
-    """Why the action could not be parsed, if it could not."""
+    """Why the action could not be parsed, if it could not: the parser's error, or the
+    environment's format error (`info["parse_error"]`, e.g. a strict-format refusal)."""
     env_error: str | None = None
     """Exception raised by the environment's step, if any (ends the episode)."""
     token_start: int = 0

@@ -36,6 +36,7 @@ INFERENCE_FIELDS: dict[str, str] = {
 ENVIRONMENT_FIELDS: dict[str, str] = {
     "name": "environment", "max_steps": "environment", "seed": "environment", "system_prompt": "environment",
     "params": "environment", "import_path": "environment", "step_timeout": "rollout",
+    "strict_format": "environment",  # env.strict_format; MultiTurnManager builds the parser strict from it
 }
 
 _FROM_CONFIG = object()  # sampling_seed default: inference.seed as written

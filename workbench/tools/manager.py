@@ -28,6 +28,14 @@ manager moves it by where that text sits in the model output (a parser's final a
 its content, or the ``action`` argument of an ``environment_step`` call). A turn that
 only called tools gets the span of its calls (``ParseResult.span``). No span is set
 when the environment reports none or the action text cannot be found in the output.
+
+Strict format: with an environment whose ``strict_format`` is set
+(``environment.strict_format`` in the config), a parser given by name is built strict
+(``get_parser(name, strict=True)``): a reply that is not exactly the call is a parse
+error, which the model reads as the next user message, and the environment is not
+stepped. A parser *object* that is not strict is refused (``ValueError``) rather than
+run leniently. An environment's own format error (``info["parse_error"]``) becomes the
+turn's ``parse_error`` too, so both count in ``env/parse_error_rate``.
 """
 
 from __future__ import annotations
@@ -58,7 +66,8 @@ class TurnResult:
         reward: Sum of the environment rewards of this turn (0.0 if not stepped).
         done: Whether the episode ended (environment done, error, final answer or max_turns).
         info: Environment info plus ``invalid_action``/``parse_error``/``truncated`` etc.
-        parse_error: The parser's error message, or None.
+        parse_error: The parser's error message, or the environment's format error
+            (``info["parse_error"]``, strict format), or None.
         env_error: ``"ExceptionType: message"`` if the environment raised, else None.
         action: The action sent to the environment (last one if several), or None.
         state: The observation the model was responding to.
@@ -135,11 +144,11 @@ class MultiTurnManager:
     ) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
-        self.parser = get_parser(parser) if parser is not None else None
         self.registry = tool_registry if tool_registry is not None else ToolRegistry()
         self.step_tool = self._find_step_tool()
         if environment is None and self.step_tool is not None:
             environment = self.step_tool.environment
+        self.parser = self._make_parser(parser, bool(getattr(environment, "strict_format", False)))
         if environment is not None and self.step_tool is None:
             self.step_tool = EnvironmentStepTool(environment, timeout=step_timeout)
             self.registry.register(self.step_tool)
@@ -156,6 +165,20 @@ class MultiTurnManager:
         self.turns: list[TurnResult] = []
         self.done = False
         self.current_observation: str | None = None
+
+    @staticmethod
+    def _make_parser(parser: ActionParser | str | None, strict: bool) -> ActionParser | None:
+        """The turn parser: ``parser`` by name (built strict when ``strict``), or the object as given."""
+        if parser is None:
+            return None
+        if isinstance(parser, ActionParser):
+            if strict and not parser.strict:
+                raise ValueError(
+                    f"environment.strict_format is true but the parser object given ({type(parser).__name__}) "
+                    f"is not strict; pass the parser by name (e.g. {parser.name or 'json'!r}) or build it "
+                    f"with strict=True")
+            return parser
+        return get_parser(parser, strict=True) if strict else get_parser(parser)
 
     def _find_step_tool(self) -> EnvironmentStepTool | None:
         for tool in self.registry.tools():
@@ -268,9 +291,17 @@ class MultiTurnManager:
             return
         result.observation, result.reward, result.done = obs, reward, done
         result.info.update(info)
+        self._env_format_error(result, info)
         self._move_span(result, action, offset)
         if obs:
             result.messages.append({"role": "user", "content": obs})
+
+    @staticmethod
+    def _env_format_error(result: TurnResult, info: dict[str, Any]) -> None:
+        """An environment's format error (``info["parse_error"]``, a str) is the turn's parse error."""
+        error = info.get("parse_error")
+        if result.parse_error is None and isinstance(error, str) and error:
+            result.parse_error = error
 
     @staticmethod
     def _move_span(result: TurnResult, action: Any, offset: int | None) -> None:
@@ -353,6 +384,7 @@ class MultiTurnManager:
                 result.reward += reward
                 result.done = done
                 result.info.update(info)
+                self._env_format_error(result, info)
                 near = call.span[0] if call.span else 0
                 self._move_span(result, result.action, _locate(result.model_output, result.action, near))
             else:

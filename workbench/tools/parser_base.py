@@ -26,7 +26,7 @@ from typing import Any, Iterable
 from .base import Tool, ToolDefinition
 
 __all__ = ["ToolCall", "ParseResult", "ActionParser", "example_arguments", "resolve_raw_arguments",
-           "decode_json", "loads_json", "stripped_span", "MAX_JSON_DEPTH", "DEFAULT_MAX_CHARS"]
+           "decode_json", "loads_json", "stripped_span", "outside_text", "MAX_JSON_DEPTH", "DEFAULT_MAX_CHARS"]
 
 MAX_JSON_DEPTH = 64
 """Deepest JSON nesting (objects and arrays) a parser decodes; deeper is a parse error."""
@@ -104,6 +104,13 @@ def stripped_span(text: str, start: int = 0, end: int | None = None) -> tuple[in
     while end > start and text[end - 1].isspace():
         end -= 1
     return start, end
+
+
+def outside_text(text: str, span: tuple[int, int]) -> str:
+    """Where ``text`` has more than whitespace outside ``span``: "before", "after",
+    "before and after", or "" when the span is the whole reply (whitespace trimmed)."""
+    before, after = bool(text[:span[0]].strip()), bool(text[span[1]:].strip())
+    return " and ".join(w for w, has in (("before", before), ("after", after)) if has)
 
 
 def _new_call_id() -> str:
@@ -272,6 +279,10 @@ class ActionParser(ABC):
     name: str = ""
     max_chars: int = DEFAULT_MAX_CHARS
     """Longest text :meth:`parse` scans; longer text is a parse error."""
+    strict: bool = False
+    """Strict format: a reply that is not exactly the action (surrounding text, several
+    actions) is a parse error instead of being searched for one. The built-in parsers take
+    it as a constructor argument; a parser that has no strict mode leaves it False."""
 
     @abstractmethod
     def parse(self, text: str) -> ParseResult:

@@ -13,6 +13,21 @@ Three formats are supported, each with matching prompt instructions:
 Every parser returns a :class:`ParseResult`. When ``error`` is set the result
 holds no tool calls at all, so a broken turn is never half-executed.
 
+Strict mode (``strict=True``, e.g. ``get_parser("json", strict=True)``; a rollout builds
+the environment's parser strict when ``environment.strict_format`` is set): only a reply
+that *is* the action counts; whitespace around it is allowed, anything else is a parse
+error whose message says what to write (the lenient parsers search the text instead).
+
+* json: exactly one JSON object (a call or a final answer) and nothing else: no
+  reasoning around it, no code fence, no second object, no plain-text reply.
+* react: one ``Action:`` + ``Action Input:`` pair or one ``Final Answer:``, optionally
+  after a ``Thought:`` section; nothing before the first label but that ``Thought:``,
+  nothing after the input or answer (no invented ``Observation:``, no second action).
+* function_calling: exactly one ``<tool_call>...</tool_call>`` block and no text
+  around it. A reply without any tool call is, as in lenient mode, plain content (the
+  format has no other answer syntax): it goes to the environment, which judges it
+  (a strict environment wants its own action there alone, e.g. ``Answer: 14``).
+
 Model output is untrusted: for any ``str`` the parsers return a result (they raise
 only TypeError for a non-``str``), in time linear in its length. Text longer than
 ``max_chars`` (default :data:`~workbench.tools.parser_base.DEFAULT_MAX_CHARS`) is
@@ -49,6 +64,7 @@ from .parser_base import (
     decode_json,
     example_arguments,
     loads_json,
+    outside_text,
     resolve_raw_arguments,
     stripped_span,
 )
@@ -86,12 +102,15 @@ class JSONActionParser(ActionParser):
 
     Args:
         max_chars: Longest text scanned; longer text is a parse error.
+        strict: Only a reply that is exactly one JSON object (whitespace around it
+            allowed) counts; see the module docstring.
     """
 
     name = "json"
 
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
         self.max_chars = int(max_chars)
+        self.strict = bool(strict)
 
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
@@ -135,11 +154,27 @@ class JSONActionParser(ActionParser):
             return ParseResult(content=content, error=broken)
         if not calls and final_answer is None and keyless is not None:
             return ParseResult(content=content, error=keyless)
+        if self.strict:
+            problem = self._strict_problem(text, spans)
+            if problem:
+                return ParseResult(content=text.strip(), error=problem)
         if calls:
             span = (calls[0].span[0], calls[-1].span[1])
         else:
             span = answer_span if answer_span is not None else stripped_span(text)
         return ParseResult(tool_calls=calls, content=content, final_answer=final_answer, span=span)
+
+    @staticmethod
+    def _strict_problem(text: str, spans: list[tuple[int, int]]) -> str | None:
+        """Why a reply whose JSON calls / answers sit at ``spans`` is not one object alone, or None."""
+        if not spans:
+            return "strict format: the reply must be one JSON object and nothing else; no JSON call was found"
+        if len(spans) > 1:
+            return f"strict format: the reply must be one JSON object; it has {len(spans)}"
+        where = outside_text(text, spans[0])
+        if where:
+            return f"strict format: the reply must be the JSON object alone; there is text {where} it"
+        return None
 
     @staticmethod
     def _strip_spans(text: str, spans: list[tuple[int, int]]) -> str:
@@ -200,7 +235,9 @@ class JSONActionParser(ActionParser):
             "To call a tool, reply with a JSON object of this exact form:\n"
             '{"tool": "<tool name>", "arguments": {<argument name>: <value>, ...}}\n\n'
             f"Example:\n{example}\n\n"
-            "Use double quotes as JSON requires. You may write short reasoning before the JSON object."
+            "Use double quotes as JSON requires. "
+            + ("Reply with the JSON object only: no other text, no code fence." if self.strict
+               else "You may write short reasoning before the JSON object.")
         )
 
     def format_reminder(self, tools: Iterable[ToolDefinition | Tool] | None = None) -> str:
@@ -208,7 +245,8 @@ class JSONActionParser(ActionParser):
         name, args = _first_example(defs)
         return (
             'Reply with one JSON object {"tool": "<tool name>", "arguments": {...}}, '
-            f"e.g. {json.dumps({'tool': name, 'arguments': args})}. Available tools: {_names(defs)}."
+            f"e.g. {json.dumps({'tool': name, 'arguments': args})}"
+            + (", and nothing else" if self.strict else "") + f". Available tools: {_names(defs)}."
         )
 
 
@@ -241,12 +279,15 @@ class ReActActionParser(ActionParser):
 
     Args:
         max_chars: Longest text scanned; longer text is a parse error.
+        strict: Only a reply in the format and nothing else counts (an optional
+            ``Thought:``, then one action or final answer); see the module docstring.
     """
 
     name = "react"
 
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
         self.max_chars = int(max_chars)
+        self.strict = bool(strict)
 
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
@@ -256,14 +297,28 @@ class ReActActionParser(ActionParser):
         final = _FINAL_RE.search(text)
         if final is not None and (action is None or final.start() < action.start()):
             answer = text[final.end():]
+            if self.strict:
+                problem = self._strict_prefix(text[: final.start()]) or (
+                    "strict format: nothing may follow the Final Answer (no Observation, Thought or Action)"
+                    if _STOP_RE.search(answer) else None)
+                if problem:
+                    return ParseResult(content=text.strip(), error=problem)
             observation = _OBSERVATION_RE.search(answer)
             if observation:
                 answer = answer[: observation.start()]
             span = stripped_span(text, final.end(), final.end() + len(answer))
             return ParseResult(content=self._thought(text[: final.start()]), final_answer=answer.strip(), span=span)
         if action is None:
+            if self.strict:
+                return ParseResult(content=text.strip(), error=(
+                    "strict format: no 'Action:' or 'Final Answer:' line; reply with 'Action: <tool>' and "
+                    "'Action Input: <JSON>', or 'Final Answer: <answer>'"))
             return ParseResult(content=self._thought(text), span=stripped_span(text))
         content = self._thought(text[: action.start()])
+        if self.strict:
+            problem = self._strict_prefix(text[: action.start()])
+            if problem:
+                return ParseResult(content=content, error=problem)
         name = action.group(1).strip().strip("`'\"*[]").strip()
         if not name:
             return ParseResult(content=content, error="'Action:' is empty; write the tool name after 'Action:'")
@@ -273,6 +328,10 @@ class ReActActionParser(ActionParser):
             return ParseResult(content=content, error=f"'Action: {name}' must be followed by an 'Action Input:' line")
         rest = after[input_match.end():]
         stop = _STOP_RE.search(rest)
+        if self.strict and stop is not None:
+            return ParseResult(content=content, error=(
+                "strict format: the reply must end after the Action Input (one action per reply; the "
+                "Observation comes back from the environment)"))
         raw_input = (rest[: stop.start()] if stop else rest).strip()
         raw_input = self._strip_fence(raw_input)
         arguments, is_raw, problem = self._decode_input(raw_input)
@@ -286,6 +345,19 @@ class ReActActionParser(ActionParser):
     @staticmethod
     def _thought(text: str) -> str:
         return _THOUGHT_RE.sub("", text).strip()
+
+    @staticmethod
+    def _strict_prefix(prefix: str) -> str | None:
+        """Why the text before the first Action / Final Answer label is not an (optional)
+        ``Thought:`` section, or None."""
+        stripped = prefix.strip()
+        if not stripped:
+            return None
+        if not _THOUGHT_RE.match(stripped):
+            return "strict format: the reply must start with 'Thought:', 'Action:' or 'Final Answer:'"
+        if _OBSERVATION_RE.search(stripped):
+            return "strict format: do not write an Observation; it comes back from the environment"
+        return None
 
     @staticmethod
     def _strip_fence(value: str) -> str:
@@ -328,6 +400,8 @@ class ReActActionParser(ActionParser):
             "Thought: I should use a tool.\n"
             f"Action: {name}\n"
             f"Action Input: {json.dumps(args)}"
+            + ("\n\nWrite nothing else: no text before 'Thought:' and nothing after the Action Input or the "
+               "Final Answer." if self.strict else "")
         )
 
     def format_reminder(self, tools: Iterable[ToolDefinition | Tool] | None = None) -> str:
@@ -336,7 +410,9 @@ class ReActActionParser(ActionParser):
         return (
             "Use the format:\nThought: <reasoning>\nAction: <tool name>\nAction Input: <JSON object>\n"
             f"e.g. Action: {name}\nAction Input: {json.dumps(args)}\n"
-            f"or 'Final Answer: <answer>'. Available tools: {_names(defs)}."
+            f"or 'Final Answer: <answer>'"
+            + (", and nothing else (no text before 'Thought:', nothing after the input or answer)" if self.strict
+               else "") + f". Available tools: {_names(defs)}."
         )
 
 
@@ -360,13 +436,17 @@ class FunctionCallingParser(ActionParser):
             (useful when the closing tag is a generation stop string that the
             engine strips). Off by default.
         max_chars: Longest text scanned; longer text is a parse error.
+        strict: A reply with a tool call must be exactly one ``<tool_call>`` block
+            (whitespace around it allowed); see the module docstring.
     """
 
     name = "function_calling"
 
-    def __init__(self, allow_unclosed: bool = False, max_chars: int = DEFAULT_MAX_CHARS) -> None:
+    def __init__(self, allow_unclosed: bool = False, max_chars: int = DEFAULT_MAX_CHARS,
+                 strict: bool = False) -> None:
         self.allow_unclosed = allow_unclosed
         self.max_chars = int(max_chars)
+        self.strict = bool(strict)
 
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
@@ -405,6 +485,12 @@ class FunctionCallingParser(ActionParser):
             call.span = (open_at, end)
             calls.append(call)
             pos = end
+        if self.strict and calls:
+            where = outside_text(text, calls[0].span) if len(calls) == 1 else ""
+            if len(calls) > 1 or where:
+                problem = (f"strict format: one tool call per reply; it has {len(calls)}" if len(calls) > 1 else
+                           f"strict format: the reply must be the {_OPEN_TAG} block alone; there is text {where} it")
+                return ParseResult(content=text.strip(), error=problem)
         span = (calls[0].span[0], calls[-1].span[1]) if calls else stripped_span(text)
         return ParseResult(tool_calls=calls, content="".join(outside).strip(), span=span)
 
@@ -443,6 +529,7 @@ class FunctionCallingParser(ActionParser):
             f"{_OPEN_TAG}{_CLOSE_TAG} tags:\n"
             f'{_OPEN_TAG}\n{{"name": <tool-name>, "arguments": <arguments-json-object>}}\n{_CLOSE_TAG}\n\n'
             f"Example:\n{_OPEN_TAG}\n{json.dumps({'name': name, 'arguments': args})}\n{_CLOSE_TAG}"
+            + (f"\n\nA reply with a call is one {_OPEN_TAG} block and no other text." if self.strict else "")
         )
 
     def format_reminder(self, tools: Iterable[ToolDefinition | Tool] | None = None) -> str:
@@ -450,7 +537,8 @@ class FunctionCallingParser(ActionParser):
         name, args = _first_example(defs)
         return (
             f'Write each call as {_OPEN_TAG}{{"name": "<tool name>", "arguments": {{...}}}}{_CLOSE_TAG}, '
-            f"e.g. {_OPEN_TAG}{json.dumps({'name': name, 'arguments': args})}{_CLOSE_TAG}. "
+            f"e.g. {_OPEN_TAG}{json.dumps({'name': name, 'arguments': args})}{_CLOSE_TAG}"
+            + (", one call per reply and no other text" if self.strict else "") + ". "
             f"Available tools: {_names(defs)}."
         )
 
