@@ -180,3 +180,12 @@ def test_the_cli_flags_reach_the_trainer(tiny_model_path, tmp_path):
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert row["rollout/dynamic_resample_rounds"] == 1.0 and row["rollout/dynamic_bound_reached"] == 1.0
     assert row["rollout/dynamic_dropped_groups"] == 4.0
+
+
+def test_the_doctor_s_advice_for_flat_groups_names_the_setting(tiny_model_and_tokenizer):
+    from tests.doctor_policies import roll
+    from tests.test_doctor_checks import GUESS, check
+
+    f = check("zero-variance-groups", [roll(tiny_model_and_tokenizer[1], "guess_number", lambda env, ep: "99",
+                                            **GUESS)])
+    assert f.fired and "training.dynamic_sampling=true" in f.advice

@@ -344,7 +344,8 @@ class RewardConfig:
     `reward_fn` too (`workbench.reward.overlong_penalties`)."""
     overlong_buffer: int = 16
     """Width in tokens of the window before `inference.max_tokens` over which the overlong
-    penalty ramps from 0 to `overlong_penalty`; at most `inference.max_tokens`."""
+    penalty ramps from 0 to `overlong_penalty`; less than `inference.max_tokens` (a window as
+    long as the limit would penalise every reply by its length)."""
 
 
 @dataclass

@@ -289,7 +289,7 @@ def check_remedies(config: Any) -> None:
     """The remedy settings that depend on other sections: `training.dynamic_sampling`
     (needs a group-relative estimator and groups of two or more) and its bound, and the
     overlong penalty (`reward.overlong_penalty` >= 0 over a window of 1 to
-    `inference.max_tokens` tokens). ConfigError naming the field otherwise."""
+    `inference.max_tokens` - 1 tokens). ConfigError naming the field otherwise."""
     from workbench.algo.advantages import GROUP_RELATIVE_ESTIMATORS
 
     t, r, i = config.training, config.reward, config.inference
@@ -307,6 +307,7 @@ def check_remedies(config: Any) -> None:
         raise ConfigError(f"reward.overlong_penalty must be >= 0 (the most a reply that hits inference.max_tokens "
                           f"loses; 0 = off), got {r.overlong_penalty!r}")
     _positive_int("reward.overlong_buffer", r.overlong_buffer)
-    if r.overlong_penalty > 0 and r.overlong_buffer > i.max_tokens:
-        raise ConfigError(f"reward.overlong_buffer ({r.overlong_buffer}) must be <= inference.max_tokens "
-                          f"({i.max_tokens}): the penalty ramps over the last overlong_buffer tokens before the limit")
+    if r.overlong_penalty > 0 and r.overlong_buffer >= i.max_tokens:
+        raise ConfigError(f"reward.overlong_buffer ({r.overlong_buffer}) must be < inference.max_tokens "
+                          f"({i.max_tokens}): the penalty ramps over the last overlong_buffer tokens before the "
+                          "limit, and a window as long as the limit would penalise every reply by its length")
