@@ -20,7 +20,9 @@ from workbench.cli import main
 from workbench.config import ConfigError
 from workbench.environment import BaseEnvironment
 from workbench.training.dynamic_sampling import EXTRA_SEED_OFFSET, DynamicSamplingBoundWarning
+from workbench.training.run_files import rollout_path
 from workbench.training.trainer import ZeroVarianceWarning
+from workbench.trajectory import TrajectoryBatch
 
 
 class SeedParity(BaseEnvironment):
@@ -168,9 +170,9 @@ def test_settings_are_validated_naming_the_field(tiny_model_path, tmp_path):
     tiny_config(tiny_model_path, tmp_path, dynamic_sampling=False, adv_estimator="gae")  # off: no objection
 
 
-def test_the_cli_flags_reach_the_trainer(tiny_model_path, tmp_path):
+def test_the_cli_flags_reach_the_trainer_and_the_run_saves_the_batch_trained_on(tiny_model_path, tmp_path):
     out = tmp_path / "out"
-    env = f"{__name__}:Flat"
+    env = f"{__name__}:SeedParity"
     assert main(["train", "--model", str(tiny_model_path), "--steps", "1", "--batch-size", "4", "--group-size", "2",
                  "--max-tokens", "4", "--max-turns", "1", "--eval-episodes", "0", "--save-interval", "0",
                  "--environment.name", env, "--output", str(out),
@@ -178,8 +180,10 @@ def test_the_cli_flags_reach_the_trainer(tiny_model_path, tmp_path):
     used = yaml.safe_load((out / "config.yaml").read_text())["training"]
     assert used["dynamic_sampling"] is True and used["dynamic_sampling_max_batches"] == 1
     (row,) = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert row["rollout/dynamic_resample_rounds"] == 1.0 and row["rollout/dynamic_bound_reached"] == 1.0
-    assert row["rollout/dynamic_dropped_groups"] == 4.0
+    assert row["rollout/dynamic_resample_rounds"] == 1.0 and row["rollout/dynamic_bound_reached"] == 0.0
+    assert row["rollout/dynamic_dropped_groups"] == 2.0 and row["episodes"] == 4.0
+    saved = TrajectoryBatch.load(rollout_path(out, 0))
+    assert [ep.env_seed for ep in saved] == [1, 1, EXTRA_SEED_OFFSET + 1, EXTRA_SEED_OFFSET + 1]
 
 
 def test_the_doctor_s_advice_for_flat_groups_names_the_setting(tiny_model_and_tokenizer):
@@ -189,3 +193,29 @@ def test_the_doctor_s_advice_for_flat_groups_names_the_setting(tiny_model_and_to
     f = check("zero-variance-groups", [roll(tiny_model_and_tokenizer[1], "guess_number", lambda env, ep: "99",
                                             **GUESS)])
     assert f.fired and "training.dynamic_sampling=true" in f.advice
+
+
+@pytest.mark.ray
+def test_on_ray_the_extra_rounds_run_on_the_rollout_workers_and_match_one_process(ray_cluster, tiny_model_path,
+                                                                                   tmp_path):
+    pytest.importorskip("ray")
+    from tests.test_ray_trainer import _config
+
+    trainers = []
+    for use_ray in (False, True):
+        config = _config(tiny_model_path, tmp_path, use_ray)
+        config.inference.max_turns = 1
+        config.training.dynamic_sampling = True
+        trainers.append(Trainer(config.validate(), environment=SeedParity()))
+    one, dist = trainers
+    try:
+        m_one, m_dist = one.train_step(), dist.train_step()
+        assert [e.token_ids for e in one.last_batch] == [e.token_ids for e in dist.last_batch]
+        assert [e.env_seed for e in dist.last_batch] == [1, 1, EXTRA_SEED_OFFSET + 1, EXTRA_SEED_OFFSET + 1]
+        for key in m_one:
+            if key.startswith("rollout/dynamic"):
+                assert m_one[key] == m_dist[key], key
+        assert m_dist["rollout/dynamic_resample_rounds"] == 1.0 and m_dist["episodes"] == 4.0
+        assert m_dist["actor/pg_loss"] == pytest.approx(m_one["actor/pg_loss"], abs=1e-5)
+    finally:
+        dist.cleanup()

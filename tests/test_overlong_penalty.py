@@ -134,3 +134,18 @@ def test_the_doctor_s_advice_for_replies_run_to_the_limit_names_the_setting(tiny
     babble = lambda env, ep: "I am thinking very hard about which number to choose here " * 3  # noqa: E731
     f = check("truncation-surge", roll_steps(tok, "guess_number", [e, e, babble], max_tokens=16, **GUESS))
     assert f.fired and "reward.overlong_penalty" in f.advice
+
+
+def test_export_verl_says_which_remedies_it_does_not_carry(tmp_path):
+    from workbench.config import ConfigStore
+
+    config = ConfigStore()
+    config.training.dynamic_sampling, config.training.dynamic_sampling_max_batches = True, 2
+    config.reward.overlong_penalty, config.reward.overlong_buffer = 0.5, 8
+    config.save(tmp_path / "run.yaml")
+    out = tmp_path / "verl"
+    assert main(["export-verl", "--config", str(tmp_path / "run.yaml"), "--out", str(out), "--val-size", "1"]) == 0
+    readme = " ".join((out / "README.md").read_text().split())
+    assert "`training.dynamic_sampling` is not exported" in readme and "(which counts the step's own batch: 3" in readme
+    assert "`reward.overlong_penalty` is not exported" in readme and "`len` = 8, `penalty_factor` = 0.5" in readme
+    assert "'overlong_penalty': 0.5" in (out / "guess_number_verl.py").read_text()  # the section, as written
