@@ -20,13 +20,15 @@ round by round, until the batch holds `batch_size / group_size` groups that vary
 * Each extra round samples the groups still missing, scaled up by the share of groups that
   varied so far (at most a full step's worth), on fresh environment seeds and a fresh
   sampling seed derived from `training.seed`, the step and the round (`extra_seeds`,
-  `round_sampling_seed`): never the step's own seeds, the same on a rerun.
+  `round_sampling_seed`): never the step's own seeds (with a dataset: other items while it
+  has any), the same on a rerun.
 * Enough varied groups: the step trains on the first `batch_size / group_size` of them
   (the step's own first, then the extra rounds' in order), so `batch_size` episodes.
 * Bound reached: the step trains on the varied groups it has (fewer episodes) and warns
   (`DynamicSamplingBoundWarning`, `rollout/dynamic_bound_reached` = 1). With none (or too few
-  for the Ray learners to split), it trains on the step's own batch as without dynamic
-  sampling, whose group-relative advantages are all 0 (`ZeroVarianceWarning` then says so).
+  for the Ray learners to split by group), it trains on the step's own batch as without
+  dynamic sampling (with none varied, its group-relative advantages are all 0 and
+  `ZeroVarianceWarning` says so).
 
 Rollouts go through `trainer.stages.rollout`, so extra rounds run where the step's own
 rollout ran (this process or Ray rollout workers), and are scored with `trainer.score`.
@@ -34,9 +36,11 @@ The returned batch is the one the step trains on and `fit` saves (`trainer.last_
 Its episodes are renumbered 0..B-1 and a group id reused by an extra round gets
 "/r<round>" appended. Metrics (in `batch.meta`, copied into the step's metrics):
 `rollout/dynamic_dropped_groups`, `rollout/dynamic_resample_rounds`,
-`rollout/dynamic_resampled_groups`, `rollout/dynamic_kept_groups`,
-`rollout/dynamic_zero_variance_rate` (dropped / groups seen) and
-`rollout/dynamic_bound_reached`. `training.dynamic_sampling` and its bound are read here only.
+`rollout/dynamic_resampled_groups`, `rollout/dynamic_kept_groups` (groups trained on),
+`rollout/dynamic_zero_variance_rate` (dropped / groups seen: the flat share before the
+filter, which the trained batch's `reward/zero_std_group_rate` no longer shows) and
+`rollout/dynamic_bound_reached`; `perf/rollout_seconds` and the generated tokens include
+the extra rounds. `training.dynamic_sampling` and its bound are read here only.
 """
 from __future__ import annotations
 

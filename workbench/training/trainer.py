@@ -311,8 +311,9 @@ class Trainer:
             if stats["reward/zero_std_group_rate"] == 1.0 and stats["reward/groups"] > 0:
                 warnings.warn(
                     f"every group of this batch has identical rewards, so {t.adv_estimator} advantages are all 0 "
-                    "and this update will not change the policy (reward/zero_std_group_rate=1.0); make the task "
-                    "easier or harder, raise training.group_size or inference.temperature, or shape the reward",
+                    "and this update will not change the policy (reward/zero_std_group_rate=1.0); turn on "
+                    "training.dynamic_sampling (flat groups resampled), make the task easier or harder, raise "
+                    "training.group_size or inference.temperature, or shape the reward",
                     ZeroVarianceWarning, stacklevel=2)
         estimator = algo.get_advantage_estimator(t.adv_estimator)
         adv, ret = estimator(
