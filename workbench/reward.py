@@ -308,7 +308,9 @@ def _overlong_settings(reward: Any) -> tuple[float, int]:
 def overlong_penalties(episode: Episode, reward: Any, max_tokens: int | None) -> list[tuple[int, float]]:
     """(position of the reply's last sampled token, penalty) for each model reply of
     `episode` that the overlong penalty of `reward` hits (penalty < 0); [] when
-    `reward.overlong_penalty` is 0. A reply's length is its sampled (loss-mask 1) tokens.
+    `reward.overlong_penalty` is 0. A reply's length is its sampled (loss-mask 1) tokens;
+    typed turns have none. A reply cut short by the context budget (finish reason "length"
+    below `max_tokens`) is judged by its length like any other.
 
     Raises ValueError when the penalty is on and `max_tokens` (`inference.max_tokens`,
     the limit the replies were sampled under) is not given."""
