@@ -149,3 +149,14 @@ def test_export_verl_says_which_remedies_it_does_not_carry(tmp_path):
     assert "`training.dynamic_sampling` is not exported" in readme and "(which counts the step's own batch: 3" in readme
     assert "`reward.overlong_penalty` is not exported" in readme and "`len` = 8, `penalty_factor` = 0.5" in readme
     assert "'overlong_penalty': 0.5" in (out / "guess_number_verl.py").read_text()  # the section, as written
+
+
+def test_a_checkpoint_of_a_run_scored_by_a_manager_keeps_the_penalty_settings(tiny_model_path, tmp_path):
+    config = tiny_config(tiny_model_path, tmp_path)
+    config.reward.overlong_penalty, config.reward.overlong_buffer = 0.5, 3
+    env = make_env("guess_number")
+    trainer = Trainer(config.validate(), environment=env, reward_fn=RewardManager(env, success_bonus=1.5))
+    path = trainer.save_checkpoint(tmp_path / "ckpt" / "step_000000")
+    saved = yaml.safe_load((path / "config.yaml").read_text())["reward"]
+    assert saved["success_bonus"] == 1.5  # the weights the run scored with
+    assert saved["overlong_penalty"] == 0.5 and saved["overlong_buffer"] == 3
