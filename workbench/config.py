@@ -26,6 +26,7 @@ import yaml
 
 from workbench.config_checks import (  # noqa: F401 - ConfigError, DTYPES, resolve_*: public here too
     DTYPES, ConfigError, _check_types, _choice, _coerce_number, _field_types, _parse_device, _positive_int,
+    check_remedies,
     MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
 )
 from workbench.doctor_config import DoctorConfig, check_doctor_config
@@ -181,6 +182,19 @@ class TrainingConfig:
     """Advantage estimator: gae, grpo, rloo, reinforce_plus_plus, reinforce_plus_plus_baseline."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO: divide by the group std (False = Dr.GRPO)."""
+    dynamic_sampling: bool = False
+    """Dynamic sampling (DAPO's group filtering, verl's `algorithm.filter_groups`): `train_step`
+    drops every group whose trained episodes all have the same reward (a group-relative
+    estimator learns nothing from it) and rolls out fresh groups (new environment seeds,
+    the same weights) in their place, up to `dynamic_sampling_max_batches` extra rounds,
+    keeping `batch_size` episodes when enough groups vary; past the bound the step trains on
+    the varied groups it has and says so. Needs a group-relative `adv_estimator` (grpo, rloo,
+    reinforce_plus_plus_baseline) and `group_size` >= 2. Metrics `rollout/dynamic_*`; see
+    `workbench.training.dynamic_sampling`."""
+    dynamic_sampling_max_batches: int = 3
+    """Bound on the extra rollout rounds per step of `dynamic_sampling` (verl's
+    `max_num_gen_batches`, counted here without the step's own rollout); each round samples at
+    most `batch_size / group_size` groups. 0 = only drop the flat groups, never resample."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(policy || reference) from token rewards."""
     kl_coef: float = 0.001
@@ -315,8 +329,9 @@ class EnvironmentConfig:
 @dataclass
 class RewardConfig:
     """Shaping of environment rewards (`workbench.reward.RewardManager`'s weights): the
-    outcome score of an episode when the trainer has no `reward_fn`. The defaults leave
-    environment rewards unchanged. Saved with every checkpoint's config."""
+    outcome score of an episode when the trainer has no `reward_fn`; and the overlong
+    penalty, a length term applied with or without one. The defaults leave environment
+    rewards unchanged. Saved with every checkpoint's config."""
 
     step_reward_weight: float = 1.0
     """Weight of the summed environment rewards (each turn's reward stays on its turn)."""
@@ -328,6 +343,17 @@ class RewardConfig:
     """Added per unused step (max_steps - turns) when the episode succeeded; the seeds use 0.1."""
     max_steps: int | None = None
     """Step budget of the efficiency bonus; None: the environment's `max_steps`."""
+    overlong_penalty: float = 0.0
+    """DAPO's soft overlong punishment: the most a model reply loses for running to the token
+    limit (`inference.max_tokens`); 0 = off. A reply of L sampled tokens loses
+    `overlong_penalty * (L - (max_tokens - overlong_buffer)) / overlong_buffer` when it is
+    longer than `max_tokens - overlong_buffer`, at most `overlong_penalty` (a reply that hit the
+    limit). Per reply, on its last token, summed into the episode's score; applied with a
+    `reward_fn` too (`workbench.reward.overlong_penalties`)."""
+    overlong_buffer: int = 16
+    """Width in tokens of the window before `inference.max_tokens` over which the overlong
+    penalty ramps from 0 to `overlong_penalty`; less than `inference.max_tokens` (a window as
+    long as the limit would penalise every reply by its length)."""
 
 
 @dataclass
@@ -589,6 +615,7 @@ class ConfigStore:
                 raise ConfigError(f"reward.{name} must be a finite number, got {getattr(self.reward, name)!r}")
         if self.reward.max_steps is not None:
             _positive_int("reward.max_steps", self.reward.max_steps)
+        check_remedies(self)
         check_doctor_config(self.doctor, ConfigError)
         if self.sft.steps < 0:
             raise ConfigError(f"sft.steps must be >= 0 (0: no SFT warm-up), got {self.sft.steps!r}")

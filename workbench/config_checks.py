@@ -283,3 +283,31 @@ def safe_load_bounded(text: str, where: str = "the YAML") -> Any:
                           f"over the {MAX_YAML_NODES:,} a config may hold: write the values out or remove the "
                           "aliases")
     return yaml.safe_load(text)
+
+
+def check_remedies(config: Any) -> None:
+    """The remedy settings that depend on other sections: `training.dynamic_sampling`
+    (needs a group-relative estimator and groups of two or more) and its bound, and the
+    overlong penalty (`reward.overlong_penalty` >= 0 over a window of 1 to
+    `inference.max_tokens` - 1 tokens). ConfigError naming the field otherwise."""
+    from workbench.algo.advantages import GROUP_RELATIVE_ESTIMATORS
+
+    t, r, i = config.training, config.reward, config.inference
+    if t.dynamic_sampling_max_batches < 0:
+        raise ConfigError(f"training.dynamic_sampling_max_batches must be an integer >= 0 (extra rollout rounds "
+                          f"per step; 0 = drop flat groups without resampling), got {t.dynamic_sampling_max_batches!r}")
+    if t.dynamic_sampling and t.adv_estimator not in GROUP_RELATIVE_ESTIMATORS:
+        raise ConfigError(f"training.dynamic_sampling drops groups whose rewards are all equal, which matters only "
+                          f"to a group-relative training.adv_estimator ({', '.join(GROUP_RELATIVE_ESTIMATORS)}); "
+                          f"it is {t.adv_estimator!r}: set training.dynamic_sampling=false or change the estimator")
+    if t.dynamic_sampling and t.group_size < 2:
+        raise ConfigError(f"training.dynamic_sampling needs groups to compare: training.group_size must be >= 2, "
+                          f"got {t.group_size}")
+    if not r.overlong_penalty >= 0:
+        raise ConfigError(f"reward.overlong_penalty must be >= 0 (the most a reply that hits inference.max_tokens "
+                          f"loses; 0 = off), got {r.overlong_penalty!r}")
+    _positive_int("reward.overlong_buffer", r.overlong_buffer)
+    if r.overlong_penalty > 0 and r.overlong_buffer >= i.max_tokens:
+        raise ConfigError(f"reward.overlong_buffer ({r.overlong_buffer}) must be < inference.max_tokens "
+                          f"({i.max_tokens}): the penalty ramps over the last overlong_buffer tokens before the "
+                          "limit, and a window as long as the limit would penalise every reply by its length")

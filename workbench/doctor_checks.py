@@ -170,8 +170,9 @@ def check_repetition_to_limit(h: History, cfg: DoctorConfig) -> Finding | None:
     return _finding(
         "repetition-to-limit", "warning", share, cfg.repetition_share, share >= cfg.repetition_share and looping,
         f"{len(looping)} of {len(turns)} replies hit max_tokens while repeating the same text",
-        "Penalise truncated replies (or end the turn at the answer with a stop string) so looping to the "
-        "limit earns nothing.",
+        "Penalise replies that run to the limit with the overlong penalty (reward.overlong_penalty, e.g. 1.0, "
+        "over the last reward.overlong_buffer tokens), or end the turn at the answer with a stop string "
+        "(inference.stop), so looping to the limit earns nothing.",
         h, looping, cfg)
 
 
@@ -218,7 +219,9 @@ def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:
     return _finding(
         "truncation-surge", "warning", rise, cfg.truncation_rise, rise >= cfg.truncation_rise,
         f"{last.truncation_rate:.0%} of replies end at max_tokens (first steps {ref:.0%})",
-        "Read the truncated replies; penalise running to the limit or raise max_tokens if the answers need it.",
+        "Read the truncated replies; penalise running to the limit with the overlong penalty "
+        "(reward.overlong_penalty, over the last reward.overlong_buffer tokens), or raise inference.max_tokens "
+        "if the answers need it.",
         h, [h.evidence(ep, t) for ep, t in cut], cfg)
 
 
@@ -292,8 +295,9 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
         "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired,
         f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): their "
         "advantages are 0 and they teach nothing",
-        "Make the task easier (or harder), raise group_size or the temperature, or shape the reward so a "
-        "group's episodes differ.",
+        "Turn on dynamic sampling (training.dynamic_sampling=true: flat groups are dropped and resampled, at "
+        "most training.dynamic_sampling_max_batches extra rounds), or make the task easier (or harder), raise "
+        "training.group_size or inference.temperature, or shape the reward so a group's episodes differ.",
         h, [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards {eps[0].outcome:+.3f}")
             for eps in flat], cfg)
 

@@ -13,11 +13,26 @@ environment rewards are shaped by the `reward` config section (`RewardConfig`, t
           - invalid_action_penalty * (#turns with info["invalid_action"])
           + efficiency_bonus * (max_steps - #turns)        (only when it succeeded)
 
+    score += sum over model replies of overlong_penalty(reply)      (with or without a reward function)
+
+The overlong penalty is DAPO's soft overlong punishment (`overlong_penalty`): with L the
+reply's sampled tokens, Lmax = `inference.max_tokens` (passed in as `max_tokens`),
+W = `reward.overlong_buffer` and f = `reward.overlong_penalty`,
+
+    penalty(L) = 0                              if L <= Lmax - W
+               = -f * (L - (Lmax - W)) / W      if Lmax - W < L < Lmax    (a linear ramp)
+               = -f                             if L >= Lmax              (the reply hit the limit)
+
+as in DAPO's reward manager (`min(-(L - (Lmax - W)) / W * f, 0)`, here also capped at -f).
+It is a length term, not a shaping of environment rewards, so it applies with a reward
+function too; each reply's penalty sits on that reply's last sampled token.
+
 On tokens (`token_level_scores`): without a reward function each turn's weighted
-environment reward sits on that turn's last policy token and the shaping terms on the
-episode's last policy token (so the token sum is the score); with one, its score sits
-on the last policy token. A reward function replaces the shaping: with both, the
-`reward` section is not applied and `score_batch` warns.
+environment reward sits on that turn's last policy token and the other shaping terms on
+the episode's last policy token; with one, its score sits on the last policy token.
+Either way each reply's overlong penalty sits on the reply's last sampled token, so the
+token sum is the score. A reward function replaces the shaping weights: with both, the
+weights of the `reward` section are not applied and `score_batch` warns.
 
 `score_batch(batch, ...)` sets `episode.score` and the token fields; `rescore` sets
 only `episode.score` (a stored batch, no new rollout); `episode_advantages` gives the
@@ -54,6 +69,11 @@ class RewardError(RuntimeError):
 #: values that leave environment rewards unchanged.
 SHAPING_DEFAULTS: dict[str, float] = {"step_reward_weight": 1.0, "success_bonus": 0.0,
                                       "invalid_action_penalty": 0.0, "efficiency_bonus": 0.0}
+
+
+#: Fields of the `reward` config section that are not `RewardManager` weights: the overlong
+#: penalty, a term on reply lengths (`overlong_penalties`).
+LENGTH_FIELDS = ("overlong_penalty", "overlong_buffer")
 
 
 class RewardManager:
@@ -109,6 +129,8 @@ class RewardManager:
                        max_steps=reward.max_steps, **reward.weights())
         values = dict(reward) if isinstance(reward, Mapping) else {
             k: getattr(reward, k) for k in (*SHAPING_DEFAULTS, "max_steps") if hasattr(reward, k)}
+        for key in LENGTH_FIELDS:  # the section's length terms: read by `overlong_penalties`, not the manager
+            values.pop(key, None)
         return cls(environment, **values)
 
     def __call__(self, trajectory: Any, environment: Any = None) -> float:
@@ -263,11 +285,68 @@ def _shaping(reward: Any) -> RewardManager:
     return reward if isinstance(reward, RewardManager) else RewardManager.from_config(reward)
 
 
+def overlong_penalty(length: int, max_tokens: int, buffer: int, factor: float) -> float:
+    """DAPO's soft overlong punishment of one reply of `length` sampled tokens (a number
+    <= 0): 0 up to `max_tokens - buffer` tokens, then a linear ramp down to `-factor` at
+    `max_tokens`, and `-factor` from there on (see the module docstring)."""
+    exceed = length - (max_tokens - buffer)
+    if factor == 0 or exceed <= 0:
+        return 0.0
+    return -factor * min(exceed / buffer, 1.0)
+
+
+def _overlong_settings(reward: Any) -> tuple[float, int]:
+    """(overlong_penalty, overlong_buffer) of a `reward` config section or mapping; (0.0, 1)
+    for None or a `RewardManager` (which has no overlong penalty). The one reader of these
+    two settings."""
+    if reward is None or isinstance(reward, RewardManager):
+        return 0.0, 1
+    get = reward.get if isinstance(reward, Mapping) else (lambda k, d: getattr(reward, k, d))
+    return float(get("overlong_penalty", 0.0)), int(get("overlong_buffer", 1))
+
+
+def overlong_penalties(episode: Episode, reward: Any, max_tokens: int | None) -> list[tuple[int, float]]:
+    """(position of the reply's last sampled token, penalty) for each model reply of
+    `episode` that the overlong penalty of `reward` hits (penalty < 0); [] when
+    `reward.overlong_penalty` is 0. A reply's length is its sampled (loss-mask 1) tokens;
+    typed turns have none. A reply cut short by the context budget (finish reason "length"
+    below `max_tokens`) is judged by its length like any other.
+
+    Raises ValueError when the penalty is on and `max_tokens` (`inference.max_tokens`,
+    the limit the replies were sampled under) is not given."""
+    factor, buffer = _overlong_settings(reward)
+    if factor == 0:
+        return []
+    if max_tokens is None:
+        raise ValueError("reward.overlong_penalty needs the token limit the replies were sampled under: pass "
+                         "max_tokens=config.inference.max_tokens to the scoring function")
+    out = []
+    for turn in episode.turns:
+        sampled = [i for i in range(turn.token_start, turn.token_end) if episode.loss_mask[i]]
+        penalty = overlong_penalty(len(sampled), max_tokens, buffer, factor) if sampled else 0.0
+        if penalty:
+            out.append((sampled[-1], penalty))
+    return out
+
+
+def overlong_summary(batch: TrajectoryBatch, reward: Any, max_tokens: int | None) -> dict[str, float]:
+    """The overlong penalty's metrics for a batch: `reward/overlong_penalty_mean` (the
+    penalty per episode, averaged over the batch) and `reward/overlong_reply_rate` (the
+    share of model replies it hit); {} when the penalty is off."""
+    if _overlong_settings(reward)[0] == 0:
+        return {}
+    hits = [overlong_penalties(ep, reward, max_tokens) for ep in batch]
+    replies = sum(1 for ep in batch for t in ep.turns if t.source == "model")
+    return {"reward/overlong_penalty_mean": math.fsum(p for h in hits for _, p in h) / max(len(batch), 1),
+            "reward/overlong_reply_rate": sum(len(h) for h in hits) / max(replies, 1)}
+
+
 def episode_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,
-                   reward: Any = None, own_first: bool = True) -> list[float]:
+                   reward: Any = None, own_first: bool = True, max_tokens: int | None = None) -> list[float]:
     """Outcome score per episode: `reward_fn` if given, else the environment rewards
     shaped by `reward` (a `RewardConfig`, `RewardManager` or mapping of its weights;
-    None: unshaped). Nothing is stored.
+    None: unshaped); plus, either way, the overlong penalty of `reward` for replies near
+    `max_tokens` (`overlong_penalties`). Nothing is stored.
 
     `environment`: one environment for every episode, or a list with one per episode;
     an episode's own `environment` (the copy that played it) comes first (with
@@ -278,60 +357,69 @@ def episode_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environme
     for ep in batch:
         check_env_rewards(ep)
     envs = _environments(batch, environment)
+    overlong = [math.fsum(p for _, p in overlong_penalties(ep, reward, max_tokens)) for ep in batch]
     if reward_fn is None:
         manager = _shaping(reward)
-        return [manager.compute_trajectory_reward(ep, _pick(ep, env, own_first)) for ep, env in zip(batch, envs)]
+        return [manager.compute_trajectory_reward(ep, _pick(ep, env, own_first)) + extra
+                for ep, env, extra in zip(batch, envs, overlong)]
     if reward is not None and not _shaping(reward).is_identity:
         warnings.warn("a reward_fn is given, so the reward shaping weights (the `reward` config section: "
                       f"{_shaping(reward).weights()}) are not applied; shape inside the reward_fn, or drop it "
                       "to use the weights", UserWarning, stacklevel=3)
     # An episode that failed before its first turn has nothing to score: 0.0, reward_fn not called.
-    return [0.0 if ep.error and not ep.turns else call_reward_fn(reward_fn, ep, env, own_first)
-            for ep, env in zip(batch, envs)]
+    return [0.0 if ep.error and not ep.turns else call_reward_fn(reward_fn, ep, env, own_first) + extra
+            for ep, env, extra in zip(batch, envs, overlong)]
 
 
 def rescore(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,
-            reward: Any = None) -> TrajectoryBatch:
+            reward: Any = None, max_tokens: int | None = None) -> TrajectoryBatch:
     """Set `episode.score` for every episode of a stored batch (no new rollout).
 
     All-or-nothing: every score is computed (and checked) first; if the reward function
     fails on one episode, `RewardError` names it and no episode's score changes.
     """
-    scores = episode_scores(batch, reward_fn, environment, reward)
+    scores = episode_scores(batch, reward_fn, environment, reward, max_tokens=max_tokens)
     for ep, s in zip(batch, scores):
         ep.score = s
     return batch
 
 
 def token_level_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, environment: Any = None,
-                       reward: Any = None, own_first: bool = True) -> tuple[torch.Tensor, list[float]]:
+                       reward: Any = None, own_first: bool = True,
+                       max_tokens: int | None = None) -> tuple[torch.Tensor, list[float]]:
     """Rewards placed on tokens, and the outcome score per episode; nothing is stored.
 
     With `reward_fn`, its score sits on the episode's last policy token; without, each
     turn's environment reward times `step_reward_weight` sits on that turn's last policy
     token (the episode's last policy token for a turn with none, e.g. a typed one), and
-    the other shaping terms of `reward` on the episode's last policy token, so the
-    tokens sum to the score. Episodes without policy tokens get no token reward.
+    the other shaping terms of `reward` on the episode's last policy token. Each reply's
+    overlong penalty (`overlong_penalties`, needs `max_tokens`) sits on the reply's last
+    sampled token. So the tokens sum to the score. Episodes without policy tokens get no
+    token reward.
 
     Returns:
         (scores (B, T) float32, outcome score per episode). Raises `RewardError` naming
         the episode for a failing reward function or an unusable reward.
     """
-    outcome = episode_scores(batch, reward_fn, environment, reward, own_first)  # checks every reward first
+    outcome = episode_scores(batch, reward_fn, environment, reward, own_first, max_tokens)  # checks rewards first
     weight = _shaping(reward).step_reward_weight
     scores = torch.zeros_like(batch.loss_mask, dtype=torch.float32)  # (B, T)
     for b, ep in enumerate(batch):
         policy_pos = [i for i, m in enumerate(ep.loss_mask) if m]
+        overlong = overlong_penalties(ep, reward, max_tokens)  # only replies with sampled tokens: on policy_pos
+        rest = outcome[b] - math.fsum(p for _, p in overlong)  # the score without the overlong penalty
+        for pos, penalty in overlong:
+            scores[b, pos] += penalty
         if reward_fn is not None:
             if policy_pos:
-                scores[b, policy_pos[-1]] = outcome[b]
+                scores[b, policy_pos[-1]] += rest
             continue
         for turn in ep.turns:
             ends = [i for i in range(turn.token_start, turn.token_end) if ep.loss_mask[i]]
             pos = ends[-1] if ends else (policy_pos[-1] if policy_pos else None)
             if pos is not None:
                 scores[b, pos] += weight * turn.reward
-        extra = outcome[b] - weight * math.fsum(float(r) for r in ep.rewards)  # the shaping terms
+        extra = rest - weight * math.fsum(float(r) for r in ep.rewards)  # the other shaping terms
         if extra and policy_pos:
             scores[b, policy_pos[-1]] += extra
         if not bool(torch.isfinite(scores[b]).all()):  # float32 sums of in-range rewards can overflow
@@ -341,15 +429,18 @@ def token_level_scores(batch: TrajectoryBatch, reward_fn: RewardFn | None, envir
 
 
 def score_batch(batch: TrajectoryBatch, reward_fn: RewardFn | None = None, environment: Any = None,
-                reward: Any = None, own_first: bool = True) -> TrajectoryBatch:
+                reward: Any = None, own_first: bool = True, max_tokens: int | None = None) -> TrajectoryBatch:
     """The scoring function (`Trainer.score`, the CLI and `RewardTuner.apply` use it).
 
     Sets `episode.score` (the outcome) of every episode and the batch's
     `token_level_scores` and `token_level_rewards` (a copy, before any KL penalty); see
-    `token_level_scores` for the placement. All-or-nothing: a failing reward function or
-    an unusable reward raises `RewardError` naming the episode, and nothing changes.
+    `token_level_scores` for the placement. `max_tokens` is the token limit the replies
+    were sampled under (`inference.max_tokens`), which the overlong penalty needs.
+    All-or-nothing: a failing reward function or an unusable reward raises `RewardError`
+    naming the episode, and nothing changes.
     """
-    scores, outcome = token_level_scores(batch, reward_fn, environment, reward, own_first)  # (B, T), (B,)
+    scores, outcome = token_level_scores(batch, reward_fn, environment, reward, own_first,
+                                         max_tokens)  # (B, T), (B,)
     for ep, value in zip(batch, outcome):
         ep.score = value
     batch.set("token_level_scores", scores)

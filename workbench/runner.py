@@ -47,7 +47,8 @@ def rollout_and_report(config: ConfigStore, out: Path, episodes: int) -> list[di
         envs, seeds = rollout_envs(config, env_name.strip(), episodes)
         rollout = make_rollout(config, engine, envs, seeds=seeds)
         start = time.perf_counter()
-        batch = score_batch(rollout.run(), None, reward=config.reward)  # as the trainer scores
+        batch = score_batch(rollout.run(), None, reward=config.reward,  # as the trainer scores
+                            max_tokens=config.inference.max_tokens)
         seconds = time.perf_counter() - start
         slug = env_name.replace(":", "_").replace("/", "_")  # textarena:X / module:Class as a file name
         batch.save(out / f"rollout_{slug}.jsonl")

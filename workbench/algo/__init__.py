@@ -9,6 +9,7 @@ Pure torch, device-agnostic, same function names and semantics as verl's
 """
 
 from workbench.algo.advantages import (
+    GROUP_RELATIVE_ESTIMATORS,
     AdvantageEstimator,
     AdvantageFn,
     compute_gae_advantage_return,
@@ -48,6 +49,7 @@ from workbench.algo.utils import (
 __all__ = [
     # advantages
     "AdvantageEstimator",
+    "GROUP_RELATIVE_ESTIMATORS",
     "AdvantageFn",
     "register_advantage_estimator",
     "get_advantage_estimator",

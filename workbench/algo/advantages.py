@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AdvantageEstimator",
     "AdvantageFn",
+    "GROUP_RELATIVE_ESTIMATORS",
     "register_advantage_estimator",
     "get_advantage_estimator",
     "compute_gae_advantage_return",
@@ -71,6 +72,13 @@ class AdvantageEstimator:
     RLOO = "rloo"
     REINFORCE_PLUS_PLUS = "reinforce_plus_plus"
     REINFORCE_PLUS_PLUS_BASELINE = "reinforce_plus_plus_baseline"
+
+
+#: Built-in estimators whose advantages are rewards relative to the episode's group: a group
+#: with identical rewards contributes nothing to the update (the trainer's zero-variance
+#: warning and `training.dynamic_sampling` apply to these).
+GROUP_RELATIVE_ESTIMATORS = (AdvantageEstimator.GRPO, AdvantageEstimator.RLOO,
+                             AdvantageEstimator.REINFORCE_PLUS_PLUS_BASELINE)
 
 
 def register_advantage_estimator(name: str) -> Callable[[AdvantageFn], AdvantageFn]:

@@ -347,6 +347,14 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
                      "`actor_rollout_ref.rollout.name` is \"vllm\".")
     if config.model.path == EMBEDDED_MODEL:
         notes.append(f"* the embedded model {EMBEDDED_MODEL!r} is `actor_rollout_ref.model.path` = {EMBEDDED_HF_ID}.")
+    if config.training.dynamic_sampling:
+        notes.append(f"* `training.dynamic_sampling` is not exported: verl's DAPO recipe has it as "
+                     f"`algorithm.filter_groups.enable=true` with `max_num_gen_batches` (which counts the step's own "
+                     f"batch: {config.training.dynamic_sampling_max_batches + 1} here).")
+    if config.reward.overlong_penalty:
+        notes.append(f"* `reward.overlong_penalty` is not exported (`compute_score` has no reply lengths): verl's "
+                     f"`dapo` reward manager has it as `overlong_buffer.enable=true`, `len` = "
+                     f"{config.reward.overlong_buffer}, `penalty_factor` = {config.reward.overlong_penalty:g}.")
     r = trainer["actor_rollout_ref"]["rollout"]
     paths["readme"].write_text(README.format(
         spec=spec, out=out, module=module, cls=cls, name=name, import_module=spec.split(":")[0],

@@ -78,5 +78,6 @@ def fork(episode: Episode, turn: int, action: str | None = None, observation: st
     if score:
         from workbench.reward import score_batch
 
-        score_batch(batch, None, None, config.reward)
+        score_batch(batch, None, None, config.reward,
+                    max_tokens=overrides.get("max_tokens", config.inference.max_tokens))  # the branches' limit
     return batch

@@ -43,10 +43,11 @@ from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.engines import GenerationEngine, make_engine
 from workbench.doctor_checks import StepDoctor
 from workbench.env_registry import make_env, make_environment, record_environment
-from workbench.reward import RewardFn, RewardManager, score_batch
+from workbench.reward import RewardFn, RewardManager, overlong_summary, score_batch
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
+from workbench.training import dynamic_sampling
 from workbench.training import run_files
 from workbench.training.loggers import LoggerGroup, log_dir
 from workbench.training.models import build_models
@@ -61,8 +62,8 @@ from workbench.trajectory import Episode, TrajectoryBatch
 Callback = Callable[["Trainer", dict], None]
 
 #: Estimators whose advantages are rewards relative to the episode's group: a group
-#: with identical rewards contributes nothing to the update.
-GROUP_RELATIVE_ESTIMATORS = ("grpo", "rloo", "reinforce_plus_plus_baseline")
+#: with identical rewards contributes nothing to the update (`workbench.algo`'s tuple).
+GROUP_RELATIVE_ESTIMATORS = algo.GROUP_RELATIVE_ESTIMATORS
 
 
 class FitTargetReachedWarning(UserWarning):
@@ -188,7 +189,11 @@ class Trainer:
 
     @torch.no_grad()
     def rollout(self) -> TrajectoryBatch:
-        """Sample `training.batch_size` episodes (groups of `group_size` per seed)."""
+        """Sample `training.batch_size` episodes (groups of `group_size` per seed).
+
+        With `training.dynamic_sampling`, this is the step's first round only: the groups
+        whose rewards are all equal are dropped and replaced after scoring, by
+        `filter_groups` (`train_step` calls it; stepwise, call it after `score`)."""
         t = self.config.training
         base_seed = self.sampling_seed(self.global_step)
         self.policy.model.eval()
@@ -206,12 +211,28 @@ class Trainer:
         """Place rewards on tokens: `token_level_scores` (and `token_level_rewards`), and set
         each `episode.score`, with `workbench.reward.score_batch` (the CLI and the reward
         tuner use the same function): the reward_fn, called with the environment copy that
-        played each episode, else the environment rewards shaped by `config.reward`.
+        played each episode, else the environment rewards shaped by `config.reward`; plus
+        the overlong penalty (`reward.overlong_penalty`) of replies near `inference.max_tokens`.
 
         All-or-nothing: a failing reward_fn or a non-finite / float32-overflowing reward
         raises RewardError naming the episode, and no episode's `score` changes."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
-        return score_batch(batch, fn, self.environment, self.config.reward)
+        return score_batch(batch, fn, self.environment, self.config.reward, max_tokens=self._max_tokens)
+
+    @property
+    def _max_tokens(self) -> int:
+        """The token limit of this run's replies (`inference.max_tokens`), which the overlong
+        penalty ramps toward."""
+        return self.config.inference.max_tokens
+
+    def filter_groups(self, batch: TrajectoryBatch) -> TrajectoryBatch:
+        """Dynamic sampling (`training.dynamic_sampling`): the scored `batch` without its
+        groups of identical rewards, topped up with fresh groups rolled out in their place,
+        at most `training.dynamic_sampling_max_batches` extra rounds; `batch` itself when the
+        setting is off. The result is the batch to train on (and `last_batch`); see
+        `workbench.training.dynamic_sampling`."""
+        with torch.no_grad():
+            return dynamic_sampling.filter_groups(self, batch)
 
     # -- stage 3: advantages -------------------------------------------------------------
     def _lengths(self, batch: TrajectoryBatch) -> list[int]:
@@ -271,6 +292,7 @@ class Trainer:
                               "training.use_kl_in_reward=False; call compute_advantages(batch)")
         if not batch.has("token_level_scores"):
             self.score(batch)
+        dynamic_sampling.check_filtered(self, batch)
         self.compute_logprobs(batch, old_logprobs=old_logprobs)
         mask = batch.loss_mask
         if batch.has("ref_logprobs") and batch.has("old_logprobs"):
@@ -290,8 +312,9 @@ class Trainer:
             if stats["reward/zero_std_group_rate"] == 1.0 and stats["reward/groups"] > 0:
                 warnings.warn(
                     f"every group of this batch has identical rewards, so {t.adv_estimator} advantages are all 0 "
-                    "and this update will not change the policy (reward/zero_std_group_rate=1.0); make the task "
-                    "easier or harder, raise training.group_size or inference.temperature, or shape the reward",
+                    "and this update will not change the policy (reward/zero_std_group_rate=1.0); turn on "
+                    "training.dynamic_sampling (flat groups resampled), make the task easier or harder, raise "
+                    "training.group_size or inference.temperature, or shape the reward",
                     ZeroVarianceWarning, stacklevel=2)
         estimator = algo.get_advantage_estimator(t.adv_estimator)
         adv, ret = estimator(
@@ -317,8 +340,9 @@ class Trainer:
 
     # -- loop -------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
-        """One full step: rollout, score, advantages, update; metrics appended to history.
-        While `global_step < sft.steps` it is an SFT step instead (`sft_step`).
+        """One full step: rollout, score, (dynamic sampling: `filter_groups`), advantages,
+        update; metrics appended to history. While `global_step < sft.steps` it is an SFT
+        step instead (`sft_step`).
 
         Episodes without a trained token (failed at reset, ...) are left out of the update
         and counted (`rollout/failed_episodes`, a line naming them). A batch with no trained
@@ -330,6 +354,7 @@ class Trainer:
         self._updating = False
         batch = self.rollout()
         self.score(batch)
+        batch = self.filter_groups(batch)  # the batch itself unless training.dynamic_sampling
         failed = failed_episodes_line(batch)
         if failed:
             write(failed)
@@ -346,6 +371,7 @@ class Trainer:
         metrics: dict[str, Any] = {"step": self.global_step}
         metrics.update(batch.summary())
         metrics.update({k: float(v) for k, v in batch.meta.items() if k.startswith("rollout/")})
+        metrics.update(overlong_summary(batch, self.config.reward, self._max_tokens))  # {} when off
         metrics.update(update_metrics)
         if batch.has("kl"):
             metrics["kl/mean"] = float(algo.masked_mean(batch.kl, batch.loss_mask))
@@ -568,7 +594,8 @@ class Trainer:
         batch = fork_episode(episode, turn, self.engine, action=action, observation=observation, n=n,
                              config=self.config, environment=self.make_environment, parser=self.parser,
                              tools=self.tools, temperature=temperature, **kwargs)
-        return self.score(batch)
+        return score_batch(batch, self.reward_fn, self.environment, self.config.reward,
+                           max_tokens=kwargs.get("max_tokens", self._max_tokens))  # as `score`, at the branches' limit
 
     def metrics_df(self):
         """metrics_history as a pandas DataFrame (one row per step)."""
@@ -595,7 +622,7 @@ class Trainer:
             "policy_weights": "lora_adapters" if self.config.model.use_lora else "full_model"}
         config = self.config.to_dict()
         if isinstance(self.reward_fn, RewardManager):  # the weights the run actually scored with
-            config["reward"] = {**self.reward_fn.weights(), "max_steps": self.reward_fn.max_steps}
+            config["reward"] = {**config["reward"], **self.reward_fn.weights(), "max_steps": self.reward_fn.max_steps}
         written = ckpt.write_checkpoint(path, tensors, json_files,
                                         {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
         self._checkpoint_step = (Path(path).resolve(), self.global_step)  # fit does not save it again
