@@ -202,12 +202,16 @@ def test_cli_mistakes_say_what_to_give(parent, tmp_path, capsys):
         (["--from", str(last), "--training.learning_rate", "fast", "--steps", "1", "--output", str(tmp_path / "e")],
          "training.learning_rate"),
     ]
+    cases.append((["--from", str(last), "--checkpoint.output_dir", str(tmp_path / "g"), "--steps", "1",
+                   "--output", str(tmp_path / "e")], "give --output instead"))
     for flags, message in cases:
         assert main(["train", *flags]) == 2, flags
         assert message in capsys.readouterr().err, flags
     with pytest.raises(ConfigError, match="steps must be an integer"):
         Trainer.from_checkpoint(last, output_dir=tmp_path / "f", steps=0)
-    assert not any((tmp_path / n).exists() for n in "abcdef")
+    with pytest.raises(BranchError, match="set by its output folder"):
+        branch_run(last, {"training.log_dir": str(tmp_path / "g")}, output_dir=tmp_path / "f", steps=1)
+    assert not any((tmp_path / n).exists() for n in "abcdefg")
 
 
 def test_cli_branch_in_a_subprocess_from_a_run_folder(parent, tmp_path):

@@ -138,6 +138,11 @@ def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], in
     if not args.output_given:
         raise branch.BranchError("--from needs --output NEW: the branch's own folder (a branch never writes "
                                  "into the run it came from)")
+    flags = given_config_flags(args)
+    placed = [f"--{k}" for k in branch.PLACE_FIELDS if k.partition(".")[2] in flags.get(k.partition(".")[0], {})]
+    if placed:
+        raise branch.BranchError(f"{', '.join(placed)}: a branch writes to --output (checkpoints in "
+                                 "OUTPUT/checkpoints, logs in OUTPUT); give --output instead")
     checkpoint = branch.resolve_checkpoint(args.from_checkpoint)
     saved, state = branch.read_checkpoint_head(checkpoint)
     steps = getattr(args, "steps", None)

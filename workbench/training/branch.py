@@ -18,7 +18,8 @@ What a branch is (the functions here; `Trainer.from_checkpoint` puts them togeth
   checkpoint's weights and optimizer state only fit the run they came from.
 * State: weights (policy, critic), optimizer moments, RNG, KL coefficient, step counter and
   metrics history come from the checkpoint (`Trainer.load_checkpoint`); the optimizer's
-  learning rate and weight decay are the branch config's. The step counter continues from
+  learning rate and weight decay are the branch config's (an overridden one is not warned
+  about as a resume with another learning rate is). The step counter continues from
   the checkpoint's step, so the branch's step N is the parent's step N with the remedy
   applied: its curves line up with the parent's, and with no override it samples the same
   seeds the parent did.
@@ -26,7 +27,9 @@ What a branch is (the functions here; `Trainer.from_checkpoint` puts them togeth
   `training.num_epochs=1`, `num_iters_per_epoch=step + N`); without it the parent's target
   stays (a branch from the middle of a run ends where the parent ended).
 * Folder (`output_dir`): its own. It may not be the parent's run folder or lie inside it
-  (nor inside the checkpoint's folder): nothing of the parent is ever written. An earlier run
+  (nor be the checkpoint's folder, the folder of the parent's checkpoints, or inside them),
+  and neither may its `checkpoint.output_dir` / `training.log_dir`, which the branch sets
+  from it (an override of those is refused): nothing of the parent is ever written. An earlier run
   found there is moved aside to `previous_runs/` (as a fresh run does). The folder gets
   `branch.json` (`BRANCH_FILE`: parent run folder, checkpoint, step, overrides with the
   parent's values, target step, date), `config.yaml` (the branch's settings), and
@@ -200,7 +203,8 @@ def branch_config(saved: ConfigStore, overrides: Mapping[str, Any] | None, step:
         config.update(section, values)
     if steps is not None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
-            raise BranchError(f"steps must be an integer >= 1 (the steps to train after the branch step), got {steps!r}")
+            raise BranchError(f"steps must be an integer >= 1 (the steps to train after the branch step), "
+                              f"got {steps!r}")
         config.training.num_epochs, config.training.num_iters_per_epoch = 1, step + steps
     config.validate()
     refused = ckpt.config_differences(saved.to_dict(), config.to_dict())
@@ -304,6 +308,10 @@ def start_branch(trainer_cls: Any, checkpoint: str | Path, output_dir: str | Pat
     be checked from the checkpoint's config (BranchError, before any model loads and before
     anything is written), build `trainer_cls(config, **trainer_kwargs)`, load the checkpoint,
     then set up the branch's folder (`write_branch_folder`) under its lock."""
+    placed = [k for k in flat_overrides(overrides) if k in PLACE_FIELDS]
+    if placed:
+        raise BranchError(f"a branch's {', '.join(placed)} is set by its output folder (checkpoints in "
+                          "OUTPUT/checkpoints, logs in OUTPUT): give output_dir (--output) instead")
     path = resolve_checkpoint(checkpoint)
     saved, state = read_checkpoint_head(path)
     step = int(state["global_step"])
