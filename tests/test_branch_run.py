@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import warnings
@@ -204,6 +205,11 @@ def test_cli_mistakes_say_what_to_give(parent, tmp_path, capsys):
     ]
     cases.append((["--from", str(last), "--checkpoint.output_dir", str(tmp_path / "g"), "--steps", "1",
                    "--output", str(tmp_path / "e")], "give --output instead"))
+    broken = tmp_path / "broken" / "step_000003"
+    shutil.copytree(last, broken)
+    (broken / "policy.safetensors").write_bytes((broken / "policy.safetensors").read_bytes()[:-8])
+    cases.append((["--from", str(broken), "--steps", "1", "--output", str(tmp_path / "h")],
+                  "does not match its manifest"))
     for flags, message in cases:
         assert main(["train", *flags]) == 2, flags
         assert message in capsys.readouterr().err, flags
@@ -211,7 +217,7 @@ def test_cli_mistakes_say_what_to_give(parent, tmp_path, capsys):
         Trainer.from_checkpoint(last, output_dir=tmp_path / "f", steps=0)
     with pytest.raises(BranchError, match="set by its output folder"):
         branch_run(last, {"training.log_dir": str(tmp_path / "g")}, output_dir=tmp_path / "f", steps=1)
-    assert not any((tmp_path / n).exists() for n in "abcdefg")
+    assert not any((tmp_path / n).exists() for n in "abcdefgh")
 
 
 def test_cli_branch_in_a_subprocess_from_a_run_folder(parent, tmp_path):
@@ -219,7 +225,7 @@ def test_cli_branch_in_a_subprocess_from_a_run_folder(parent, tmp_path):
     out = tmp_path / "sub"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     proc = subprocess.run([sys.executable, "-m", "workbench", "train", "--from", str(parent), "--lr", "0.001",
-                           "--steps", "1", "--eval-episodes", "0", "--output", str(out)],
+                           "--steps", "1", "--output", str(out)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "branched from" in proc.stdout + proc.stderr
@@ -227,4 +233,11 @@ def test_cli_branch_in_a_subprocess_from_a_run_folder(parent, tmp_path):
     assert run.branched_from.step == 3
     assert run.branched_from.overrides == {"training.learning_rate": 0.001}
     assert run.config.training.learning_rate == 0.001 and run.config.inference.max_tokens == 6
-    assert list(run.metrics["step"]) == [0, 1, 2, 3] and run.evals == []
+    assert list(run.metrics["step"]) == [0, 1, 2, 3]
+    # "before" is the parent's last weights on the parent's held-out seeds: the parent's "after", exactly
+    parent_run = load_run(parent)
+    assert [e["step"] for e in run.evals] == [3, 4]
+    assert run.evals[0] == parent_run.evals[-1] and parent_run.evals[-1]["step"] == 3
+    mine, theirs = run.eval_batch(3), parent_run.eval_batch(3)
+    assert [ep.env_seed for ep in mine] == [ep.env_seed for ep in theirs]
+    assert [ep.messages for ep in mine] == [ep.messages for ep in theirs]
