@@ -5,9 +5,14 @@
     python -m workbench demo            # what `make demo` runs
     python -m workbench diagnose runs/gn   # the run doctor (workbench.debug.doctor)
     python -m workbench train --config run.yaml --lr 1e-4   # the file, with one field changed
+    python -m workbench train --from runs/gn/checkpoints/step_000010 --lr 1e-4 --steps 10 --output runs/gn-lr
+                                           # a branch: that checkpoint's run, one setting changed
 
 Flags override `--config` only when given on the command line; without `--config`, a
-flag not given takes the value shown in --help. `--device`/`--dtype` default to "auto"
+flag not given takes the value shown in --help. With `--from CHECKPOINT` (a branch,
+`workbench.training.branch`) the checkpoint's own config.yaml takes the place of
+`--config`: a flag not given keeps the parent run's value, `--steps N` trains N steps after
+the checkpoint's step, `--output` (required) is the branch's own folder. `--device`/`--dtype` default to "auto"
 (CUDA and bfloat16 when there is a GPU, else CPU and float32).
 
 Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
@@ -57,6 +62,8 @@ PRESETS: dict[str, dict[str, Any]] = {
               "loggers": ["jsonl"]},
 }
 OUTPUTS = {"rollout": "runs/rollout", "train": "runs/train", "demo": "runs/demo"}
+#: Held-out episodes of `train` when --eval-episodes is not given (a branch: its parent's count).
+DEFAULT_EVAL_EPISODES = 32
 ALGOS = {"grpo": "grpo", "ppo": "gae", "rloo": "rloo", "reinforce_plus_plus": "reinforce_plus_plus",
          "reinforce_plus_plus_baseline": "reinforce_plus_plus_baseline"}
 
@@ -67,12 +74,16 @@ def _help(command: str, dest: str, text: str, from_config: str | None = None) ->
     return f"{text} (default {PRESETS[command][dest]}, or {from_config} from --config)".lstrip()
 
 
-def build_config(args: argparse.Namespace) -> ConfigStore:
-    """The run's config: the --config file (or ConfigStore defaults plus the CLI presets),
-    then every flag given on the command line, and only those."""
+def build_config(args: argparse.Namespace, base: ConfigStore | None = None) -> ConfigStore:
+    """The run's config: the --config file (or `base`, a branch's checkpoint config, or
+    ConfigStore defaults plus the CLI presets), then every flag given on the command line,
+    and only those."""
     given = vars(args)
     command = args.command
-    if given.get("config"):
+    if base is not None:
+        config = ConfigStore.from_dict(base.to_dict())
+        values = dict(given)
+    elif given.get("config"):
         config = ConfigStore.load(args.config)
         values = dict(given)
     else:
@@ -87,9 +98,9 @@ def build_config(args: argparse.Namespace) -> ConfigStore:
         if "steps" in values:
             config.training.num_epochs = 1
             config.training.num_iters_per_epoch = values["steps"]
-        if args.output_given or not given.get("config"):  # else the file's checkpoint.output_dir stays
+        if args.output_given or not (given.get("config") or base is not None):  # else the file's stays
             config.checkpoint.output_dir = str(Path(args.output) / "checkpoints")
-    if not given.get("config"):
+    if not (given.get("config") or base is not None):
         # Quick runs: the environment's step budget (which its prompt states, e.g. "You have
         # 4 guesses") is the number of turns the rollout really allows (--env-param max_steps=N wins).
         config.environment.max_steps = config.inference.max_turns
@@ -111,8 +122,71 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_train(args: argparse.Namespace) -> int:
     from workbench.runner import train_and_report
 
+    if getattr(args, "from_checkpoint", None):
+        return cmd_branch(args)
     config = build_config(args)
-    train_and_report(config, Path(args.output), args.eval_episodes, args.minutes)
+    eval_episodes = DEFAULT_EVAL_EPISODES if args.eval_episodes is None else args.eval_episodes
+    train_and_report(config, Path(args.output), eval_episodes, args.minutes)
+    return 0
+
+
+def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int | None]:
+    """`train --from CHECKPOINT`: (the checkpoint folder, the settings the flags given change
+    `{"section.field": value}`, --steps or None), read from the checkpoint's config.yaml
+    without loading a model; ConfigError (a BranchError) saying what to fix."""
+    from workbench.training import branch
+
+    if args.config:
+        raise branch.BranchError("--from and --config cannot be combined: a branch starts from the settings in the "
+                                 "checkpoint's own config.yaml; give the settings to change as flags")
+    if not args.output_given:
+        raise branch.BranchError("--from needs --output NEW: the branch's own folder (a branch never writes "
+                                 "into the run it came from)")
+    flags = given_config_flags(args)
+    placed = [f"--{k}" for k in branch.PLACE_FIELDS if k.partition(".")[2] in flags.get(k.partition(".")[0], {})]
+    if placed:
+        raise branch.BranchError(f"{', '.join(placed)}: a branch writes to --output (checkpoints in "
+                                 "OUTPUT/checkpoints, logs in OUTPUT); give --output instead")
+    checkpoint = branch.resolve_checkpoint(args.from_checkpoint)
+    saved, state = branch.read_checkpoint_head(checkpoint)
+    steps = getattr(args, "steps", None)
+    config = build_config(args, base=saved)
+    changes = branch.config_changes(saved, config)
+    skip = branch.PLACE_FIELDS + (branch.LENGTH_FIELDS if steps is not None else ())
+    overrides = {k: new for k, (_, new) in changes.items() if k not in skip}
+    step, target = int(state["global_step"]), config.training.num_epochs * config.training.num_iters_per_epoch
+    if steps is None and target <= step:
+        raise branch.BranchError(f"{checkpoint} is at step {step} and its run's target is step {target} "
+                                 "(training.num_epochs x num_iters_per_epoch): give --steps N to train N steps "
+                                 "after it")
+    return checkpoint, overrides, steps
+
+
+def parent_eval_episodes(parent_run: Path | None) -> int | None:
+    """How many held-out episodes the parent run evaluated (its evals.json), None if unknown."""
+    import json
+
+    try:
+        evals = json.loads((parent_run / "evals.json").read_text()) if parent_run else []
+        return int(evals[0]["eval/episodes"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+
+
+def cmd_branch(args: argparse.Namespace) -> int:
+    """`train --from CHECKPOINT`: a branch of that run with the flags given as overrides
+    (`Trainer.from_checkpoint`), trained and reported like any run into --output. Held-out
+    episodes default to the parent's count, so both evaluate the same seeds."""
+    from workbench.runner import train_and_report
+    from workbench.training import Trainer
+
+    checkpoint, overrides, steps = branch_overrides(args)
+    out = Path(args.output)
+    trainer = Trainer.from_checkpoint(checkpoint, output_dir=out, overrides=overrides, steps=steps)
+    eval_episodes = args.eval_episodes
+    if eval_episodes is None:
+        eval_episodes = parent_eval_episodes(trainer.branched_from.parent_run) or DEFAULT_EVAL_EPISODES
+    train_and_report(trainer.config, out, eval_episodes, args.minutes, trainer=trainer)
     return 0
 
 
@@ -176,7 +250,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     t.add_argument("--batch-size", type=int, default=unset, help=_help("train", "batch_size", ""))
     t.add_argument("--group-size", type=int, default=unset, help=_help("train", "group_size", ""))
     t.add_argument("--lr", type=float, default=unset, help=_help("train", "lr", ""))
-    t.add_argument("--eval-episodes", type=int, default=32, help="held-out episodes before/after (0 = skip)")
+    t.add_argument("--eval-episodes", type=int, default=None,
+                   help=f"held-out episodes before/after, seeds 10000.. (0 = skip; default {DEFAULT_EVAL_EPISODES}, "
+                        "with --from the parent run's count)")
+    t.add_argument("--from", dest="from_checkpoint", metavar="CHECKPOINT", default=None,
+                   help="branch a run: start from this checkpoint (RUN/checkpoints/step_N, or a run folder for its "
+                        "newest) with its run's settings, changed only by the flags given; --steps N trains N steps "
+                        "after it; --output (required) is the branch's own folder, which records the origin in "
+                        "branch.json (workbench.training.branch)")
     t.add_argument("--minutes", type=float, default=0,
                    help="stop after the training step that ends past this many minutes (0 = no limit)")
     t.add_argument("--save-interval", type=int, default=unset, help=_help("train", "save_interval", ""))

@@ -65,30 +65,42 @@ def rollout_and_report(config: ConfigStore, out: Path, episodes: int) -> list[di
     return rows
 
 
+#: The held-out seeds: evaluation episode i plays seed EVAL_SEED_BASE + i (every run, every branch).
+EVAL_SEED_BASE = 10_000
+
+
 def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes: float = 0,
-                     transcript: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+                     transcript: Callable[[dict[str, Any]], None] | None = None,
+                     trainer: Any = None) -> dict[str, Any]:
     """Train with `config` and write the run's files into `out`: held-out evaluation on
     seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
     `summary.md` (with the run doctor's findings). Returns {"trainer", "evals", "before",
     "after", "after_sft" (the held-out batches or None; after_sft with `sft.steps`), "stopped"
     (why fit stopped early, or ""),
-    "findings" (`workbench.debug.doctor.diagnose_parts` over the steps and held-out batches)}."""
+    "findings" (`workbench.debug.doctor.diagnose_parts` over the steps and held-out batches)}.
+
+    `trainer`: a Trainer already built for `out` (a branch: `Trainer.from_checkpoint`), used
+    instead of building one from `config` (its own config is used); "before" is then evaluated
+    at its step, on the same held-out seeds, so a branch's evaluations pair with its parent's."""
     from workbench.progress import write
     from workbench.training import Trainer, run_files
 
     out.mkdir(parents=True, exist_ok=True)
+    config = trainer.config if trainer is not None else config
     config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs
     if "jsonl" not in config.training.loggers:
         config.training.loggers = [*config.training.loggers, "jsonl"]  # every run writes metrics.jsonl
-    trainer = Trainer(config)
+    if trainer is None:
+        trainer = Trainer(config)
     config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
-    eval_seeds = list(range(10_000, 10_000 + eval_episodes))
+    eval_seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + eval_episodes))
     report: dict[str, Any] = {"trainer": trainer, "evals": [], "before": None, "after": None, "after_sft": None,
                               "stopped": ""}
     evals = report["evals"]
+    first_step = trainer.global_step  # 0, or a branch's checkpoint step
     if eval_episodes:
-        evals.append({"step": 0, **trainer.evaluate(eval_seeds)})
+        evals.append({"step": first_step, **trainer.evaluate(eval_seeds)})
         report["before"] = trainer.last_eval_batch
         write(f"held-out before training: {evals[-1]}")
 
@@ -119,7 +131,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
         report["after"] = trainer.last_eval_batch
         # OUT/evals/step_XXXXXX.jsonl.gz, written after fit: a fresh run (checkpoint.resume=False)
         # moves an earlier run's evals/ aside when fit starts.
-        run_files.record_eval(out, config, 0, report["before"])
+        run_files.record_eval(out, config, first_step, report["before"])
         if report["after_sft"] is not None:
             run_files.record_eval(out, config, sft_steps, report["after_sft"])
         run_files.record_eval(out, config, trainer.global_step, report["after"])

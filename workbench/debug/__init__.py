@@ -1,8 +1,9 @@
 """The debugger: reopen a finished run, fork an episode at any turn, compare two
 policies token by token, and a run doctor that names what went wrong.
 
-    from workbench.debug import load_run, fork, compare_policies, diagnose
+    from workbench.debug import load_run, branch_run, fork, compare_policies, diagnose
     run = load_run("runs/demo/train")       # config, metrics, evaluations, checkpoints, batches
+    trainer = branch_run(run.checkpoints[-1], {"training.learning_rate": 1e-4}, output_dir="runs/lr", steps=5)
     batch = run.batch(3)                    # step 3's scored batch, exactly as it was trained on
     branches = fork(batch[0], turn=1, action="5", n=4, engine=engine)
     diff = compare_policies(run.checkpoints[0], run.checkpoints[-1], batch)
@@ -18,7 +19,7 @@ from typing import Any
 
 #: Public name -> module of this package that defines it.
 _NAMES = {
-    "Run": "runs", "load_run": "runs", "RunError": "runs",
+    "Run": "runs", "load_run": "runs", "RunError": "runs", "branch_run": "runs",
     "fork": "forking", "ReplayMismatch": "forking",
     "compare_policies": "diff", "PolicyDiff": "diff",
     "diagnose": "doctor", "Finding": "doctor", "DoctorConfig": "doctor",

@@ -8,6 +8,7 @@
     run.batch()                  # the last saved step's
     run.evals, run.eval_batch(0) # held-out numbers (evals.json) and the batch evaluated at step 0
     run.checkpoints              # checkpoint folders, oldest first
+    run.branched_from            # a branch (`train --from`): parent run, checkpoint, step, overrides
 
 What a run folder holds is `workbench.training.run_files` (the layout contract). Reading
 is strict: a folder without `rollouts/` (written before runs saved their batches, or with
@@ -37,9 +38,10 @@ from typing import Any
 from workbench.config import ConfigError, ConfigStore
 from workbench.training import checkpoint as ckpt
 from workbench.training import run_files
+from workbench.training.branch import BRANCH_FILE, BranchError, BranchOrigin, read_branch
 from workbench.trajectory import BatchTooLarge, NotABatchFile, TrajectoryBatch
 
-__all__ = ["Run", "RunError", "load_run", "inside_run", "read_batch"]
+__all__ = ["Run", "RunError", "branch_run", "load_run", "inside_run", "read_batch"]
 
 #: What reading a damaged batch file raises (a cut gzip stream, a half JSON line, a bad record).
 _READ_ERRORS = (OSError, EOFError, ValueError, KeyError, TypeError, IndexError, zlib.error)
@@ -97,6 +99,26 @@ def inside_run(run_dir: str | Path, path: str | Path) -> Path:
     return path
 
 
+def branch_run(checkpoint: "str | Path | Run", overrides: dict[str, Any] | None = None, *,
+               output_dir: str | Path, steps: int | None = None, **trainer_kwargs: Any) -> Any:
+    """Branch a run to try a remedy: a `Trainer` that continues from `checkpoint` (a
+    checkpoint folder, or a run folder or `Run` for its newest checkpoint) with `overrides`
+    (`{"section.field": value}`), writing only into `output_dir`, ready to `fit`; the same as
+    `Trainer.from_checkpoint` and `python -m workbench train --from` (what a branch is:
+    `workbench.training.branch`).
+
+        run = load_run("runs/gn")
+        trainer = branch_run(run.checkpoints[-2], {"training.learning_rate": 1e-4},
+                             output_dir="runs/gn-lr", steps=10)
+        trainer.fit()
+        load_run("runs/gn-lr").branched_from      # parent, checkpoint, step, overrides
+    """
+    from workbench.training import Trainer
+
+    source = checkpoint.path if isinstance(checkpoint, Run) else checkpoint
+    return Trainer.from_checkpoint(source, output_dir=output_dir, overrides=overrides, steps=steps, **trainer_kwargs)
+
+
 class Run:
     """A run folder, reopened (see the module docstring; build it with `load_run`).
 
@@ -107,6 +129,10 @@ class Run:
             and pairs with `batch(step)`).
         evals: held-out evaluations `[{"step": S, "eval/success_rate": ..., ...}]`
             (evals.json; [] when the run has none).
+        branched_from: where a branch came from (`workbench.training.branch.BranchOrigin`,
+            from branch.json: `parent_run`, `checkpoint`, `step`, `overrides`,
+            `parent_values`), None for a run that is not a branch. A branch's metrics
+            hold its parent's rows before `step`; its saved batches start at `step`.
     """
 
     def __init__(self, path: Path, config: ConfigStore, metrics: Any, evals: list[dict[str, Any]]):
@@ -115,6 +141,19 @@ class Run:
         self.metrics = metrics
         self.evals = evals
         self._tokenizer: Any = None
+        try:
+            self.branched_from: BranchOrigin | None = read_branch(self.path)
+        except BranchError as exc:
+            raise RunError(str(exc)) from exc
+
+    def parent(self) -> "Run":
+        """The run this one branched from (`load_run` of `branched_from.parent_run`);
+        RunError for a run that is not a branch or whose parent folder is gone."""
+        origin = self.branched_from
+        if origin is None or origin.parent_run is None:
+            raise RunError(f"{self.path} is not a branch of a run folder (no {BRANCH_FILE} naming a "
+                           "parent_run)")
+        return load_run(origin.parent_run)
 
     # -- what was saved -----------------------------------------------------------------------
     @property
@@ -191,6 +230,11 @@ class Run:
             raise RunError(f"step {step!r}: a step is a 0-based step number (an int >= 0, as in "
                            f"metrics['step']), or None for the last; saved steps in {self.path / folder}: "
                            f"{_ranges(saved) or 'none'}")
+        origin = self.branched_from
+        if step not in saved and origin is not None and int(step) < origin.step and origin.parent_run is not None:
+            method = "batch" if folder == run_files.ROLLOUTS else "eval_batch"
+            raise RunError(f"step {step} comes before this branch's first step {origin.step}: it is the parent's, "
+                           f"saved in {origin.parent_run} (run.parent().{method}({step}))")
         if step not in saved:
             every = self.config.training.save_rollouts_every
             raise RunError(f"{self.path / folder / run_files.step_file_name(int(step))} is missing: no {what} "
@@ -202,7 +246,11 @@ class Run:
     def _summary(self) -> dict[str, Any]:
         t, df = self.config.training, self.metrics
         last = df.iloc[-1].to_dict() if len(df) else {}
+        origin = self.branched_from
+        branch = {} if origin is None else {"branched from": f"{origin.checkpoint} (step {origin.step})"
+                                            + "".join(f", {k}={v!r}" for k, v in origin.overrides.items())}
         return {
+            **branch,
             "algorithm": t.adv_estimator, "environment": self.config.environment.name,
             "model": self.config.model.path, "metric steps": len(df),
             "saved steps": _ranges(self.steps) or "none",
@@ -213,8 +261,11 @@ class Run:
 
     def __repr__(self) -> str:
         s = self._summary()
+        origin = self.branched_from
+        parent = str(origin.parent_run or origin.checkpoint) if origin is not None else ""
+        branch = "" if origin is None else f", branched at step {origin.step} from {parent!r}"
         return (f"Run({str(self.path)!r}: {s['algorithm']} on {s['environment']}, {s['metric steps']} steps, "
-                f"saved batches {s['saved steps']}, evals [{s['evals']}])")
+                f"saved batches {s['saved steps']}, evals [{s['evals']}]{branch})")
 
     def _repr_html_(self) -> str:
         s = self._summary()

@@ -207,10 +207,11 @@ def earlier_run(folder: str | Path) -> list[Path]:
     return found
 
 
-def set_aside_earlier_run(folders: list[str | Path]) -> list[Path]:
-    """Before a fresh run (`checkpoint.resume=False`): move an earlier run's checkpoints and
-    logs out of each folder into `<folder>/previous_runs/<date-time>/` (warning once per
-    folder, naming both places), so the new run neither truncates the old metrics nor has
+def set_aside_earlier_run(folders: list[str | Path], why: str | None = None) -> list[Path]:
+    """Before a fresh run (`checkpoint.resume=False`, or a branch: `workbench.training.branch`):
+    move an earlier run's checkpoints and logs out of each folder into
+    `<folder>/previous_runs/<date-time>/` (warning once per folder, naming both places and
+    `why` the new run starts fresh), so the new run neither truncates the old metrics nor has
     its first checkpoints pruned as older than the old ones. Nothing is deleted. Returns
     the folders the old runs went to."""
     moved = []
@@ -227,8 +228,9 @@ def set_aside_earlier_run(folders: list[str | Path]) -> list[Path]:
         for path in found:
             os.replace(path, dest / path.name)
         names = ", ".join(p.name for p in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        warnings.warn(f"checkpoint.resume=False starts a fresh run, and {folder} held an earlier one ({names}): "
-                      f"moved it to {dest} (set checkpoint.resume=True to continue a run instead)",
+        why = why or "checkpoint.resume=False starts a fresh run"
+        hint = "" if "resume" not in why else " (set checkpoint.resume=True to continue a run instead)"
+        warnings.warn(f"{why}, and {folder} held an earlier one ({names}): moved it to {dest}{hint}",
                       EarlierRunMovedWarning, stacklevel=3)
         moved.append(dest)
     return moved

@@ -133,6 +133,8 @@ class Trainer:
         self.global_step = 0
         self.metrics_history: list[dict[str, float]] = []
         self.last_batch: TrajectoryBatch | None = None
+        #: Where this trainer's run branched from (`from_checkpoint`), else None.
+        self.branched_from: Any = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
         # fit runs the doctor's batch checks each step (workbench.doctor_checks) with the thresholds of
         # config.doctor (the same object: a threshold changed on the config applies from the next step);
@@ -665,6 +667,37 @@ class Trainer:
         self.engine.sync_weights(self.policy.model)
         self.stages.after_load(self)
         self._checkpoint_step = (Path(path).resolve(), self.global_step)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: str | Path, *, output_dir: str | Path,
+                        overrides: dict[str, Any] | None = None, steps: int | None = None,
+                        **trainer_kwargs: Any) -> "Trainer":
+        """A branch of a run: a Trainer that continues from `checkpoint` with `overrides`
+        (the remedy to try), ready to `fit`, writing only into `output_dir`
+        (`workbench.training.branch` says what a branch is).
+
+            trainer = Trainer.from_checkpoint("runs/gn/checkpoints/step_000010", output_dir="runs/gn-lr",
+                                              overrides={"training.learning_rate": 1e-4}, steps=10)
+            trainer.fit()          # steps 10..19; run.branched_from in load_run("runs/gn-lr")
+
+        Args:
+            checkpoint: a checkpoint folder (`RUN/checkpoints/step_N`), or a run folder (its
+                newest checkpoint).
+            output_dir: the branch's own run folder (logs, `branch.json`, `config.yaml`;
+                checkpoints in `output_dir/checkpoints`); not inside the parent run's folder.
+            overrides: settings to change, `{"section.field": value}` or `{"section": {...}}`;
+                every other setting is the checkpoint's. Identity fields (model, LoRA shape,
+                environment name, estimator) cannot change.
+            steps: train this many steps after the checkpoint's step (sets the config's
+                target); None keeps the checkpoint's target (`fit(steps=N)` works too).
+            trainer_kwargs: passed to `Trainer(...)` (environment, reward_fn, dataset, tools,
+                parser, engine), as the parent was built with.
+
+        Raises `BranchError` (a ConfigError naming the field or folder) before any model
+        loads, and before anything is written."""
+        from workbench.training.branch import start_branch
+
+        return start_branch(cls, checkpoint, output_dir, overrides, steps, trainer_kwargs)
 
     def resume(self, force: bool | None = None) -> Path | None:
         """Load the newest checkpoint in `checkpoint.output_dir` that is intact, skipping
