@@ -174,8 +174,9 @@ class RunComparison:
         for step, rows in self.curves.groupby("step", sort=True):
             by = {r["run"]: r for r in rows.to_dict("records")}
             steps.append([str(int(step))] + [_num(by.get(run, {}).get(col, math.nan))
-                                             for col in CURVE_COLUMNS[:3] for run in ("A", "B")])
-        finds = [[c.name, c.where(), c.status] + [f"{f.value:.3g} vs {f.threshold:.3g}" if f else "-" for f in (c.a, c.b)]
+                                             for col in CURVE_COLUMNS for run in ("A", "B")])
+        finds = [[c.name, c.where(), c.status]
+                 + [f"{f.value:.3g} vs {f.threshold:.3g}" if f else "-" for f in (c.a, c.b)]
                  for s in STATUSES for c in self.findings[s]]
         eps = [[str(p.seed), p.change, _play(p.a), _play(p.b), _replies(p.a), _replies(p.b)]
                for p in self.pairs[:max_episodes]]
@@ -185,7 +186,9 @@ class RunComparison:
             ("Config differences", ["field", "A", "B"], cfg, "" if cfg else "The configs are the same."),
             ("Results", ["", "A", "B"], summary, ""),
             ("Per step", ["step", "A reward", "B reward", "A success", "B success", "A held-out success",
-                          "B held-out success"], steps, "Held-out success at the steps evaluated (step S = after S updates)."),
+                          "B held-out success", "A held-out reward", "B held-out reward"], steps,
+             "Training reward and success per step; held-out numbers at the steps evaluated "
+             "(step S = after S updates)."),
             ("Doctor findings", ["check", "where", "status", "A", "B"], finds,
              "" if finds else "No findings in either run."),
             ("Held-out episodes side by side" + more, ["seed", "change", "A", "B", "A replies", "B replies"], eps,
@@ -296,7 +299,8 @@ def _seeds(episodes: list[Episode]) -> str:
     seeds = sorted({e.env_seed for e in episodes if e.env_seed is not None})
     if not seeds:
         return "none"
-    span = f"{seeds[0]}-{seeds[-1]}" if seeds == list(range(seeds[0], seeds[-1] + 1)) else ", ".join(map(str, seeds[:8]))
+    run_of = seeds == list(range(seeds[0], seeds[-1] + 1))
+    span = f"{seeds[0]}-{seeds[-1]}" if run_of else ", ".join(map(str, seeds[:8]))
     return span + ("" if len(seeds) <= 8 or "-" in span else ", ...") + f" ({len(seeds)})"
 
 
@@ -322,7 +326,8 @@ def _as_run(run: Any) -> Run:
         return run
     if isinstance(run, (str, os.PathLike)):
         return load_run(run)  # a RunError names what is missing
-    raise TypeError(f"compare_runs: expected a run folder or a Run (workbench.debug.load_run), got {type(run).__name__}")
+    raise TypeError("compare_runs: expected a run folder or a Run (workbench.debug.load_run), "
+                    f"got {type(run).__name__}")
 
 
 def compare_runs(a: Any, b: Any, doctor: DoctorConfig | None = None) -> RunComparison:
@@ -377,7 +382,8 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
     p = subparsers.add_parser("compare", help="two runs side by side: config differences, held-out success "
                                               "per step, doctor findings resolved / still there / new, and "
                                               "the same held-out seeds played by both final policies")
-    p.add_argument("run_a", metavar="RUN_A", help="the baseline run folder (config.yaml, metrics.jsonl, rollouts/, evals/)")
+    p.add_argument("run_a", metavar="RUN_A",
+                   help="the baseline run folder (config.yaml, metrics.jsonl, rollouts/, evals/)")
     p.add_argument("run_b", metavar="RUN_B", help="the run with the change (e.g. a remedy), same environment")
     p.add_argument("--out", dest="report", default=None, help="also write the report (markdown) to this file")
     p.add_argument("--episodes", type=int, default=32, help="side-by-side episode rows to print (default 32)")
