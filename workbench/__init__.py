@@ -43,6 +43,7 @@ _CORE = {
     "Episode": "trajectory", "RolloutData": "trajectory", "Trajectory": "trajectory",
     "TrajectoryBatch": "trajectory", "Turn": "trajectory",
     "load_run": "debug", "fork": "debug", "compare_policies": "debug", "diagnose": "debug",
+    "compare_runs": "debug",
 }
 #: The seeds' and verl's names (seed 000's pipeline, verl's data shapes and trainer form).
 _COMPAT = {

@@ -1,9 +1,10 @@
-"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose}`.
+"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare}`.
 
     python -m workbench rollout --env guess_number --episodes 8
     python -m workbench train --env guess_number --algo grpo --steps 20 --output runs/gn
     python -m workbench demo            # what `make demo` runs
     python -m workbench diagnose runs/gn   # the run doctor (workbench.debug.doctor)
+    python -m workbench compare runs/gn runs/gn2   # two runs side by side (workbench.debug.compare)
     python -m workbench train --config run.yaml --lr 1e-4   # the file, with one field changed
     python -m workbench train --from runs/gn/checkpoints/step_000010 --lr 1e-4 --steps 10 --output runs/gn-lr
                                            # a branch: that checkpoint's run, one setting changed
@@ -284,12 +285,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     x.add_argument("--train-size", type=int, default=None,
                    help="rows (seeds 0..N-1) in train.parquet (default: num_iters_per_epoch x batch_size / group_size)")
     x.add_argument("--val-size", type=int, default=32, help="rows (seeds from 10000) in val.parquet (default 32)")
+    from workbench.debug.compare import add_compare_parser
     from workbench.debug.diff import add_diff_parser
     from workbench.debug.doctor import add_diagnose_parser
 
     add_diff_parser(sub)  # python -m workbench diff CKPT_A CKPT_B ...
     # python -m workbench diagnose RUN_DIR [--doctor.FIELD VALUE ...]: thresholds over the run's own
     add_config_flags(add_diagnose_parser(sub), sections=("doctor",))
+    add_compare_parser(sub)  # python -m workbench compare RUN_A RUN_B
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -312,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_diff(args)
         if args.command == "diagnose":
             args.doctor_overrides = given_config_flags(args).get("doctor", {})
+            return args.run(args)
+        if args.command == "compare":
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing

@@ -1,13 +1,14 @@
 """The debugger: reopen a finished run, fork an episode at any turn, compare two
-policies token by token, and a run doctor that names what went wrong.
+policies token by token, a run doctor that names what went wrong, and two runs side by side.
 
-    from workbench.debug import load_run, branch_run, fork, compare_policies, diagnose
+    from workbench.debug import load_run, branch_run, fork, compare_policies, diagnose, compare_runs
     run = load_run("runs/demo/train")       # config, metrics, evaluations, checkpoints, batches
     trainer = branch_run(run.checkpoints[-1], {"training.learning_rate": 1e-4}, output_dir="runs/lr", steps=5)
     batch = run.batch(3)                    # step 3's scored batch, exactly as it was trained on
     branches = fork(batch[0], turn=1, action="5", n=4, engine=engine)
     diff = compare_policies(run.checkpoints[0], run.checkpoints[-1], batch)
     findings = diagnose(run)                # reward hacking, collapse, dead signal, ...
+    cmp = compare_runs("runs/a", "runs/b")  # config diff, curves, findings resolved/new, same seeds
 
 Layer: above `training` and `distributed`, below `widgets`, `compat` and `cli`. Names are
 imported lazily (each module pulls in what it needs when first used).
@@ -23,6 +24,7 @@ _NAMES = {
     "fork": "forking", "ReplayMismatch": "forking",
     "compare_policies": "diff", "PolicyDiff": "diff",
     "diagnose": "doctor", "Finding": "doctor", "DoctorConfig": "doctor",
+    "compare_runs": "compare", "RunComparison": "compare", "RunsNotComparable": "compare",
 }
 
 __all__ = sorted(_NAMES)

@@ -9,6 +9,7 @@
 | `RewardTuner`       | reward-shaping sliders re-scoring a stored batch                    |
 | `TrajectoryTable`   | sortable, filterable episode list linked to the two viewers         |
 | `FindingsPanel`     | the run doctor's findings; evidence opens with its span marked      |
+| `RunComparisonView` | two runs side by side: config diff, curves, findings, same seeds    |
 
 The viewers (`ConversationView`, `TokenView`, `TrajectoryTable`, `RewardTuner`) take a
 reopened run (`workbench.debug.load_run`) where they take a batch, showing its last saved
@@ -24,6 +25,7 @@ print(w.VOILA_JUPYTER_PATH)") voila --template=workbench-offline notebook.ipynb`
 """
 from pathlib import Path
 
+from workbench.widgets.compare import RunComparisonView
 from workbench.widgets.conversation import ConversationView, render_episode_html
 from workbench.widgets.dashboard import PANELS, TrainingDashboard, history_series
 from workbench.widgets.findings import FindingsPanel
@@ -37,7 +39,7 @@ VOILA_JUPYTER_PATH = Path(__file__).resolve().parent / "share"
 
 __all__ = [
     "VOILA_JUPYTER_PATH",
-    "ConversationView", "TokenView", "TrainingDashboard", "FindingsPanel", "PlayWidget", "RewardTuner", "TrajectoryTable",
+    "ConversationView", "TokenView", "TrainingDashboard", "FindingsPanel", "RunComparisonView", "PlayWidget", "RewardTuner", "TrajectoryTable",
     "TokenizerOnlyEngine", "render_episode_html", "render_tokens_html", "history_series", "rescore_table",
     "grpo_advantages", "filter_sort", "episode_frame", "available_fields", "PANELS",
 ]
