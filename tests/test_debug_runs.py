@@ -42,7 +42,7 @@ def assert_same_batch(reopened, trained) -> None:
 
 @pytest.fixture(scope="module")
 def ppo_run(tiny_model_path, tmp_path_factory):
-    """(run folder, trainer, {step: batch}) of 3 PPO steps with a checkpoint after step 2."""
+    """(run folder, trainer, {step: batch}) of 3 PPO steps with checkpoints after step 2 and the last, 3."""
     tmp = tmp_path_factory.mktemp("ppo_run")
     config = tiny_config(tiny_model_path, tmp, adv_estimator="gae", use_kl_in_reward=True)
     config.checkpoint.save_interval = 2
@@ -70,7 +70,7 @@ def test_every_field_of_a_reopened_batch_equals_the_trained_batch(ppo_run):
         assert row["reward/mean"] == pytest.approx(batch.summary()["reward/mean"], abs=1e-12)
         assert row["perf/rollout_seconds"] == batch.meta["rollout_seconds"]
     assert run.config.to_dict() == trainer.config.to_dict()
-    assert [p.name for p in run.checkpoints] == ["step_000002"]
+    assert [p.name for p in run.checkpoints] == ["step_000002", "step_000003"]  # every 2, and the last
     assert run.evals == [] and run.eval_steps == []
     text = repr(run)
     assert "gae on guess_number" in text and "3 steps" in text and "saved batches 0-2" in text
