@@ -511,11 +511,11 @@ class TrajectoryBatch:
         total = 0
         with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
             for number in itertools.count(1):
-                line = f.readline(line_limit + 1)
-                if not line:
+                parts, size = _line_parts(f, line_limit)
+                if not size:
                     break
-                total += len(line)
-                if len(line) > line_limit and not line.endswith(b"\n"):
+                total += size
+                if size > line_limit:
                     raise BatchTooLarge(
                         f"{path} line {number} is longer than {line_limit} bytes (max_line_bytes) once "
                         "decompressed; one line holds one episode and none is that long, so this is not a "
@@ -526,6 +526,7 @@ class TrajectoryBatch:
                         f"{path} decompresses to more than {limit} bytes (max_bytes); reading stopped there "
                         "(a gzip bomb, or not a batch file?). For a real batch this big pass a larger "
                         "max_bytes to TrajectoryBatch.load")
+                line = b"".join(parts)
                 try:
                     record = json.loads(line)
                 except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
@@ -566,6 +567,23 @@ class TrajectoryBatch:
     def _repr_html_(self) -> str:
         df = self.to_pandas("episode")
         return f"<p><b>{self!r}</b></p>" + df.head(20).to_html(index=False)
+
+
+def _line_parts(f: Any, limit: int, chunk: int = 1 << 20) -> tuple[list[bytes], int]:
+    """The next line of binary file `f` as pieces of at most `chunk` bytes, and its length;
+    reading stops once the line is longer than `limit` (so an endless line costs about
+    `limit` bytes, never a copy of it). ([], 0) at the end of the file."""
+    parts: list[bytes] = []
+    size = 0
+    while size <= limit:
+        piece = f.readline(chunk)
+        if not piece:
+            break
+        parts.append(piece)
+        size += len(piece)
+        if piece.endswith(b"\n"):
+            break
+    return parts, size
 
 
 def _open_text(path: Path, mode: str) -> Any:
