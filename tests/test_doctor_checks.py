@@ -255,3 +255,33 @@ def test_repeated_tail_finds_the_arithmetic_benchmarks_loop():
     assert _repeated_tail(reply, 3, 64) == [0, len(reply)]
     assert _repeated_tail("The number is between 1 and 8 so I will guess", 3, 64) is None
     assert _repeated_tail("I guess 7!!!", 3, 64) is None  # too short to be a loop
+
+
+# -- remedies ------------------------------------------------------------------------------
+def test_every_remedy_is_a_valid_change_of_the_config():
+    from workbench.config import ConfigStore
+    from workbench.doctor_checks import REMEDIES
+
+    for name, overrides in REMEDIES.items():
+        assert name in CHECKS, name
+        config, default = ConfigStore(), ConfigStore()
+        for key, value in overrides.items():
+            section, field = key.split(".")
+            assert hasattr(getattr(config, section), field), key
+            assert getattr(getattr(default, section), field) != value, f"{key}: the remedy must change something"
+            setattr(getattr(config, section), field, value)
+        config.validate()
+
+
+def test_a_finding_names_its_remedy_and_the_remedy_removes_it(tok):
+    from workbench.debug.doctor import findings_table
+
+    f = check("parse-from-incidental-span", [roll(tok, "guess_number", count_up_from_4, **GUESS)])
+    assert f.fired and f.remedy == {"environment.strict_format": True}
+    assert f.remedy_flags() == "--environment.strict_format true"
+    assert "try: train --from CHECKPOINT --environment.strict_format true" in findings_table([f])
+    strict = roll(tok, "guess_number", count_up_from_4, strict_format=True, **GUESS)  # the same policy, remedied
+    after = check("parse-from-incidental-span", [strict])
+    assert after is None or not after.fired
+    assert not any(e.success for e in strict)  # the trick no longer wins
+    assert check("tokenization-mismatch", [strict]).remedy == {}  # a bug to fix, not a setting

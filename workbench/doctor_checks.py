@@ -37,11 +37,24 @@ def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
 
 
+#: Check name -> the config overrides that address it (`Finding.remedy`); a check not here has
+#: no setting for a fix (a bug to find in the environment, template or weight sync), and its
+#: advice says what to look at. A test applies every remedy to a config and validates it.
+REMEDIES: dict[str, dict[str, Any]] = {
+    "parse-from-incidental-span": {"environment.strict_format": True},
+    "repetition-to-limit": {"reward.overlong_penalty": 1.0},
+    "truncation-surge": {"reward.overlong_penalty": 1.0},
+    "zero-variance-groups": {"training.dynamic_sampling": True},
+    "format-errors": {"sft.steps": 4},
+    "entropy-collapse": {"training.entropy_coeff": 0.01},
+}
+
+
 def _finding(name: str, severity: str, value: float, threshold: float, fired: bool, message: str, advice: str,
              h: History, evidence: list, cfg: DoctorConfig, step: int | None = None) -> Finding:
     return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
                    advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
-                   source=h.source, fired=bool(fired))
+                   source=h.source, fired=bool(fired), remedy=dict(REMEDIES.get(name, {})))
 
 
 # -- reward hacking ---------------------------------------------------------------------
@@ -244,7 +257,8 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
         "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction,
         f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: the policy has nearly "
         "stopped exploring",
-        "Add an entropy bonus (training.entropy_coeff) or a KL term (use_kl_loss), or lower the learning rate.",
+        "Add an entropy bonus (training.entropy_coeff, e.g. 0.01) or a KL term (use_kl_loss), or lower the "
+        "learning rate.",
         h, ev, cfg, step=step)
 
 
@@ -315,8 +329,8 @@ def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:
     return _finding(
         "format-errors", "warning", share, cfg.format_error_share, share >= cfg.format_error_share,
         f"{len(bad)} of {len(turns)} replies could not be parsed or were invalid actions",
-        "Show the reply format in the system prompt (an example turn), use a lenient parser, or warm up with "
-        "a few SFT examples.",
+        "Warm up with SFT on the environment's scripted expert (sft.steps, e.g. 4: the policy learns the "
+        "format from demonstrations), show the reply format in the system prompt, or use a lenient parser.",
         h, [h.evidence(ep, t) for ep, t in bad], cfg)
 
 

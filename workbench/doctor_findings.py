@@ -91,6 +91,16 @@ class Finding:
     """"train" or "eval" (the held-out batches)."""
     fired: bool = True
     """Whether the threshold was crossed."""
+    remedy: dict[str, Any] = field(default_factory=dict)
+    """The setting(s) to try against it, as config overrides `{"section.field": value}` (what
+    `branch_run(checkpoint, finding.remedy, ...)` and `train --from CKPT` take); {} when the
+    fix is not a setting, and then `advice` says what to look at instead."""
+
+    def remedy_flags(self) -> str:
+        """`remedy` as CLI flags ("--environment.strict_format true"); "" when there is none."""
+        def text(v: Any) -> str:
+            return str(v).lower() if isinstance(v, bool) else str(v)
+        return " ".join(f"--{k} {text(v)}" for k, v in self.remedy.items())
 
     def line(self) -> str:
         """One line: name, severity, the number against its threshold, the first evidence."""

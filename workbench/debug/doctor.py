@@ -160,6 +160,8 @@ def findings_table(findings: list[Finding]) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     for f in findings:
         lines += ["", f"{f.name} ({_where(f)}): {f.message}.", f"  do: {f.advice}"]
+        if f.remedy:
+            lines.append(f"  try: train --from CHECKPOINT {f.remedy_flags()} (Finding.remedy)")
         lines += [f"  - {e.where()}: {e.quote()!r}" for e in f.evidence]
     return "\n".join(lines)
 
@@ -173,7 +175,8 @@ def findings_markdown(findings: list[Finding]) -> str:
         ev = f.evidence[0].where() if f.evidence else ""
         lines.append(f"| {f.name} | {f.severity} | {f.value:.3g} | {f.threshold:.3g} | {_where(f)} | {ev} |")
     for f in findings:
-        lines += ["", f"**{f.name}** ({_where(f)}): {f.message}. *Do:* {f.advice}"]
+        lines += ["", f"**{f.name}** ({_where(f)}): {f.message}. *Do:* {f.advice}"
+                  + (f" *Try:* `train --from CHECKPOINT {f.remedy_flags()}`" if f.remedy else "")]
         lines += [f"- {e.where()}: `{e.quote()}`" for e in f.evidence]
     return "\n".join(lines)
 
