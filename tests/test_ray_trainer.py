@@ -3,6 +3,8 @@ against the single-process `Trainer`: same batch, same metrics, same weights; ch
 cross between the two; episodes record the weight version they were sampled with."""
 from __future__ import annotations
 
+import copy
+
 
 import pytest
 import torch
@@ -126,3 +128,41 @@ def test_killed_learner_is_named_and_the_run_resumes_from_its_checkpoint(ray_clu
         assert [e.weight_version for e in again.last_batch] == [1] * len(again.last_batch)
     finally:
         again.cleanup()
+
+
+def test_sft_steps_on_ray_reach_the_learners_and_workers(ray_cluster, tiny_model_path, tmp_path):
+    """An SFT step runs in the controller; its weights and Adam moments must reach the learners
+    (the next RL update starts from them) and the rollout workers (the next batch samples them)."""
+    env = make_env("guess_number", low=1, high=8, max_steps=2)
+    trainers = []
+    for use_ray in (False, True):
+        c = _config(tiny_model_path, tmp_path, use_ray)
+        c.sft.steps, c.sft.episodes, c.sft.learning_rate = 2, 4, 1e-2
+        trainers.append(Trainer(c, environment=env, reward_fn=_length_reward))
+    one, dist = trainers
+    try:
+        base = _weights(one)
+        for t in trainers:
+            t.train_step()  # SFT steps: the second one pulls the moments the first one pushed
+            t.train_step()
+            assert "sft/nll" in t.metrics_history[-1] and t.global_step == 2
+        sft_weights = _weights(dist)
+        assert max(float((sft_weights[k] - v).abs().max()) for k, v in _weights(one).items()) < 1e-6
+        learner = dist.ray_stages.learners.state_dict()["policy"]
+        assert all(torch.equal(learner[k], v) for k, v in sft_weights.items())
+        names = trained_names(one.policy.model)
+        on_learners = optimizer_state_by_index(dist.ray_stages.learners.optimizer_state()["optimizer"], names)
+        _assert_adam_close(on_learners, _adam(one.optimizer))  # the SFT step's moments
+        assert dist.ray_stages.rollout_workers.version == 2
+        dist.train_step()  # RL: the workers sample with the SFT weights
+        batch = dist.last_batch
+        assert [e.weight_version for e in batch] == [2] * len(batch)
+        sft_lp = one.compute_logprobs(copy.deepcopy(batch)).old_logprobs  # (B, T) under the SFT weights
+        one.policy.load_trainable_state_dict(base)
+        base_lp = one.compute_logprobs(copy.deepcopy(batch)).old_logprobs  # under the weights before SFT
+        mask = batch.loss_mask.bool()
+        assert float((batch.rollout_logprobs - sft_lp)[mask].abs().max()) < 1e-4
+        assert float((batch.rollout_logprobs - base_lp)[mask].abs().max()) > 1e-2
+    finally:
+        dist.cleanup()
+        one.cleanup()

@@ -402,9 +402,15 @@ class Trainer:
         expert's `demonstrations()`): one optimizer step on the NLL of its trained tokens,
         at `sft.learning_rate` (else `training.learning_rate`). It counts as a training
         step: `global_step` moves on and its metrics (`sft/nll`, `sft/tokens`, ...) go to
-        the history; the engine gets the new weights."""
+        the history; the engine gets the new weights. With `ray.use_ray` the step runs in this
+        process too: the learners' Adam moments come in first, and the new weights and moments
+        go out to the learners and rollout workers after it."""
         start = time.perf_counter()
         batch = self.demonstrations() if data is None else _as_batch(data)
+        if self.optimizer.state or any("sft/nll" not in m for m in self.metrics_history):
+            # Ray: the learners' optimizer state, as one process holds it. Not before the learners
+            # ever stepped: torch fills a fresh optimizer's state with a zero step that counts one.
+            self.stages.before_save(self)
         lr = self.config.sft.learning_rate or self.config.training.learning_rate
         saved = [g["lr"] for g in self.optimizer.param_groups]
         for g in self.optimizer.param_groups:
@@ -421,6 +427,7 @@ class Trainer:
         self.last_batch = batch
         self.global_step += 1
         self._updating = False
+        self.stages.after_load(self)  # Ray: the new weights and moments out to learners and workers
         self.metrics_history.append(metrics)
         return metrics
 
