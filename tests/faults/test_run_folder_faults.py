@@ -191,7 +191,10 @@ def test_a_gzip_bomb_among_the_batches_is_refused_naming_the_file_within_bounded
              "    print('LOADED')\n"
              "except RunError as exc:\n"
              "    print('RUNERROR', exc)\n"
-             "print('MAXRSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+             # VmHWM: this process image's own peak (ru_maxrss survives exec, so under a big
+             # pytest process it would report the parent's size)
+             "print('MAXRSS_KB', next(int(l.split()[1]) for l in open('/proc/self/status') "
+             "if l.startswith('VmHWM')))\n")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", probe, str(run)], env=env, capture_output=True, text=True,
                           timeout=300)
