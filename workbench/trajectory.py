@@ -369,6 +369,17 @@ class TrajectoryBatch:
     def group_ids(self) -> list[str]:
         return [e.group_id for e in self.episodes]
 
+    def group_rows(self) -> dict[str, list[int]]:
+        """Rows of each group (episodes sharing a `group_id`), in order of first appearance."""
+        rows: dict[str, list[int]] = {}
+        for i, e in enumerate(self.episodes):
+            rows.setdefault(e.group_id, []).append(i)
+        return rows
+
+    def trained_outcomes(self, rows: list[int]) -> list[float]:
+        """The outcomes of the episodes among `rows` that have a trained token."""
+        return [self.episodes[i].outcome for i in rows if self.episodes[i].response_length]
+
     def untrained_rows(self) -> list[int]:
         """Rows of episodes without a single trained (policy-sampled) token, e.g. every
         episode whose `reset` raised or whose agent never called the model. Every stage
@@ -413,11 +424,9 @@ class TrajectoryBatch:
         """How many groups (episodes sharing a `group_id`) give a group-relative estimator
         (GRPO, RLOO) nothing to learn from: all rewards in the group equal, so every
         advantage is 0. `reward/zero_std_group_rate` is their fraction (1.0 = a no-op step)."""
-        groups: dict[int, list[float]] = {}
-        for e in self.episodes:
-            if e.response_length:  # an episode with nothing trained is no member of its group (untrained_rows)
-                groups.setdefault(e.group_id, []).append(e.outcome)
-        flat = sum(1 for rs in groups.values() if len(rs) > 1 and max(rs) == min(rs))
+        # An episode with nothing trained is no member of its group (untrained_rows).
+        groups = [rs for rs in map(self.trained_outcomes, self.group_rows().values()) if rs]
+        flat = sum(1 for rs in groups if len(rs) > 1 and max(rs) == min(rs))
         return {"reward/groups": float(len(groups)),
                 "reward/zero_std_group_rate": flat / max(len(groups), 1)}
 

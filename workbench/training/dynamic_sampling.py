@@ -67,16 +67,13 @@ class DynamicSamplingBoundWarning(UserWarning):
 
 
 def group_rows(batch: TrajectoryBatch) -> dict[str, list[int]]:
-    """Rows of each group (episodes sharing a `group_id`), in order of first appearance."""
-    rows: dict[str, list[int]] = {}
-    for i, ep in enumerate(batch):
-        rows.setdefault(ep.group_id, []).append(i)
-    return rows
+    """Rows of each group, in order of first appearance (`TrajectoryBatch.group_rows`)."""
+    return batch.group_rows()
 
 
 def varies(batch: TrajectoryBatch, rows: list[int]) -> bool:
     """Whether at least two trained episodes among `rows` have different outcomes."""
-    scores = [batch[i].outcome for i in rows if batch[i].response_length]
+    scores = batch.trained_outcomes(rows)
     return len(scores) >= 2 and max(scores) != min(scores)
 
 

@@ -43,13 +43,10 @@ Expert = Callable[[Any], str]
 DEMONSTRATION_SEED_BASE = 50_000_000
 
 
-def expert_of(environment: Any) -> Expert:
-    """The scripted expert of an environment (or of the first episode a factory makes):
-    its `expert_action()` method, as `expert(env) -> reply text`. A ConfigError says how
-    to give one when the environment has none."""
-    env = environment() if callable(environment) and not hasattr(environment, "reset") else environment
-    method = getattr(env, "expert_action", None)
-    if method is None or getattr(type(env), "expert_action", None) is None:
+def expert_of(env: Any) -> Expert:
+    """The scripted expert of an environment: its `expert_action()` method, as
+    `expert(env) -> reply text`. A ConfigError says how to give one when it has none."""
+    if getattr(type(env), "expert_action", None) is None:
         raise ConfigError(f"{type(env).__name__} has no scripted expert to learn from: give the environment an "
                           "`expert_action(self) -> str` method (the reply an expert makes in the current state), "
                           "or pass demonstrations to Trainer.sft(batch) yourself")

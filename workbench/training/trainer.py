@@ -43,7 +43,9 @@ from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.engines import GenerationEngine, make_engine
 from workbench.doctor_checks import StepDoctor
 from workbench.env_registry import make_env, make_environment, record_environment
-from workbench.reward import RewardFn, RewardManager, overlong_summary, score_batch
+from workbench.reward import (
+    RewardError, RewardFn, RewardManager, check_env_rewards, overlong_summary, score_batch,
+)
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
@@ -577,8 +579,6 @@ class Trainer:
         (`workbench.reward.check_env_rewards`): a non-finite or float32-overflowing one raises
         `RewardError` naming the episode and turn, instead of a NaN mean. The batch is kept in
         `last_eval_batch` either way, to look at."""
-        from workbench.reward import RewardError, check_env_rewards
-
         self.policy.model.eval()
         rollout = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0)
         rollout.progress_desc = "eval"
