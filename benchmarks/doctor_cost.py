@@ -1,5 +1,5 @@
-"""What the run doctor costs on a real run: the demo's GRPO part (embedded SmolLM2-135M,
-guess_number 1..8, 8 LoRA GRPO steps) with every step's batch and the held-out batches
+"""What the run doctor costs on a real run: the demo's training part (embedded SmolLM2-135M,
+guess_number 1..8 in the strict format, an SFT step then LoRA GRPO steps) with every step's batch and the held-out batches
 before and after saved in the run-folder layout, then `diagnose(RUN)` timed.
 
     python benchmarks/doctor_cost.py /tmp/doctor_run     # ~8 min on a 2-core CPU

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from workbench.cli import build_config, main, parse_args
-from workbench.demo import GUESS_TURNS, demo_config, showcase_index, side_by_side
+from workbench.demo import (GUESS_TURNS, SFT_LEARNING_RATE, counts, demo_config, guessing_summary, learned_line, showcase_index,
+                            side_by_side)
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
 
@@ -22,10 +23,13 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path, smoke
     lines = [line for line in printed.splitlines() if line.strip()]
     assert lines[-1].startswith("Next: `make lab` opens notebooks/01_quickstart.ipynb")
     evals = json.loads((tmp_path / "train" / "evals.json").read_text())
-    assert [e["step"] for e in evals] == [0, 2]  # before, after 2 smoke steps
+    assert [e["step"] for e in evals] == [0, 1, 3]  # before, after the SFT step, after 2 GRPO steps
     summary_line = next(line for line in lines if line.startswith("held-out success:"))
-    assert f"{evals[0]['eval/success_rate']:.2f} -> {evals[1]['eval/success_rate']:.2f} after 2 GRPO steps" \
-        in summary_line
+    assert (f"{evals[0]['eval/success_rate']:.2f} before training -> {evals[1]['eval/success_rate']:.2f} "
+            f"after 1 SFT step -> {evals[2]['eval/success_rate']:.2f} after 2 GRPO steps") in summary_line
+    learned = next(line for line in lines if line.startswith("what it learned:"))
+    assert learned.endswith(f"wins {round(evals[2]['eval/success_rate'] * 4)} of 4 unseen games")
+    assert any(line.startswith("doctor: ") for line in lines)
     transcript = (tmp_path / "train" / "transcript.md").read_text()
     assert "## Held-out episode, seed 1000" in transcript and "before: model" in transcript
     # the prompt the model saw states the 4 guesses the rollout allows
@@ -34,7 +38,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path, smoke
     assert (tmp_path / "rollout" / "summary.md").exists()
     # a second demo in the same folder trains again (no resume from the first one's checkpoint)
     assert main(["demo", "--model", str(tiny_model_path), "--output", str(tmp_path), "--device", "cpu"]) == 0
-    assert [e["step"] for e in json.loads((tmp_path / "train" / "evals.json").read_text())] == [0, 2]
+    assert [e["step"] for e in json.loads((tmp_path / "train" / "evals.json").read_text())] == [0, 1, 3]
 
 
 @pytest.mark.parametrize("flag,value", [("--device", "cpu"), ("--dtype", "float16")])
@@ -45,6 +49,9 @@ def test_demo_config_takes_device_and_dtype(flag, value, tmp_path):
     assert getattr(cfg.model, field) == value
     assert cfg.environment.max_steps == cfg.inference.max_turns == GUESS_TURNS
     assert cfg.checkpoint.resume is False
+    # the remedies the demo trains with: the strict format and the SFT warm-up on the expert
+    assert cfg.environment.strict_format is True and cfg.sft.steps == counts()["sft_steps"] == 1
+    assert cfg.sft.episodes == counts()["sft_episodes"] and cfg.sft.learning_rate == SFT_LEARNING_RATE
 
 
 def _episode(seed: int, actions: list[str], observations: list[str], success: bool, reward: float) -> Episode:
@@ -57,14 +64,29 @@ def _episode(seed: int, actions: list[str], observations: list[str], success: bo
 def test_side_by_side_shows_both_episodes_turn_by_turn():
     before = _episode(10003, ["10", "11", "12", "13"], ["10 is out of range"] * 4, False, -0.4)
     after = _episode(10003, ["7", "4"], ["7 is too high. Guess lower.", "Correct! The number was 4."], True, 1.0)
-    text = side_by_side(before, after, 8)
+    text = side_by_side(before, after, "1 SFT + 6 GRPO steps")
     rows = text.splitlines()
-    assert rows[0] == "## Held-out episode, seed 10003: before and after 8 GRPO steps"
+    assert rows[0] == "## Held-out episode, seed 10003: before and after 1 SFT + 6 GRPO steps"
     assert "Prompt: Guess \\| now" in text  # a | in text cannot break the table
     assert rows[6] == "| 0 | 10 | 10 is out of range | 7 | 7 is too high. Guess lower. |"
     assert rows[7] == "| 1 | 11 | 10 is out of range | 4 | Correct! The number was 4. |"
     assert rows[9] == "| 3 | 13 | 10 is out of range |   |   |"
     assert rows[10] == "| result | success False, return -0.40 | | success True, return +1.00 | |"
+
+
+def test_guessing_summary_counts_bare_replies_and_guesses_that_follow_the_feedback():
+    won = _episode(1, ["4", " 6 ", "5"], ["4 is too low. Guess higher.", "6 is too high. Guess lower.",
+                                          "Correct! The number was 5."], True, 1.0)
+    # 3 follows "too high" with a higher guess (not followed); the sentence is no bare reply and
+    # breaks the chain, so 2 after it is no follow-up
+    lost = _episode(2, ["4", "5", "I guess 3", "2"], ["4 is too high. Guess lower.", "5 is too high. Guess lower.",
+                                                      "Reply with the number only.", "2 is too low. Guess higher."],
+                    False, -0.4)
+    counts = guessing_summary(TrajectoryBatch([won, lost]))
+    assert counts == {"replies": 7, "bare": 6, "follow_ups": 3, "followed": 2, "won": 1, "games": 2}
+    assert learned_line(TrajectoryBatch([won, lost])) == (
+        "what it learned: 86% of its replies are a bare number, after \"too low\" it guesses higher and after "
+        "\"too high\" lower in 2 of 3 follow-up guesses, and it wins 1 of 2 unseen games")
 
 
 def test_showcase_prefers_an_episode_won_only_after_training():

@@ -4,22 +4,29 @@ Two parts, both on the embedded SmolLM2-135M-Instruct (on the GPU when torch see
 
 1. A rollout of the untrained model on two environments (guess_number, grid), with
    transcripts and a summary table, in `OUTPUT/rollout/`.
-2. A short LoRA GRPO run on guess_number with the learning benchmark's settings
-   (`benchmarks/learning.py`: secret from 1 to 8, 4 guesses, a one-line prompt, 8 new
-   tokens per turn, batch 16 in groups of 8, lr 5e-4). Held-out success is measured
-   before and after on seeds 10_000.. with greedy decoding, so both numbers are
-   deterministic functions of the weights. In `OUTPUT/train/`: `transcript.md` opens
-   with one held-out episode before and after training side by side, `reward_curve.png`,
-   `summary.md`, `metrics.jsonl`, `evals.json`, `config.yaml`.
+2. A short LoRA run on guess_number (secret from 1 to 8, 4 guesses, 8 new tokens per
+   turn) with the strict answer format (`environment.strict_format`: only a reply that
+   is a bare number counts; a number inside a sentence is a format error the model sees).
+   The untrained model never answers that way, so the run first warms up with one SFT
+   step on 16 games played by the environment's scripted expert (binary search,
+   `sft` config section), then trains GRPO steps (batch 16 in groups of 8, lr 5e-4).
+   Held-out success is measured before training, after the SFT warm-up and after RL on
+   seeds 10_000.. with greedy decoding, so every number is a deterministic function of
+   the weights. In `OUTPUT/train/`: `transcript.md` opens with one held-out episode
+   before and after training side by side, `reward_curve.png`, `summary.md`,
+   `metrics.jsonl`, `evals.json`, `config.yaml`.
 
-The run ends with the run doctor's first finding on the held-out episodes (all of them
-in `summary.md`; `workbench.debug.doctor`) and a line saying what to open next. With `WORKBENCH_SMOKE=1` (the test
-suite) every count is cut down so it runs in seconds on a tiny model.
+The run ends with one line on what the trained policy does (bare answers, whether its
+guesses follow the feedback, games won), the run doctor's first finding on the held-out
+episodes or "no findings" (all of them in `summary.md`; `workbench.debug.doctor`), and a
+line saying what to open next. With `WORKBENCH_SMOKE=1` (the test suite) every count is
+cut down so it runs in seconds on a tiny model.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +41,15 @@ GUESS_PARAMS = {"low": 1, "high": 8}
 GUESS_TURNS = 4
 GUESS_PROMPT = "Guess my secret number from 1 to 8. Answer with just the number."
 
-#: Full demo / WORKBENCH_SMOKE=1 counts.
-FULL = {"rollout_episodes": 4, "steps": 8, "batch_size": 16, "group_size": 8, "eval_episodes": 32}
-SMOKE = {"rollout_episodes": 2, "steps": 2, "batch_size": 4, "group_size": 2, "eval_episodes": 4}
+#: Full demo / WORKBENCH_SMOKE=1 counts: "steps" GRPO steps after "sft_steps" SFT steps on
+#: "sft_episodes" expert games.
+FULL = {"rollout_episodes": 4, "sft_steps": 1, "sft_episodes": 16, "steps": 6, "batch_size": 16,
+        "group_size": 8, "eval_episodes": 32}
+SMOKE = {"rollout_episodes": 2, "sft_steps": 1, "sft_episodes": 2, "steps": 2, "batch_size": 4,
+         "group_size": 2, "eval_episodes": 4}
+#: The SFT warm-up's learning rate: one step at 2e-3 on 16 expert games takes the embedded
+#: model from 0/64 bare-number replies to all of them (measured in fp32 and bf16).
+SFT_LEARNING_RATE = 2e-3
 
 NEXT = ("Next: `make lab` opens notebooks/01_quickstart.ipynb in JupyterLab, where you play this game by "
         "hand, look at every token's advantage and KL, and train one step at a time.")
@@ -47,7 +60,8 @@ def counts() -> dict[str, int]:
 
 
 def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
-    """The training part's config: LoRA GRPO on guess_number with the learning benchmark's settings."""
+    """The training part's config: guess_number in the strict format, an SFT warm-up on the
+    scripted expert's games, then LoRA GRPO with the learning benchmark's settings."""
     n = counts()
     cfg = ConfigStore()
     cfg.model.model_name = args.model
@@ -56,6 +70,8 @@ def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
     cfg.environment.params = dict(GUESS_PARAMS)
     cfg.environment.max_steps = GUESS_TURNS
     cfg.environment.system_prompt = GUESS_PROMPT
+    cfg.environment.strict_format = True  # a number inside a sentence is a format error
+    cfg.update("sft", {"steps": n["sft_steps"], "episodes": n["sft_episodes"], "learning_rate": SFT_LEARNING_RATE})
     cfg.update("inference", {"max_tokens": 8, "max_turns": GUESS_TURNS, "temperature": 1.0})
     cfg.update("training", {"adv_estimator": "grpo", "learning_rate": 5e-4, "batch_size": n["batch_size"],
                             "group_size": n["group_size"], "micro_batch_size": n["batch_size"],
@@ -65,7 +81,7 @@ def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
     # checkpoint (that would train 0 steps), one checkpoint at the end.
     cfg.checkpoint.output_dir = str(out / "checkpoints")
     cfg.checkpoint.resume = False
-    cfg.checkpoint.save_interval = n["steps"]
+    cfg.checkpoint.save_interval = n["sft_steps"] + n["steps"]
     return cfg.validate()
 
 
@@ -94,9 +110,10 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ") or " "
 
 
-def side_by_side(before: Episode, after: Episode, steps: int) -> str:
-    """Markdown: one held-out episode (same seed) before and after training, turn by turn."""
-    head = (f"## Held-out episode, seed {before.env_seed}: before and after {steps} GRPO steps\n\n"
+def side_by_side(before: Episode, after: Episode, training: str) -> str:
+    """Markdown: one held-out episode (same seed) before and after `training` (words such
+    as "1 SFT + 6 GRPO steps"), turn by turn."""
+    head = (f"## Held-out episode, seed {before.env_seed}: before and after {training}\n\n"
             f"Prompt: {_cell(next((m['content'] for m in before.messages if m['role'] == 'user'), ''))}\n\n"
             f"| turn | before: model | before: environment | after: model | after: environment |\n"
             f"|---|---|---|---|---|")
@@ -129,16 +146,63 @@ def write_demo_transcript(report: dict[str, Any], path: Path) -> Path:
     from workbench.reports import episode_transcript
 
     before, after, trainer = report["before"], report["after"], report["trainer"]
-    parts = [f"# guess_number: held-out episodes before and after {trainer.global_step} GRPO steps"]
+    training = training_words(trainer)
+    parts = [f"# guess_number: held-out episodes before and after {training}"]
     if before is not None and after is not None and len(before) and len(after):
         i = showcase_index(before, after)
-        parts.append(side_by_side(before[i], after[i], trainer.global_step))
+        parts.append(side_by_side(before[i], after[i], training))
         eps = sorted(after, key=lambda e: e.outcome)
         parts.append(episode_transcript(eps[-1], "Best after training"))
         if len(eps) > 1:
             parts.append(episode_transcript(eps[0], "Worst after training"))
     path.write_text("\n\n".join(parts) + "\n")
     return path
+
+
+def training_words(trainer: Any) -> str:
+    """"1 SFT + 6 GRPO steps" (or "6 GRPO steps"): the steps `trainer` has taken, by kind."""
+    sft = sum("sft/nll" in m for m in trainer.metrics_history)
+    rl = trainer.global_step - sft
+    algo = trainer.config.training.adv_estimator.upper()
+    return (f"{sft} SFT + " if sft else "") + f"{rl} {algo} step{'s' if rl != 1 else ''}"
+
+
+_BARE_NUMBER = re.compile(r"\s*-?\d+\s*")
+
+
+def guessing_summary(batch: TrajectoryBatch) -> dict[str, int]:
+    """What a guess_number policy does, counted over `batch`'s episodes: replies in all
+    ("replies") and those that are a bare number ("bare"); follow-ups ("follow_ups": a
+    bare guess right after a "too low"/"too high" answer to a bare guess) and those that
+    moved the way the feedback said ("followed": higher after "too low", lower after
+    "too high"); games won ("won") of "games"."""
+    out = {"replies": 0, "bare": 0, "follow_ups": 0, "followed": 0, "won": 0, "games": len(batch)}
+    for ep in batch:
+        out["won"] += bool(ep.success)
+        last: tuple[int, str] | None = None  # (previous bare guess, the environment's answer to it)
+        for t in ep.turns:
+            out["replies"] += 1
+            bare = _BARE_NUMBER.fullmatch(t.action or "")
+            guess = int(t.action) if bare else None
+            out["bare"] += guess is not None
+            if last is not None and guess is not None:
+                prev, answer = last
+                if "too low" in answer or "too high" in answer:
+                    out["follow_ups"] += 1
+                    out["followed"] += guess > prev if "too low" in answer else guess < prev
+            obs = t.observation if isinstance(t.observation, str) else ""
+            last = (guess, obs) if guess is not None else None
+    return out
+
+
+def learned_line(batch: TrajectoryBatch) -> str:
+    """One sentence a newcomer reads: what the trained policy does on the held-out games."""
+    c = guessing_summary(batch)
+    bare = c["bare"] / c["replies"] if c["replies"] else 0.0
+    follow = (f"after \"too low\" it guesses higher and after \"too high\" lower in {c['followed']} of "
+              f"{c['follow_ups']} follow-up guesses" if c["follow_ups"] else "it made no follow-up guesses")
+    return (f"what it learned: {bare:.0%} of its replies are a bare number, {follow}, "
+            f"and it wins {c['won']} of {c['games']} unseen games")
 
 
 def run_demo(args: argparse.Namespace) -> int:
@@ -149,17 +213,23 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.output)
     print("== 1/2: the untrained model plays guess_number and grid ==", flush=True)
     rollout_and_report(rollout_config(args), out / "rollout", n["rollout_episodes"])
-    print(f"\n== 2/2: {n['steps']} LoRA GRPO steps on guess_number (1..8, {GUESS_TURNS} guesses), "
-          f"held-out success on {n['eval_episodes']} unseen secrets before and after ==", flush=True)
+    print(f"\n== 2/2: guess_number (1..8, {GUESS_TURNS} guesses, strict format: the reply must be a bare number): "
+          f"{n['sft_steps']} SFT step on {n['sft_episodes']} games of a scripted expert, then {n['steps']} LoRA "
+          f"GRPO steps; held-out success on {n['eval_episodes']} unseen secrets before, after SFT and after RL ==",
+          flush=True)
     train_out = out / "train"
     config = demo_config(args, train_out)
     report = train_and_report(config, train_out, n["eval_episodes"], args.minutes,
                               transcript=lambda r: write_demo_transcript(r, train_out / "transcript.md"))
-    evals = report["evals"]
-    before, after = evals[0]["eval/success_rate"], evals[-1]["eval/success_rate"]
-    steps = report["trainer"].global_step
-    print(f"\nheld-out success: {before:.2f} -> {after:.2f} after {steps} GRPO steps "
-          f"({n['eval_episodes']} unseen secrets, greedy)")
+    evals, trainer = report["evals"], report["trainer"]
+    rl_steps = trainer.global_step - sum("sft/nll" in m for m in trainer.metrics_history)
+    stages = [f"{evals[0]['eval/success_rate']:.2f} before training"]
+    if report["after_sft"] is not None:
+        stages.append(f"{evals[1]['eval/success_rate']:.2f} after {n['sft_steps']} SFT step")
+    stages.append(f"{evals[-1]['eval/success_rate']:.2f} after {rl_steps} GRPO steps")
+    print(f"\nheld-out success: {' -> '.join(stages)} ({n['eval_episodes']} unseen secrets, greedy)")
+    if report["after"] is not None:
+        print(learned_line(report["after"]))
     print(f"the same held-out episode before and after: {train_out / 'transcript.md'}; "
           f"curve: {train_out / 'reward_curve.png'}")
     held_out = [f for f in report["findings"] if f.source == "eval"] or report["findings"]
