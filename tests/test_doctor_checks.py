@@ -140,6 +140,18 @@ def test_length_drift_quiet(tok):
     assert not f.fired and 0.5 < f.value < 2
 
 
+def test_length_drift_quiet_when_replies_shrink_to_the_bare_action(tok):
+    """Sentences at first, then the expert's bare numbers (the strict format learned): the
+    length falls to a fraction, and every reply is the action alone, so nothing fires; a shrink
+    to replies that are not the action ("Hmm") still fires."""
+    e = expert("guess_number")
+    shrunk = check("length-drift", roll_steps(tok, "guess_number", [_verbose, _verbose, e], max_tokens=64, **GUESS))
+    assert shrunk.value < 0.5 and not shrunk.fired and "are the action alone" in shrunk.message
+    hmm = lambda env, ep: "Hmm"  # noqa: E731
+    f = check("length-drift", roll_steps(tok, "guess_number", [_verbose, _verbose, hmm], max_tokens=64, **GUESS))
+    assert f.value < 0.5 and f.fired
+
+
 def test_truncation_surge(tok):
     e = expert("guess_number")
     babble = lambda env, ep: "I am thinking very hard about which number to choose here " * 3  # noqa: E731

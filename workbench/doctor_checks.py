@@ -203,7 +203,10 @@ def _repeated_tail(text: str, count: int, max_period: int) -> list[int] | None:
 
 
 def check_length_drift(h: History, cfg: DoctorConfig) -> Finding | None:
-    """Mean reply length (tokens per model turn) moving far from the first steps'."""
+    """Mean reply length (tokens per model turn) moving far from the first steps'. Replies
+    that shrank to the action itself (the span the environment read covers the reply, in at
+    least `cfg.bare_action_share` of the turns) are a policy that learned the answer format,
+    not an answer-only collapse: that shrink does not fire."""
     base = h.baseline(cfg.baseline_steps)
     if not base or h.batch is None:
         return None
@@ -211,14 +214,23 @@ def check_length_drift(h: History, cfg: DoctorConfig) -> Finding | None:
     if ref <= 0 or last.model_turns < cfg.min_samples:
         return None
     ratio = last.reply_tokens_mean / ref
-    fired = ratio >= cfg.length_ratio or ratio <= 1 / cfg.length_ratio
     turns = sorted(model_turns(h.batch), key=lambda x: x[1].token_end - x[1].token_start, reverse=ratio >= 1)
+    bare = sum(_is_the_action(t, cfg) for _, t in turns) / len(turns) if turns else 0.0
+    shrank_to_action = ratio <= 1 / cfg.length_ratio and bare >= cfg.bare_action_share
+    fired = (ratio >= cfg.length_ratio or ratio <= 1 / cfg.length_ratio) and not shrank_to_action
+    note = f"; {bare:.0%} of replies are the action alone, so the shrink is the answer format" if shrank_to_action else ""
     return _finding(
         "length-drift", "warning", ratio, cfg.length_ratio, fired,
-        f"replies average {last.reply_tokens_mean:.1f} tokens, {ratio:.2f}x the first steps' {ref:.1f}",
+        f"replies average {last.reply_tokens_mean:.1f} tokens, {ratio:.2f}x the first steps' {ref:.1f}{note}",
         "Read the longest (or shortest) replies: padding, looping or answer-only collapse; add a length penalty "
         "or adjust max_tokens if it is a hack.",
         h, [h.evidence(ep, t) for ep, t in turns], cfg)
+
+
+def _is_the_action(turn: Any, cfg: DoctorConfig) -> bool:
+    """The environment read an action whose span covers the (stripped) reply."""
+    span = _span(turn)
+    return span is not None and (span[1] - span[0]) >= cfg.incidental_coverage * max(len(turn.action.strip()), 1)
 
 
 def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:

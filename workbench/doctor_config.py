@@ -47,6 +47,10 @@ class DoctorConfig:
     length_ratio: float = 2.0
     """length-drift fires when the mean reply length is this many times the first steps'
     (or less than 1 / this)."""
+    bare_action_share: float = 0.9
+    """length-drift: a shrink below 1 / `length_ratio` does not fire when at least this share
+    of replies is the action alone (its span covers the reply, see `incidental_coverage`):
+    the policy learned the answer format."""
     truncation_rise: float = 0.25
     """truncation-surge fires when the share of replies cut at max_tokens rose by this much
     (absolute) over the first steps'."""
