@@ -173,6 +173,12 @@ def test_entropy_collapse_from_recorded_metrics(tok):
     assert f.evidence and f.evidence[0].text == "I pick 4."
     steady = [dict(r, **{"actor/entropy": 1.9}) for r in rows]
     assert not check("entropy-collapse", batches, steady).fired
+    # the same fall at a step that wins 95% of its games is convergence, at 50% a collapse
+    won = [dict(r, **{"env/success_rate": 0.95 if r["step"] == 2 else 0.5}) for r in rows]
+    f = check("entropy-collapse", batches, won)
+    assert not f.fired and f.value == pytest.approx(0.05 / 1.9) and "converged" in f.message
+    stuck = [dict(r, **{"env/success_rate": 0.5}) for r in rows]
+    assert check("entropy-collapse", batches, stuck).fired
 
 
 def test_kl_spike_from_recorded_metrics(tok):

@@ -251,7 +251,9 @@ def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:
 
 
 def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
-    """`actor/entropy` (recorded by the update) falling far below the first steps'."""
+    """`actor/entropy` (recorded by the update) falling far below the first steps', while the
+    task is not solved: at a step whose `env/success_rate` is at least
+    `cfg.solved_success_rate` the policy converged on what wins, and a low entropy is that."""
     rows = [(r.get("step"), float(r["actor/entropy"])) for r in h.metrics
             if isinstance(r.get("actor/entropy"), (int, float)) and math.isfinite(r["actor/entropy"])]
     if len(rows) <= cfg.baseline_steps:
@@ -261,14 +263,18 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
         return None
     step, last = rows[-1]
     ratio = last / ref
+    success = next((float(r["env/success_rate"]) for r in h.metrics if r.get("step") == step
+                    and isinstance(r.get("env/success_rate"), (int, float))), None)
+    solved = success is not None and success >= cfg.solved_success_rate
     ev = []
     if h.batch is not None:
         common = Counter(t.action.strip() for _, t in model_turns(h.batch)).most_common(1)
         ev = [h.evidence(ep, t) for ep, t in model_turns(h.batch) if common and t.action.strip() == common[0][0]]
     return _finding(
-        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction,
-        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: the policy has nearly "
-        "stopped exploring",
+        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction and not solved,
+        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: "
+        + (f"the policy converged on a batch it wins ({success:.0%} success)" if solved
+           else "the policy has nearly stopped exploring"),
         "Add an entropy bonus (training.entropy_coeff, e.g. 0.01) or a KL term (use_kl_loss), or lower the "
         "learning rate.",
         h, ev, cfg, step=step)

@@ -58,7 +58,8 @@ class DoctorConfig:
     """zero-variance-groups fires when at least this share of GRPO groups has all rewards equal..."""
     solved_success_rate: float = 0.9
     """...and the batch's success rate is below this (a solved batch has nothing left to learn;
-    that is not a dead signal)."""
+    that is not a dead signal). entropy-collapse uses it too: a low entropy at a step whose
+    success rate reaches it is a policy converged on what wins."""
     reward_rise: float = 0.25
     """reward-without-success: mean reward rose by at least this much over the first steps'..."""
     success_rise: float = 0.05
@@ -86,7 +87,7 @@ class DoctorConfig:
 
 #: Fields that are shares or fractions of something: each must lie in [0, 1].
 _SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction",
-           "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
+           "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate", "bare_action_share",
            "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share")
 #: Fields that count something: integers, with their least sensible value.
 _COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}
