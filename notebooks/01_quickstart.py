@@ -210,3 +210,6 @@ trainer.evaluate(seeds=range(1000, 1002 if SMOKE else 1008))
 # * `04_reward_tuning` - reshape rewards on a stored batch and see the advantages change.
 # * `05_ppo_vs_grpo` - per-token advantages and KL of both algorithms on the same episodes.
 # * `06_scaling_up` - what changes in the config for vLLM and several GPUs.
+# * `07_debugging` - reopen a run from its folder, fork an episode, diff two checkpoints, the run doctor.
+# * `08_bring_your_agent` - an agent written with the plain OpenAI client, its episodes trained through the gateway.
+# * `09_finding_to_fix` - a doctor's finding, its remedy, a branched run, the two runs side by side.

@@ -8,6 +8,11 @@ edit it, or the notebook in Jupyter, first), run with nbclient under WORKBENCH_S
 and written back as the pair. Only cells whose first line is `# NBVAL_CHECK_OUTPUT` keep
 their outputs (with their code-cell number as execution count, as nbval wants);
 widgets and other outputs are dropped, so the .ipynb stays small and reviewable.
+
+The notebooks in FULL_OUTPUTS have prose about the numbers of a real run: they run in full
+mode (no WORKBENCH_SMOKE: the embedded model, several minutes) and keep every cell's text
+output (stdout, text/plain, text/markdown, text/html; no stderr, widgets or images). nbval
+then checks only their `# NBVAL_CHECK_OUTPUT` cells, whose output is the same in both modes.
 """
 from __future__ import annotations
 
@@ -22,15 +27,38 @@ from nbclient import NotebookClient
 HERE = Path(__file__).resolve().parent
 CHECK = "# NBVAL_CHECK_OUTPUT"
 NOT_EXECUTED = {"browser_demo"}  # run by tests/test_browser.py instead
+FULL_OUTPUTS = {"09_finding_to_fix"}  # stored outputs from full mode (see the module docstring)
+TEXT = ("text/plain", "text/markdown", "text/html")
 
 
-def keep_checked_outputs(nb) -> None:
+def text_outputs(outputs: list) -> list:
+    """The outputs a reader of the stored notebook needs: stdout, and the text forms of results
+    that are not widgets."""
+    kept = []
+    for out in outputs:
+        if out.get("output_type") == "stream":
+            if out.get("name") == "stdout":
+                kept.append(out)
+        elif out.get("output_type") in ("execute_result", "display_data"):
+            data = out.get("data", {})
+            if "application/vnd.jupyter.widget-view+json" not in data and any(k in data for k in TEXT):
+                out["data"] = {k: v for k, v in data.items() if k in TEXT}
+                out["metadata"] = {}
+                kept.append(out)
+        elif out.get("output_type") == "error":
+            kept.append(out)
+    return kept
+
+
+def keep_checked_outputs(nb, full: bool = False) -> None:
     number = 0
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
         number += 1
-        if not cell.source.startswith(CHECK):
+        if full:
+            cell.outputs = text_outputs(cell.outputs)
+        elif not cell.source.startswith(CHECK):
             cell.outputs = []
         count = number if cell.get("outputs") else None
         cell.execution_count = count
@@ -44,13 +72,17 @@ def keep_checked_outputs(nb) -> None:
 def refresh(name: str) -> None:
     py = HERE / f"{Path(name).stem}.py"
     nb = jupytext.read(py)
-    os.environ["WORKBENCH_SMOKE"] = "1"
+    full = py.stem in FULL_OUTPUTS
+    if full:
+        os.environ.pop("WORKBENCH_SMOKE", None)
+    else:
+        os.environ["WORKBENCH_SMOKE"] = "1"
     start = time.time()
     NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
-    keep_checked_outputs(nb)
+    keep_checked_outputs(nb, full)
     nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
     jupytext.write(nb, py.with_suffix(".ipynb"))
-    print(f"{py.stem}: ran in {time.time() - start:.0f}s, wrote {py.stem}.ipynb")
+    print(f"{py.stem}: ran in {time.time() - start:.0f}s ({'full' if full else 'smoke'} mode), wrote {py.stem}.ipynb")
 
 
 if __name__ == "__main__":

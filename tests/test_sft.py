@@ -125,3 +125,46 @@ def test_cli_sft_steps_run_first_and_are_saved_like_any_step(tiny_model_path, tm
         ["step_000002", "step_000004"]
     evals = json.loads((out / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 2, 4]  # before, after SFT, after RL
+
+
+def _cli_run(tiny_model_path, out, *extra):
+    assert main(["train", "--model", str(tiny_model_path), "--steps", "2", "--batch-size", "2", "--group-size", "2",
+                 "--max-tokens", "4", "--max-turns", "4", "--eval-episodes", "2", "--save-interval", "1",
+                 "--env-param", "low=1", "--env-param", "high=8", "--sft.episodes", "3", *extra,
+                 "--output", str(out)]) == 0
+
+
+def test_a_branch_that_sets_sft_steps_warms_up_first_from_its_step(tiny_model_path, tmp_path):
+    """The format-errors remedy ({"sft.steps": N}) applied to a branch: its first N steps are SFT
+    steps (not none, as when sft.steps counted from step 0), then `--steps` RL steps."""
+    parent = tmp_path / "parent"
+    _cli_run(tiny_model_path, parent)
+    out = tmp_path / "branch"
+    assert main(["train", "--from", str(parent / "checkpoints" / "step_000002"), "--sft.steps", "2",
+                 "--environment.strict_format", "true", "--steps", "1", "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert all("reward/mean" in r and "sft/nll" not in r for r in rows[:2])  # the parent's RL steps
+    assert all("sft/nll" in r and "reward/mean" not in r for r in rows[2:4])  # the branch's warm-up
+    assert "reward/mean" in rows[4] and "sft/nll" not in rows[4]
+    assert (out / "demonstrations.jsonl.gz").exists()
+    evals = json.loads((out / "evals.json").read_text())
+    assert [e["step"] for e in evals] == [2, 4, 5]  # at the branch step, after SFT, after RL
+    origin = json.loads((out / "branch.json").read_text())
+    assert origin["overrides"]["sft.steps"] == 2 and origin["overrides"]["sft.start_step"] == 2
+    assert origin["until_step"] == 5
+    assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.name.startswith("step_"))[-1] == "step_000005"
+
+
+def test_a_branch_of_a_run_with_sft_trains_only_the_steps_asked(tiny_model_path, tmp_path):
+    """The parent's warm-up (steps 0, 1) is done: `--steps 1` from its step 3 is one RL step, to step 4."""
+    parent = tmp_path / "parent"
+    _cli_run(tiny_model_path, parent, "--sft.steps", "2")
+    out = tmp_path / "branch"
+    assert main(["train", "--from", str(parent / "checkpoints" / "step_000003"), "--training.learning_rate",
+                 "0.002", "--steps", "1", "--output", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert "reward/mean" in rows[3] and "sft/nll" not in rows[3]
+    assert json.loads((out / "branch.json").read_text())["until_step"] == 4
+    assert [e["step"] for e in json.loads((out / "evals.json").read_text())] == [3, 4]

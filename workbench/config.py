@@ -370,6 +370,15 @@ class SFTConfig:
     """Demonstration episodes the expert plays (once, on seeds apart from training's)."""
     learning_rate: float | None = None
     """Learning rate of the SFT steps; None: `training.learning_rate`."""
+    start_step: int = 0
+    """The step the warm-up begins at: steps `start_step` .. `start_step + steps - 1` are the
+    SFT steps. 0 for a run; a branch whose overrides set `steps` (`Trainer.from_checkpoint`,
+    `train --from CKPT --sft.steps 4`) starts its warm-up at its checkpoint's step."""
+
+    @property
+    def end_step(self) -> int:
+        """The first step after the warm-up (`start_step + steps`)."""
+        return self.start_step + self.steps
 
 
 @dataclass
@@ -619,6 +628,9 @@ class ConfigStore:
         check_doctor_config(self.doctor, ConfigError)
         if self.sft.steps < 0:
             raise ConfigError(f"sft.steps must be >= 0 (0: no SFT warm-up), got {self.sft.steps!r}")
+        if not isinstance(self.sft.start_step, int) or self.sft.start_step < 0:
+            raise ConfigError(f"sft.start_step must be an integer >= 0 (the step the warm-up begins at), "
+                              f"got {self.sft.start_step!r}")
         _positive_int("sft.episodes", self.sft.episodes)
         lr = self.sft.learning_rate
         if lr is not None and not (math.isfinite(lr) and lr > 0):

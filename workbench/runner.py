@@ -104,13 +104,13 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
         report["before"] = trainer.last_eval_batch
         write(f"held-out before training: {evals[-1]}")
 
-    sft_steps = config.sft.steps
+    sft_steps, sft_end = config.sft.steps, config.sft.end_step  # a branch's warm-up starts at its step
 
     def on_step(tr: Any, m: dict) -> None:
         if "sft/nll" in m:  # a step of the SFT warm-up (config.sft): the expert's tokens' NLL
             write(f"step {m['step']:3d}  SFT on {m['sft/episodes']:.0f} expert episodes  "
                   f"nll {m['sft/nll']:.3f}  {m['perf/step_seconds']:.1f}s")
-            if tr.global_step == sft_steps and eval_episodes:
+            if tr.global_step == sft_end and eval_episodes:
                 evals.append({"step": tr.global_step, **tr.evaluate(eval_seeds)})
                 report["after_sft"] = tr.last_eval_batch
                 write(f"held-out after {sft_steps} SFT steps: {evals[-1]}")
@@ -133,7 +133,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
         # moves an earlier run's evals/ aside when fit starts.
         run_files.record_eval(out, config, first_step, report["before"])
         if report["after_sft"] is not None:
-            run_files.record_eval(out, config, sft_steps, report["after_sft"])
+            run_files.record_eval(out, config, sft_end, report["after_sft"])
         run_files.record_eval(out, config, trainer.global_step, report["after"])
         write(f"held-out after training: {evals[-1]}")
     if transcript is not None:

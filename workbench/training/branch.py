@@ -23,9 +23,13 @@ What a branch is (the functions here; `Trainer.from_checkpoint` puts them togeth
   the checkpoint's step, so the branch's step N is the parent's step N with the remedy
   applied: its curves line up with the parent's, and with no override it samples the same
   seeds the parent did.
-* Length: `steps=N` trains N more steps (the config's target becomes `step + N`:
-  `training.num_epochs=1`, `num_iters_per_epoch=step + N`); without it the parent's target
-  stays (a branch from the middle of a run ends where the parent ended).
+* Length: `steps=N` trains N more RL steps (the config's target, `sft.steps + num_epochs x
+  num_iters_per_epoch`, becomes `step + N` plus the SFT steps still to come); without it the
+  parent's target stays (a branch from the middle of a run ends where the parent ended).
+* SFT warm-up: an override of `sft.steps` (the `format-errors` remedy) is a warm-up of the
+  branch's own: `sft.start_step` becomes the checkpoint's step, so the branch's first
+  `sft.steps` steps are SFT steps and its RL steps follow (`fit` and the CLI report held-out
+  success after them).
 * Folder (`output_dir`): its own. It may not be the parent's run folder or lie inside it
   (nor be the checkpoint's folder, the folder of the parent's checkpoints, or inside them),
   and neither may its `checkpoint.output_dir` / `training.log_dir`, which the branch sets
@@ -201,11 +205,18 @@ def branch_config(saved: ConfigStore, overrides: Mapping[str, Any] | None, step:
         by_section.setdefault(section, {})[name] = value
     for section, values in by_section.items():
         config.update(section, values)
+    sft = by_section.get("sft", {})
+    if sft.get("steps") and "start_step" not in sft:
+        config.sft.start_step = step  # the branch's own warm-up comes first, from its step
     if steps is not None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
             raise BranchError(f"steps must be an integer >= 1 (the steps to train after the branch step), "
                               f"got {steps!r}")
-        config.training.num_epochs, config.training.num_iters_per_epoch = 1, step + steps
+        # fit's target is sft.steps + num_epochs * num_iters_per_epoch: `steps` RL steps after
+        # the checkpoint's step and after the SFT steps still to come from there.
+        warm_up = max(0, config.sft.end_step - max(config.sft.start_step, step))
+        config.training.num_epochs = 1
+        config.training.num_iters_per_epoch = step + warm_up + steps - config.sft.steps
     config.validate()
     refused = ckpt.config_differences(saved.to_dict(), config.to_dict())
     if refused:
@@ -336,7 +347,8 @@ def start_branch(trainer_cls: Any, checkpoint: str | Path, output_dir: str | Pat
         checkpoint=path.resolve(), step=step, parent_run=parent_run,
         overrides={k: new for k, (_, new) in changes.items()},
         parent_values={k: old for k, (old, _) in changes.items()},
-        until_step=config.training.num_epochs * config.training.num_iters_per_epoch, created=now_utc())
+        until_step=config.sft.steps + config.training.num_epochs * config.training.num_iters_per_epoch,
+        created=now_utc())
     with RunLock(config.checkpoint.output_dir):  # no other run writes there while it is set up
         set_aside_earlier_run([config.checkpoint.output_dir, out], why=f"a branch starts a new run in {out}")
         write_branch_folder(out, origin, config, trainer.metrics_history)

@@ -345,14 +345,15 @@ class Trainer:
     # -- loop -------------------------------------------------------------------------------
     def train_step(self) -> dict[str, float]:
         """One full step: rollout, score, (dynamic sampling: `filter_groups`), advantages,
-        update; metrics appended to history. While `global_step < sft.steps` it is an SFT
-        step instead (`sft_step`).
+        update; metrics appended to history. While `sft.start_step <= global_step <
+        sft.end_step` it is an SFT step instead (`sft_step`).
 
         Episodes without a trained token (failed at reset, ...) are left out of the update
         and counted (`rollout/failed_episodes`, a line naming them). A batch with no trained
         token at all is not updated: `NothingToTrainWarning` names the episodes' errors,
         `actor/skipped_updates` is 1, and the step still counts (the next one samples anew)."""
-        if self.global_step < self.config.sft.steps:  # the run's SFT warm-up comes first (config.sft)
+        s = self.config.sft
+        if s.start_step <= self.global_step < s.end_step:  # the run's SFT warm-up comes first (config.sft)
             return self.sft_step()
         start = time.perf_counter()
         self._updating = False
@@ -456,7 +457,8 @@ class Trainer:
                 `training.*`); with none of these, the same with `training.num_epochs *
                 training.num_iters_per_epoch` RL steps. A run resumed from a checkpoint
                 thus stops at the step it was meant to.
-        The first `sft.steps` steps of a run are SFT steps on the expert's demonstrations
+        The first `sft.steps` steps of a run (of a branch that sets `sft.steps`: from its
+        checkpoint's step, `sft.start_step`) are SFT steps on the expert's demonstrations
         (`sft_step`; saved once as RUN/demonstrations.jsonl.gz, not seen by the doctor).
         An absolute target the trainer has already reached trains nothing and warns
         (`FitTargetReachedWarning`).
@@ -695,8 +697,9 @@ class Trainer:
             overrides: settings to change, `{"section.field": value}` or `{"section": {...}}`;
                 every other setting is the checkpoint's. Identity fields (model, LoRA shape,
                 environment name, estimator) cannot change.
-            steps: train this many steps after the checkpoint's step (sets the config's
-                target); None keeps the checkpoint's target (`fit(steps=N)` works too).
+            steps: train this many RL steps after the checkpoint's step, after the SFT warm-up
+                when `overrides` set `sft.steps` (sets the config's target); None keeps the
+                checkpoint's target (`fit(steps=N)` works too).
             trainer_kwargs: passed to `Trainer(...)` (environment, reward_fn, dataset, tools,
                 parser, engine), as the parent was built with.
 
