@@ -40,10 +40,10 @@ step = run.steps[-1]                        # the last saved training batch
 batch = run.batch(step)
 won = [i for i, e in enumerate(batch) if e.success and float(batch.advantages[i].abs().sum()) > 0]
 shown = max(won, key=lambda i: (min(len(batch[i].turns), 3), -i)) if won else 0   # a won game of 2-3 turns""",
-    """conv = ConversationView(batch, index=shown, show_system=False, config=run.config)
+    """conv = ConversationView(run, step=step, index=shown, show_system=False)
 conv.add_class("shot-conv")
 conv""",
-    """toks = TokenView(batch, run.tokenizer, field="advantages", index=shown)
+    """toks = TokenView(run, step=step, field="advantages", index=shown)   # the run's own tokenizer
 toks.add_class("shot-tokens")
 toks""",
     """TrainingDashboard(run, title=f"{run.config.training.adv_estimator} on {run.config.environment.name}, "
