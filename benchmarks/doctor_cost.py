@@ -3,6 +3,7 @@ guess_number 1..8 in the strict format, an SFT step then LoRA GRPO steps) with e
 before and after saved in the run-folder layout, then `diagnose(RUN)` timed.
 
     python benchmarks/doctor_cost.py /tmp/doctor_run     # ~8 min on a 2-core CPU
+    python benchmarks/doctor_cost.py /tmp/doctor_run --device cpu --dtype float32
 
 Prints the findings table and one JSON line: the run's seconds, the per-step checks'
 total (`perf/doctor_seconds` summed over the steps) and `diagnose` over the folder
@@ -12,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -21,8 +21,8 @@ from workbench.demo import counts, demo_config
 from workbench.training import Trainer
 
 
-def main(out: Path) -> dict[str, float]:
-    args = argparse.Namespace(model="smollm2-135m-instruct", device="auto", dtype="auto", minutes=0)
+def main(out: Path, device: str = "auto", dtype: str = "auto") -> dict[str, float]:
+    args = argparse.Namespace(model="smollm2-135m-instruct", device=device, dtype=dtype, minutes=0)
     cfg = demo_config(args, out)
     cfg.training.log_dir = str(out)
     cfg.training.loggers = [*cfg.training.loggers, "jsonl"]  # RUN/metrics.jsonl
@@ -45,4 +45,10 @@ def main(out: Path) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    print(json.dumps(main(Path(sys.argv[1] if len(sys.argv) > 1 else "runs/doctor_cost"))))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out", nargs="?", default="runs/doctor_cost", help="run folder to write (default runs/doctor_cost)")
+    ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    ap.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float16", "float32"],
+                    help='"auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
+    cli = ap.parse_args()
+    print(json.dumps(main(Path(cli.out), cli.device, cli.dtype)))

@@ -24,7 +24,9 @@ def main() -> None:
     ap.add_argument("--agents", type=int, default=16)
     ap.add_argument("--turns", type=int, default=2)
     ap.add_argument("--tokens", type=int, default=32)
-    ap.add_argument("--device", default="auto")
+    ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
+    ap.add_argument("--dtype", default="float32", choices=["auto", "bfloat16", "float16", "float32"],
+                    help='weights dtype (default float32; "auto": bfloat16 on CUDA and on CPUs with bf16 instructions)')
     ap.add_argument("--threads", type=int, default=2, help="torch threads")
     args = ap.parse_args()
 
@@ -39,7 +41,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
     path = str(build_tiny_model()) if args.model == "tiny" else resolve_model_path(args.model)
-    model, tok = load_model_and_tokenizer(path, dtype="float32", device=resolve_device(args.device))
+    model, tok = load_model_and_tokenizer(path, dtype=args.dtype, device=resolve_device(args.device))
 
     def agent(base_url: str, episode_id: str, task: str) -> float:
         client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=600)

@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=16)
     ap.add_argument("--max-tokens", type=int, default=24)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help='default "cpu" (the 1-thread workers this measures); "auto", "cuda", ...')
+    ap.add_argument("--dtype", default="float32", choices=["auto", "bfloat16", "float16", "float32"],
+                    help='weights dtype (default float32; "auto": bfloat16 on CUDA and on CPUs with bf16 instructions)')
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "scaling.json"))
     args = ap.parse_args()
 
@@ -53,7 +56,7 @@ def main() -> None:
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
     config = ConfigStore()
     config.model.model_name = args.model
-    config.model.device, config.model.dtype = "cpu", "float32"
+    config.model.device, config.model.dtype = args.device, args.dtype
     config.inference.max_tokens, config.inference.max_turns = args.max_tokens, 3
     config.inference.temperature = 0.0
     config.training.batch_size, config.training.group_size = args.episodes, 2

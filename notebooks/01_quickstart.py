@@ -16,7 +16,7 @@ import os
 import warnings
 
 # Idle torch threads sleep instead of spinning: on a busy, shared CPU spinning threads
-# fight each other and a forward pass can get 10x slower. Must be set before torch loads.
+# fight each other and a forward pass can get up to 15x slower. Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from transformers.utils import logging as hf_logging
@@ -194,9 +194,11 @@ trainer.metrics_df()[["step", "reward/mean", "env/success_rate", "kl/mean", "act
 # %% [markdown]
 # A handful of steps on a CPU will not teach the model much: the reward curve is noisy at this
 # size. What you should see is the machinery working: the KL to the reference moving off zero,
-# the entropy and response length changing. The KL panel plots the default k1 estimate
-# (`logp - ref_logp` averaged over the sampled tokens): the true KL is never negative, but this
-# estimate from a few tokens can be, so a point below zero is noise, not a bug. Greedy evaluation
+# the entropy and response length changing. With `use_kl_loss=True` (and no KL in the reward) the
+# KL panel plots the KL loss's estimator, `training.kl_loss_type`: k3 (`low_var_kl`), which is
+# never negative. With `use_kl_in_reward=True` it plots `training.kl_penalty`'s estimator, by
+# default k1 (`logp - ref_logp` averaged over the sampled tokens), which over a few tokens can go
+# below zero although the true KL cannot: such a point is noise, not a bug. Greedy evaluation
 # on held-out seeds:
 
 # %%

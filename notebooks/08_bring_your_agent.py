@@ -20,7 +20,7 @@ import os
 import warnings
 
 # Idle torch threads sleep instead of spinning: on a busy, shared CPU spinning threads
-# fight each other and a forward pass can get 10x slower. Must be set before torch loads.
+# fight each other and a forward pass can get up to 15x slower. Must be set before torch loads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch
 from transformers.utils import logging as hf_logging

@@ -2,7 +2,8 @@
 
 The command line owns its process, so it chooses the OpenMP wait policy before torch
 loads: passive waiting (unless you set OMP_WAIT_POLICY yourself), because spinning OpenMP
-threads made torch up to 15x slower on a busy CPU here. `import workbench` sets nothing.
+threads made torch up to 15x slower on a busy CPU (2 spinning threads vs 1, a shared 2-core
+x86_64 machine, fp32, 2026-11-22). `import workbench` sets nothing.
 """
 import os
 import sys

@@ -13,8 +13,10 @@ Flags override `--config` only when given on the command line; without `--config
 flag not given takes the value shown in --help. With `--from CHECKPOINT` (a branch,
 `workbench.training.branch`) the checkpoint's own config.yaml takes the place of
 `--config`: a flag not given keeps the parent run's value, `--steps N` trains N steps after
-the checkpoint's step, `--output` (required) is the branch's own folder. `--device`/`--dtype` default to "auto"
-(CUDA and bfloat16 when there is a GPU, else CPU and float32).
+the checkpoint's step, `--output` (required) is the branch's own folder. `--device`/`--dtype` default to "auto":
+CUDA and bfloat16 when there is a GPU; else the CPU, in bfloat16 when it reports bf16 instructions
+(avx512_bf16 or amx_bf16; float32 for full fine-tuning) and float32 otherwise. The choice and its
+reason are printed once.
 
 Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 `reward_curve.png`, `transcript.md` (best and worst episodes), `summary.md`,

@@ -52,12 +52,13 @@ PANELS: list[tuple[str, list[tuple[str, str]]]] = [
 Y_TITLES = ["score", "share of episodes", "nats / token", "coefficient", "nats / token", "share of tokens",
             "loss", "tokens", "tokens / s"]
 #: What the KL panel plots, shown under the figure and in the hover of its points.
-KL_NOTE = ("kl/mean is the mean over sampled tokens of the training.kl_penalty estimator of KL(policy ‖ reference). "
-           "The default k1 = logp − ref_logp is unbiased but a single token's value, and a mean over few tokens, "
+KL_NOTE = ("kl/mean is the mean over sampled tokens of the run's estimator of KL(policy ‖ reference): "
+           "training.kl_loss_type (default k3) when only the KL loss is on, else training.kl_penalty (default k1). "
+           "k1 = logp − ref_logp is unbiased but a single token's value, and a mean over few tokens, "
            "can be negative, though the KL itself is ≥ 0; k2 (mse), k3 (low_var_kl) and abs are never negative. "
            "ppo_kl is the k1 estimate of KL(rollout policy ‖ updated policy), so it can be negative too.")
 _KL_HOVER = ("step %{x}<br>%{y:.4g}<br>mean k-estimate of KL to the reference:<br>"
-             "k1 (the default) can be negative<extra>%{fullData.name}</extra>")
+             "k1 can be negative, k3 cannot<extra>%{fullData.name}</extra>")
 #: Stretch the figure to the output's full width (plotly sizes itself to its container).
 _WIDTH_CSS = ("<style>.wb-dashboard { width: 100%; } .wb-dashboard > .widget-html, .wb-dashboard > div "
               "{ width: 100%; max-width: 100%; }</style>")
