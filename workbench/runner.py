@@ -113,7 +113,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
             if tr.global_step == sft_end and eval_episodes:
                 evals.append({"step": tr.global_step, **tr.evaluate(eval_seeds)})
                 report["after_sft"] = tr.last_eval_batch
-                write(f"held-out after {sft_steps} SFT steps: {evals[-1]}")
+                write(f"held-out after {sft_steps} SFT step{'' if sft_steps == 1 else 's'}: {evals[-1]}")
             return
         failed = m.get("rollout/failed_episodes", 0)  # named on the line train_step wrote before
         write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
