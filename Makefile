@@ -71,8 +71,10 @@ install: $(STAMP)
 
 install-core: $(CORE)
 
+# DEMO_ARGS: more `python -m workbench demo` flags, e.g. make demo DEMO_ARGS="--dtype float32"
+DEMO_ARGS ?=
 demo: install-core
-	$(BIN)/python -m workbench demo --output runs/demo
+	$(BIN)/python -m workbench demo --output runs/demo $(DEMO_ARGS)
 
 # JupyterLab from the venv on 127.0.0.1 (works as root), opened on the quickstart.
 lab: install
