@@ -1,9 +1,10 @@
 """Remedies benchmark: does each doctor finding's remedy (`Finding.remedy`) remove the finding
 on a real run, and what does it do to held-out success?
 
-    python benchmarks/remedies.py                          # every pair, training seeds 0 and 1, fp32
+    python benchmarks/remedies.py                          # every pair, training seeds 0 and 1
     python benchmarks/remedies.py --pairs strict_format,sft --seeds 0
-    python benchmarks/remedies.py --dtype auto --device cpu --rl-steps 4
+    python benchmarks/remedies.py --dtype float32 --device cpu --rl-steps 4   # default: auto, auto, 3
+    python benchmarks/remedies.py --resummarise            # recompute the pairs from the stored runs
 
 Every arm is a short LoRA GRPO run of the embedded model (SmolLM2-135M-Instruct) on
 guess_number with the demo's settings (`workbench.demo.demo_config`: secret 1..8, 4 guesses,
@@ -16,7 +17,8 @@ remedy, each run without and with the remedy on the same training seeds:
 
 * strict_format vs parse-from-incidental-span: the lenient parser takes the first number
   of "The number is 5."; `environment.strict_format` counts only a bare number.
-* sft vs format-errors: with the strict format the untrained model's replies are refused;
+* sft vs format-errors, and vs zero-variance-groups (the same two arms): with the strict
+  format the untrained model's replies are refused, so every group fails alike;
   `sft.steps` warm-up steps on the scripted expert's episodes first.
 * dynamic_sampling vs zero-variance-groups: groups of 4 (4 per step) under the strict
   format after a 1-step SFT warm-up, so some groups vary and many do not; the trained
@@ -76,15 +78,19 @@ ARMS: dict[str, dict[str, dict[str, Any]]] = {
                                  "reward": {"overlong_penalty": 1.0, "overlong_buffer": 6}},
 }
 
-#: Pair name -> (finding, statistic, arm without, arm with).
+#: Pair name -> the remedy, its finding, the statistic, arm without, arm with. Pairs may share
+#: arms (each arm and seed runs once).
 PAIRS: dict[str, dict[str, str]] = {
-    "strict_format": {"finding": "parse-from-incidental-span", "statistic": "parse-from-incidental-span",
-                      "without": "lenient", "with": "strict"},
-    "sft": {"finding": "format-errors", "statistic": "format-errors", "without": "strict", "with": "strict+sft"},
-    "dynamic_sampling": {"finding": "zero-variance-groups", "statistic": "zero-variance-groups",
-                         "without": "g4", "with": "g4+dynamic_sampling"},
-    "overlong_penalty": {"finding": "truncation-surge", "statistic": "truncation_rate",
-                         "without": "verbose", "with": "verbose+overlong_penalty"},
+    "strict_format": {"remedy": "environment.strict_format", "finding": "parse-from-incidental-span",
+                      "statistic": "parse-from-incidental-span", "without": "lenient", "with": "strict"},
+    "sft": {"remedy": "sft.steps 4", "finding": "format-errors", "statistic": "format-errors",
+            "without": "strict", "with": "strict+sft"},
+    "sft_zero_variance": {"remedy": "sft.steps 4", "finding": "zero-variance-groups",
+                          "statistic": "zero-variance-groups", "without": "strict", "with": "strict+sft"},
+    "dynamic_sampling": {"remedy": "training.dynamic_sampling", "finding": "zero-variance-groups",
+                         "statistic": "zero-variance-groups", "without": "g4", "with": "g4+dynamic_sampling"},
+    "overlong_penalty": {"remedy": "reward.overlong_penalty 1.0", "finding": "truncation-surge",
+                         "statistic": "truncation_rate", "without": "verbose", "with": "verbose+overlong_penalty"},
 }
 
 FULL = {"rl_steps": 3, "eval_episodes": 16, "batch_size": 16, "group_size": 8}
@@ -252,7 +258,7 @@ def table(summaries: list[dict[str, Any]]) -> str:
         if s["statistic"] == "truncation_rate":
             stat = "share of replies cut at max_tokens"
         n = s["without"]["seeds"]
-        lines.append(f"| {s['pair']} | {s['finding']} ({stat}) | {_fmt(s['without']['statistic_train'])} | "
+        lines.append(f"| `{s['remedy']}` | {s['finding']} ({stat}) | {_fmt(s['without']['statistic_train'])} | "
                      f"{_fmt(s['with']['statistic_train'])} | {s['without']['fired']}/{n} / {s['with']['fired']}/{n} | "
                      f"{_fmt(s['without']['success_after'])} | {_fmt(s['with']['success_after'])} |")
     return "\n".join(lines)
@@ -272,7 +278,7 @@ def verdicts(summaries: list[dict[str, Any]]) -> list[str]:
         else:
             what = (f"did NOT remove it: {a} -> {b}, fired in {w['fired']} of {w['seeds']} runs without "
                     f"and {r['fired']} of {r['seeds']} with")
-        out.append(f"{s['pair']} vs {s['finding']}: {what}; held-out success {_fmt(w['success_after'])} -> "
+        out.append(f"{s['remedy']} vs {s['finding']}: {what}; held-out success {_fmt(w['success_after'])} -> "
                    f"{_fmt(r['success_after'])}")
     return out
 
@@ -303,6 +309,30 @@ def results(args: argparse.Namespace, argv: list[str] | None, pairs: list[str], 
     }
 
 
+def resummarise(path: Path) -> int:
+    """Recompute `pairs` and `verdicts` of a results file from its `runs` (every check's
+    value is stored per run, so a pair added to `PAIRS` over arms already run needs no run);
+    where a run's folder was kept, its fired findings are re-read with `diagnose(folder)`."""
+    from workbench.debug.doctor import diagnose
+
+    result = json.loads(path.read_text())
+    for r in result["runs"]:  # kept run folders (--keep-runs): the doctor's findings with the current checks
+        if r.get("run_dir") and Path(r["run_dir"]).is_dir():
+            found = diagnose(r["run_dir"])
+            r["fired"] = sorted({f.name for f in found})
+            r["fired_held_out"] = sorted({f.name for f in found if f.source == "eval"})
+            r["rediagnosed"] = True
+    runs = {(r["arm"], r["seed"]): r for r in result["runs"]}
+    seeds = result["setting"]["seeds"]
+    pairs = [p for p in PAIRS if all((PAIRS[p][side], s) in runs for side in ("without", "with") for s in seeds)]
+    result["pairs"] = [summarise(p, runs, seeds) for p in pairs]
+    result["verdicts"] = verdicts(result["pairs"])
+    path.write_text(json.dumps(result, indent=1))
+    print(table(result["pairs"]))
+    print("\n".join(result["verdicts"]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     from workbench.config import EMBEDDED_MODEL
 
@@ -317,7 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=str(RESULTS / "remedies.json"))
     p.add_argument("--keep-runs", default=None, help="keep the run folders here (default: a temporary folder)")
+    p.add_argument("--resummarise", action="store_true",
+                   help="run nothing: recompute the pairs and verdicts of --out from its stored runs")
     args = p.parse_args(argv)
+    if args.resummarise:
+        return resummarise(Path(args.out))
     import torch
 
     torch.set_num_threads(args.threads)

@@ -97,6 +97,14 @@ def test_table_and_verdicts_say_what_was_measured(result, bench):
     text = bench.table(result["pairs"])
     assert text.count("\n") == 1 + len(bench.PAIRS)
     for s, line in zip(result["pairs"], result["verdicts"]):
-        assert line.startswith(f"{s['pair']} vs {s['finding']}")
+        assert line.startswith(f"{s['remedy']} vs {s['finding']}")
         if s["without"]["fired"] and s["with"]["fired"]:
             assert "did NOT remove it" in line
+
+
+def test_resummarise_recomputes_the_same_pairs(result, bench, tmp_path):
+    path = tmp_path / "again.json"
+    path.write_text(json.dumps(result))
+    assert bench.main(["--resummarise", "--out", str(path)]) == 0
+    again = json.loads(path.read_text())
+    assert again["pairs"] == result["pairs"] and again["verdicts"] == result["verdicts"]
