@@ -199,6 +199,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, work: Path) -> dict[s
                                        if "rollout/dynamic_zero_variance_rate" in m],
         "dynamic_bound_reached": [m["rollout/dynamic_bound_reached"] for m in rl
                                   if "rollout/dynamic_bound_reached" in m],
+        "diagnose_per_step": per_step(rl),
         "first_replies_after": [ep.turns[0].action for ep in list(report["after"])[:4] if ep.turns],
         "run_dir": str(out),
         "model": {"name": cfg.model.model_name, "device": str(cfg.model.resolved_device()),
@@ -206,6 +207,17 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, work: Path) -> dict[s
     }
     trainer.cleanup()
     return rec
+
+
+def per_step(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
+    """Each check's `diagnose/<name>` value per RL step (None where it measured nothing)."""
+    from workbench.doctor_checks import CHECKS
+
+    def value(row: dict[str, Any], name: str) -> float | None:
+        v = row.get(f"diagnose/{name}")
+        return None if v is None or v != v else float(v)  # NaN: not measured that step
+
+    return {name: [value(r, name) for r in rows] for name in CHECKS}
 
 
 def statistic(rec: dict[str, Any], name: str, where: str = "train") -> float | None:
@@ -232,6 +244,7 @@ def summarise(pair: str, runs: dict[tuple[str, int], dict[str, Any]], seeds: lis
             "statistic_train": _median([statistic(r, spec["statistic"]) for r in recs]),
             "statistic_train_per_seed": [statistic(r, spec["statistic"]) for r in recs],
             "statistic_held_out": _median([statistic(r, spec["statistic"], "held_out") for r in recs]),
+            "statistic_per_step": [r.get("diagnose_per_step", {}).get(spec["statistic"]) for r in recs],
             "fired": sum(spec["finding"] in r["fired"] for r in recs),
             "success_before": _median([r["success_before"] for r in recs]),
             "success_after": _median([r["success_after"] for r in recs]),
@@ -245,13 +258,18 @@ def summarise(pair: str, runs: dict[tuple[str, int], dict[str, Any]], seeds: lis
     return out
 
 
+#: What "n/m" in the table means.
+NOT_MEASURED = ("n/m: not measured, the check had fewer than doctor.min_samples units to judge (e.g. no "
+                "rewarded turn for parse-from-incidental-span)")
+
+
 def _fmt(x: float | None) -> str:
     return "n/m" if x is None else f"{x:.2f}"
 
 
 def table(summaries: list[dict[str, Any]]) -> str:
     """Markdown: one row per pair."""
-    lines = ["| remedy | finding (statistic) | without | with | fired without / with | "
+    lines = ["| remedy | finding (statistic) | without | with | runs it fired in, without -> with | "
              "held-out success without | with |", "|---|---|---|---|---|---|---|"]
     for s in summaries:
         stat = s["statistic"] if s["statistic"] != s["finding"] else "its value"
@@ -259,7 +277,7 @@ def table(summaries: list[dict[str, Any]]) -> str:
             stat = "share of replies cut at max_tokens"
         n = s["without"]["seeds"]
         lines.append(f"| `{s['remedy']}` | {s['finding']} ({stat}) | {_fmt(s['without']['statistic_train'])} | "
-                     f"{_fmt(s['with']['statistic_train'])} | {s['without']['fired']}/{n} / {s['with']['fired']}/{n} | "
+                     f"{_fmt(s['with']['statistic_train'])} | {s['without']['fired']}/{n} -> {s['with']['fired']}/{n} | "
                      f"{_fmt(s['without']['success_after'])} | {_fmt(s['with']['success_after'])} |")
     return "\n".join(lines)
 
@@ -271,6 +289,8 @@ def verdicts(summaries: list[dict[str, Any]]) -> list[str]:
         w, r = s["without"], s["with"]
         gone = r["fired"] == 0 and w["fired"] > 0
         a, b = _fmt(w["statistic_train"]), _fmt(r["statistic_train"])
+        if s["statistic"] != s["finding"]:
+            a = f"{s['statistic']} {a}"
         if gone:
             what = f"removed it: {a} -> {b}, fired in {w['fired']} of {w['seeds']} runs without, none with"
         elif w["fired"] == 0:
@@ -322,13 +342,18 @@ def resummarise(path: Path) -> int:
             r["fired"] = sorted({f.name for f in found})
             r["fired_held_out"] = sorted({f.name for f in found if f.source == "eval"})
             r["rediagnosed"] = True
+            rows = [json.loads(line) for line in (Path(r["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+                    if line.strip()]
+            r["diagnose_per_step"] = per_step([m for m in rows if "reward/mean" in m])
     runs = {(r["arm"], r["seed"]): r for r in result["runs"]}
     seeds = result["setting"]["seeds"]
     pairs = [p for p in PAIRS if all((PAIRS[p][side], s) in runs for side in ("without", "with") for s in seeds)]
     result["pairs"] = [summarise(p, runs, seeds) for p in pairs]
     result["verdicts"] = verdicts(result["pairs"])
+    result["resummarised"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(json.dumps(result, indent=1))
     print(table(result["pairs"]))
+    print(NOT_MEASURED)
     print("\n".join(result["verdicts"]))
     return 0
 
@@ -386,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nremedies on {args.model} ({result['dtype']}, {result['machine']['cpu']}), "
           f"{args.rl_steps} RL steps, medians over training seeds {seeds}; load {load_start} -> {load()}:")
     print(table(summaries))
+    print(NOT_MEASURED)
     print("\n".join(verdicts(summaries)))
     print(f"wrote {out}")
     return 0

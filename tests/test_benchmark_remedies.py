@@ -78,6 +78,7 @@ def test_the_remedies_reached_their_runs(result):
     # The tiny random model never replies with a bare number: under the strict format every reply is refused.
     for r in runs_of(result, "strict"):
         assert r["train"]["format-errors"]["value"] == 1.0 and r["train"]["format-errors"]["fired"]
+        assert r["diagnose_per_step"]["format-errors"] == [1.0] * r["rl_steps"]
     for r in runs_of(result, "strict+sft"):  # the warm-up ran and lowered the expert tokens' NLL
         assert len(r["sft_nll"]) == 4 and r["sft_nll"][-1] < r["sft_nll"][0]
         assert r["success_after_sft"] is not None and r["steps"] == 4 + r["rl_steps"]
