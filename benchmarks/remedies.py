@@ -329,7 +329,54 @@ def results(args: argparse.Namespace, argv: list[str] | None, pairs: list[str], 
     }
 
 
-def resummarise(path: Path) -> int:
+def record_from_folder(arm: str, seed: int, folder: Path) -> dict[str, Any]:
+    """`run_arm`'s record rebuilt from a kept run folder (a run whose round did not finish):
+    the doctor's checks on the reopened steps and held-out batches, the metrics and
+    evals.json. No timing or load (None): those were not written down."""
+    from workbench.debug.doctor import diagnose
+    from workbench.debug.runs import load_run
+    from workbench.doctor_checks import run_checks
+    from workbench.doctor_findings import History
+
+    run = load_run(folder)
+    cfg = run.config
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    rl = [m for m in rows if "reward/mean" in m]
+    history = History(source="train", metrics=rows)
+    for step in run.steps:
+        history.add(run.batch(step), step)
+    evals = json.loads((folder / "evals.json").read_text())
+    after = run.eval_batch(evals[-1]["step"])
+    held = History(source="eval")
+    held.add(after, evals[-1]["step"])
+    found = diagnose(run)
+    return {
+        "arm": arm, "seed": seed, "overrides": ARMS[arm], "seconds": None, "load": None,
+        "steps": evals[-1]["step"], "rl_steps": len(rl),
+        "success_before": evals[0]["eval/success_rate"], "success_after": evals[-1]["eval/success_rate"],
+        "success_after_sft": next((e["eval/success_rate"] for e in evals if cfg.sft.steps and e["step"] == cfg.sft.steps),
+                                  None),
+        "fired": sorted({f.name for f in found}), "fired_held_out": sorted({f.name for f in found if f.source == "eval"}),
+        "train": {f.name: {"value": f.value, "fired": f.fired} for f in run_checks(history, cfg.doctor)},
+        "held_out": {f.name: {"value": f.value, "fired": f.fired} for f in run_checks(
+            held, cfg.doctor, ["parse-from-incidental-span", "format-errors", "repetition-to-limit"])},
+        "truncation_rate": history.stats[-1].truncation_rate if history.stats else None,
+        "held_out_truncation_rate": held.stats[-1].truncation_rate,
+        "train_success": [m["env/success_rate"] for m in rl], "train_reward": [m["reward/mean"] for m in rl],
+        "sft_nll": [m["sft/nll"] for m in rows if "sft/nll" in m],
+        "dynamic_zero_variance_rate": [m["rollout/dynamic_zero_variance_rate"] for m in rl
+                                       if "rollout/dynamic_zero_variance_rate" in m],
+        "dynamic_bound_reached": [m["rollout/dynamic_bound_reached"] for m in rl
+                                  if "rollout/dynamic_bound_reached" in m],
+        "diagnose_per_step": per_step(rl),
+        "first_replies_after": [ep.turns[0].action for ep in list(after)[:4] if ep.turns],
+        "run_dir": str(folder), "from_folder": True,
+        "model": {"name": cfg.model.model_name, "device": str(cfg.model.resolved_device()),
+                  "dtype": str(cfg.model.resolved_dtype()).removeprefix("torch.")},
+    }
+
+
+def resummarise(path: Path, runs_dir: Path | None = None) -> int:
     """Recompute `pairs` and `verdicts` of a results file from its `runs` (every check's
     value is stored per run, so a pair added to `PAIRS` over arms already run needs no run);
     where a run's folder was kept, its fired findings are re-read with `diagnose(folder)`."""
@@ -346,9 +393,20 @@ def resummarise(path: Path) -> int:
                     if line.strip()]
             r["diagnose_per_step"] = per_step([m for m in rows if "reward/mean" in m])
     runs = {(r["arm"], r["seed"]): r for r in result["runs"]}
-    seeds = result["setting"]["seeds"]
-    pairs = [p for p in PAIRS if all((PAIRS[p][side], s) in runs for side in ("without", "with") for s in seeds)]
-    result["pairs"] = [summarise(p, runs, seeds) for p in pairs]
+    for folder in sorted(runs_dir.iterdir()) if runs_dir and runs_dir.is_dir() else []:
+        # Finished runs of an unfinished round (evals.json is written at a run's end).
+        arm = next((a for a in ARMS if folder.name.rsplit("_seed", 1)[0] == a.replace("+", "_")), None)
+        if arm and (folder / "evals.json").exists() and folder.name.rsplit("_seed", 1)[1].isdigit():
+            seed = int(folder.name.rsplit("_seed", 1)[1])
+            if (arm, seed) not in runs:
+                runs[(arm, seed)] = record_from_folder(arm, seed, folder)
+                result["runs"].append(runs[(arm, seed)])
+    seeds = sorted({seed for _, seed in runs})
+    result["pairs"] = []
+    for p in PAIRS:  # each pair over the seeds both its arms finished
+        both = [s for s in seeds if all((PAIRS[p][side], s) in runs for side in ("without", "with"))]
+        if both:
+            result["pairs"].append({**summarise(p, runs, both), "seeds": both})
     result["verdicts"] = verdicts(result["pairs"])
     result["resummarised"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     path.write_text(json.dumps(result, indent=1))
@@ -373,10 +431,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS / "remedies.json"))
     p.add_argument("--keep-runs", default=None, help="keep the run folders here (default: a temporary folder)")
     p.add_argument("--resummarise", action="store_true",
-                   help="run nothing: recompute the pairs and verdicts of --out from its stored runs")
+                   help="run nothing: recompute the pairs and verdicts of --out from its stored runs, adding "
+                        "the finished runs in --keep-runs that it lacks")
     args = p.parse_args(argv)
     if args.resummarise:
-        return resummarise(Path(args.out))
+        return resummarise(Path(args.out), Path(args.keep_runs) if args.keep_runs else None)
     import torch
 
     torch.set_num_threads(args.threads)

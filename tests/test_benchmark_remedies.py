@@ -108,4 +108,15 @@ def test_resummarise_recomputes_the_same_pairs(result, bench, tmp_path):
     path.write_text(json.dumps(result))
     assert bench.main(["--resummarise", "--out", str(path)]) == 0
     again = json.loads(path.read_text())
-    assert again["pairs"] == result["pairs"] and again["verdicts"] == result["verdicts"]
+    assert [{k: v for k, v in p.items() if k != "seeds"} for p in again["pairs"]] == result["pairs"]
+    assert all(p["seeds"] == [0, 1] for p in again["pairs"]) and again["verdicts"] == result["verdicts"]
+
+
+def test_a_record_rebuilt_from_its_folder_is_the_record(result, bench):
+    """--resummarise --keep-runs adds the finished runs of an unfinished round from their folders."""
+    keys = ("success_before", "success_after", "success_after_sft", "fired", "fired_held_out", "train", "held_out",
+            "truncation_rate", "held_out_truncation_rate", "train_reward", "sft_nll", "dynamic_zero_variance_rate",
+            "diagnose_per_step", "first_replies_after", "steps", "rl_steps")
+    for r in result["runs"]:
+        again = bench.record_from_folder(r["arm"], r["seed"], Path(r["run_dir"]))
+        assert {k: again[k] for k in keys} == {k: r[k] for k in keys}, r["arm"]
