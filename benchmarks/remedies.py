@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import platform
@@ -52,6 +53,10 @@ from statistics import median
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see benchmarks/learning.py
+#: As benchmarks/learning.py: glibc keeps freed activation buffers around; over 7 runs in one
+#: process the resident size reached 6.7 GB and the OOM killer ended it. glibc reads these at
+#: start-up only, so the script re-executes itself once with them (see the end of the file).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -206,6 +211,8 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, work: Path) -> dict[s
                   "dtype": str(cfg.model.resolved_dtype()).removeprefix("torch.")},
     }
     trainer.cleanup()
+    del trainer, report, history
+    gc.collect()
     return rec
 
 
@@ -477,4 +484,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    if any(k not in os.environ for k in MALLOC_ENV):
+        os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
+        os.execv(sys.executable, [sys.executable, *sys.argv])
     raise SystemExit(main())
