@@ -19,7 +19,7 @@ from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
-from workbench.doctor_findings import DoctorConfig, Finding, History, model_turns
+from workbench.doctor_findings import BatchStats, DoctorConfig, Finding, History, model_turns
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -35,6 +35,22 @@ def _span(turn: Any) -> list[int] | None:
 
 def _mean(xs: list[float]) -> float:
     return sum(xs) / len(xs) if xs else 0.0
+
+
+def _same_form(base: list[BatchStats], last: BatchStats, cfg: DoctorConfig) -> list[BatchStats]:
+    """The first steps to compare the latest batch with. When the latest replies are whole
+    actions (at least `cfg.whole_action_share` of them), only first steps whose replies were
+    too: empty when the policy went from sentences to the bare action (a strict format
+    learned, an SFT warm-up), whose fewer distinct, shorter replies are the format, not a
+    collapse. Otherwise all of them (bare actions -> padded sentences is a drift)."""
+    if last.whole_action_share < cfg.whole_action_share:
+        return list(base)
+    return [b for b in base if b.whole_action_share >= cfg.whole_action_share]
+
+
+def _form_note(base: list[BatchStats], last: BatchStats) -> str:
+    return (f"; not compared: the replies changed form ({last.whole_action_share:.0%} are the whole action, "
+            f"first steps {_mean([b.whole_action_share for b in base]):.0%})")
 
 
 #: Check name -> the config overrides that address it (`Finding.remedy`); a check not here has
@@ -144,22 +160,26 @@ def check_tool_result_ignored(h: History, cfg: DoctorConfig) -> Finding | None:
 def check_template_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     """Replies collapsing onto a template: the share of distinct replies in the batch fell
     below a threshold and far below the first steps', or the replies' word-bigram entropy
-    fell far below the first steps'. Needs at least two batches."""
+    fell far below the first steps'. Needs at least two batches. Compared only with first
+    steps whose replies have the same form (`_same_form`): a policy that went from
+    sentences to bare actions has fewer distinct replies because the actions are few."""
     base = h.baseline(cfg.baseline_steps)
     if not base or h.batch is None or h.stats[-1].model_turns < cfg.min_samples:
         return None
     last = h.stats[-1]
-    ratio0, ent0 = _mean([b.distinct_ratio for b in base]), _mean([b.bigram_entropy for b in base])
+    same = _same_form(base, last, cfg)
+    ref = same or base  # sentences -> bare actions: nothing fires
+    ratio0, ent0 = _mean([b.distinct_ratio for b in ref]), _mean([b.bigram_entropy for b in ref])
     by_ratio = last.distinct_ratio < cfg.min_distinct_ratio and last.distinct_ratio < cfg.collapse_fraction * ratio0
     by_entropy = ent0 > 0 and last.bigram_entropy < cfg.collapse_fraction * ent0
     turns = model_turns(h.batch)
     common, count = Counter(t.action.strip() for _, t in turns).most_common(1)[0]
     return _finding(
         "template-collapse", "warning", last.distinct_ratio, min(cfg.min_distinct_ratio, cfg.collapse_fraction * ratio0),
-        by_ratio or by_entropy,
+        bool(same) and (by_ratio or by_entropy),
         f"{last.distinct_ratio:.0%} of replies are distinct (first steps {ratio0:.0%}), reply bigram entropy "
         f"{last.bigram_entropy:.2f} nats (first steps {ent0:.2f}); the most common reply, {common!r}, is "
-        f"{count} of {len(turns)}",
+        f"{count} of {len(turns)}" + ("" if same else _form_note(base, last)),
         "Raise the entropy bonus or temperature, add a KL term, or vary the prompts; check whether the common "
         "reply is a trick (see the other findings).",
         h, [h.evidence(ep, t) for ep, t in turns if t.action.strip() == common], cfg)
@@ -203,34 +223,26 @@ def _repeated_tail(text: str, count: int, max_period: int) -> list[int] | None:
 
 
 def check_length_drift(h: History, cfg: DoctorConfig) -> Finding | None:
-    """Mean reply length (tokens per model turn) moving far from the first steps'. Replies
-    that shrank to the action itself (the span the environment read covers the reply, in at
-    least `cfg.bare_action_share` of the turns) are a policy that learned the answer format,
-    not an answer-only collapse: that shrink does not fire."""
+    """Mean reply length (tokens per model turn) moving far from the first steps' (with
+    `_same_form`: sentences -> the bare action is not a drift; the other way it is)."""
     base = h.baseline(cfg.baseline_steps)
     if not base or h.batch is None:
         return None
-    last, ref = h.stats[-1], _mean([b.reply_tokens_mean for b in base])
+    last = h.stats[-1]
+    same = _same_form(base, last, cfg)
+    ref = _mean([b.reply_tokens_mean for b in same or base])  # sentences -> bare actions: nothing fires
     if ref <= 0 or last.model_turns < cfg.min_samples:
         return None
     ratio = last.reply_tokens_mean / ref
+    fired = bool(same) and (ratio >= cfg.length_ratio or ratio <= 1 / cfg.length_ratio)
     turns = sorted(model_turns(h.batch), key=lambda x: x[1].token_end - x[1].token_start, reverse=ratio >= 1)
-    bare = sum(_is_the_action(t, cfg) for _, t in turns) / len(turns) if turns else 0.0
-    shrank_to_action = ratio <= 1 / cfg.length_ratio and bare >= cfg.bare_action_share
-    fired = (ratio >= cfg.length_ratio or ratio <= 1 / cfg.length_ratio) and not shrank_to_action
-    note = f"; {bare:.0%} of replies are the action alone, so the shrink is the answer format" if shrank_to_action else ""
     return _finding(
         "length-drift", "warning", ratio, cfg.length_ratio, fired,
-        f"replies average {last.reply_tokens_mean:.1f} tokens, {ratio:.2f}x the first steps' {ref:.1f}{note}",
+        f"replies average {last.reply_tokens_mean:.1f} tokens, {ratio:.2f}x the first steps' {ref:.1f}"
+        + ("" if same else _form_note(base, last)),
         "Read the longest (or shortest) replies: padding, looping or answer-only collapse; add a length penalty "
         "or adjust max_tokens if it is a hack.",
         h, [h.evidence(ep, t) for ep, t in turns], cfg)
-
-
-def _is_the_action(turn: Any, cfg: DoctorConfig) -> bool:
-    """The environment read an action whose span covers the (stripped) reply."""
-    span = _span(turn)
-    return span is not None and (span[1] - span[0]) >= cfg.incidental_coverage * max(len(turn.action.strip()), 1)
 
 
 def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:

@@ -44,13 +44,15 @@ class DoctorConfig:
     """repetition-to-limit: longest repeated unit looked for, in characters."""
     repetition_share: float = 0.25
     """repetition-to-limit fires when at least this share of model turns ends that way."""
+    whole_action_share: float = 0.5
+    """template-collapse and length-drift compare the latest batch only with first steps
+    whose replies have the same form: at least this share of them the whole action
+    (`doctor_findings.is_whole_action`: a bare "5" under a strict format), or fewer in both.
+    A policy that went from sentences to the bare action (a strict format learned, an SFT
+    warm-up) changed form: its fewer distinct, shorter replies are not a collapse."""
     length_ratio: float = 2.0
     """length-drift fires when the mean reply length is this many times the first steps'
     (or less than 1 / this)."""
-    bare_action_share: float = 0.9
-    """length-drift: a shrink below 1 / `length_ratio` does not fire when at least this share
-    of replies is the action alone (its span covers the reply, see `incidental_coverage`):
-    the policy learned the answer format."""
     truncation_rise: float = 0.25
     """truncation-surge fires when the share of replies cut at max_tokens rose by this much
     (absolute) over the first steps'."""
@@ -87,8 +89,9 @@ class DoctorConfig:
 
 #: Fields that are shares or fractions of something: each must lie in [0, 1].
 _SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction",
-           "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate", "bare_action_share",
-           "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share")
+           "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
+           "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share",
+           "whole_action_share")
 #: Fields that count something: integers, with their least sensible value.
 _COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}
 

@@ -21,6 +21,9 @@ from workbench.trajectory import Episode, TrajectoryBatch, Turn
 #: Severities, mildest first.
 SEVERITIES = ("info", "warning", "error")
 _WORD_RE = re.compile(r"\S+")
+#: A reply is "the whole action" when the span the environment read covers at least this
+#: share of it (parse-from-incidental-span's default `incidental_coverage`).
+WHOLE_ACTION_COVERAGE = 0.5
 
 
 @dataclass
@@ -137,6 +140,18 @@ def bigram_entropy(texts: list[str]) -> float:
     return -sum(c / n * math.log(c / n) for c in counts.values()) if n else 0.0
 
 
+def is_whole_action(turn: Turn) -> bool:
+    """Whether a model turn's reply is the action itself: parsed, not invalid, and the span
+    the environment read (`info["action_span"]`) covers at least `WHOLE_ACTION_COVERAGE` of
+    the stripped reply (a bare "5", "Answer: 12"; not "The number is 5.")."""
+    span = turn.info.get("action_span")
+    if turn.parse_error or turn.info.get("invalid_action"):
+        return False
+    if not (isinstance(span, (list, tuple)) and len(span) == 2 and 0 <= span[0] <= span[1] <= len(turn.action)):
+        return False
+    return (span[1] - span[0]) / max(len(turn.action.strip()), 1) >= WHOLE_ACTION_COVERAGE
+
+
 @dataclass
 class BatchStats:
     """The numbers of one batch that the drift checks compare across steps."""
@@ -159,6 +174,8 @@ class BatchStats:
     """Share of episodes with `success`."""
     reports_success: bool
     """Whether the environment put a "success" key in any step info."""
+    whole_action_share: float = 0.0
+    """Share of model turns whose reply is the whole action (`is_whole_action`)."""
 
     @classmethod
     def of(cls, batch: TrajectoryBatch, step: int) -> "BatchStats":
@@ -172,7 +189,8 @@ class BatchStats:
             distinct_ratio=len(set(replies)) / n, bigram_entropy=bigram_entropy(replies),
             reward_mean=sum(e.outcome for e in batch) / eps,
             success_rate=sum(bool(e.success) for e in batch) / eps,
-            reports_success=any("success" in t.info for e in batch for t in e.turns))
+            reports_success=any("success" in t.info for e in batch for t in e.turns),
+            whole_action_share=sum(is_whole_action(t) for _, t in turns) / n)
 
 
 @dataclass

@@ -34,7 +34,10 @@ tokenization-mismatch. The drift and metric checks (template-collapse, length-dr
 truncation-surge, reward-without-success, entropy-collapse, kl-spike) need at least two
 steps and compare with the first ones, so they cannot fire before training moves the
 policy; engine-trainer-gap needs one update's metrics. Scripted experts (`envs.EXPERTS`)
-give no finding (tests/test_doctor_experts.py).
+give no finding, with or without the strict format, and neither does a policy that goes
+from sentences to the bare action (length-drift and template-collapse compare bare-action
+replies only with bare-action first steps, `doctor.whole_action_share`;
+tests/test_doctor_experts.py, tests/test_doctor_honest.py).
 """
 from __future__ import annotations
 
