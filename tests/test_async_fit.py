@@ -1,0 +1,160 @@
+"""Asynchronous training (training.max_staleness): equality at 0, one-step staleness at 1,
+the truncated IS correction, and a run interrupted with a batch in flight."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from envs import make_env
+from workbench import ConfigError, ConfigStore, Trainer, algo
+from workbench.training.policy import batch_logprobs
+
+
+def config(tiny_model_path: Path, out: Path, **training) -> ConfigStore:
+    c = ConfigStore()
+    c.model.model_name = str(tiny_model_path)
+    c.model.lora_rank = 4
+    c.model.dtype = "float32"
+    c.inference.max_tokens = 8
+    c.inference.max_turns = 2
+    c.inference.seed = 0
+    c.training.batch_size = 4
+    c.training.group_size = 2
+    c.training.micro_batch_size = 2
+    c.training.learning_rate = 1e-2
+    c.training.progress = False
+    c.checkpoint.output_dir = str(out)
+    c.checkpoint.save_interval = 0
+    c.checkpoint.resume = False
+    for k, v in training.items():
+        setattr(c.training, k, v)
+    return c.validate()
+
+
+def make_trainer(cfg: ConfigStore) -> Trainer:
+    torch.manual_seed(0)  # the same LoRA initialisation for every trainer of a test
+    return Trainer(cfg, environment=make_env("guess_number"))
+
+
+def test_rollout_is_weights_by_hand():
+    old = torch.tensor([[-1.0, -0.5, -2.0, -0.3, 0.0]])  # (1, 5)
+    rollout = torch.tensor([[-1.5, -0.5, -0.2, 0.0, 0.0]])  # 0 = no engine logprob
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])
+    w, m = algo.rollout_is_weights(old, rollout, mask, "token", threshold=1.5)
+    # exp(0.5) = 1.6487 -> capped at 1.5; exp(0) = 1; exp(-1.8) = 0.16530; no engine logprob -> 1; off mask -> 0
+    assert w.tolist()[0] == pytest.approx([1.5, 1.0, math.exp(-1.8), 1.0, 0.0], abs=1e-6)
+    assert m["rollout_corr/clipped_fraction"] == pytest.approx(1 / 3)
+    assert m["rollout_corr/tokens"] == 3
+    assert m["rollout_corr/log_ratio_abs_mean"] == pytest.approx((0.5 + 0.0 + 1.8) / 3)
+    w, m = algo.rollout_is_weights(old, rollout, mask, "sequence", threshold=1.5)
+    # one weight per sequence: exp(0.5 + 0 - 1.8) = exp(-1.3) on the tokens with an engine logprob
+    assert w.tolist()[0] == pytest.approx([math.exp(-1.3)] * 3 + [1.0, 0.0], abs=1e-6)
+    assert m["rollout_corr/clipped_fraction"] == 0.0
+
+
+def test_config_checks(tiny_model_path, tmp_path):
+    with pytest.raises(ConfigError, match="max_staleness"):
+        config(tiny_model_path, tmp_path, max_staleness=2)
+    with pytest.raises(ConfigError, match="rollout_is"):
+        config(tiny_model_path, tmp_path, rollout_is="tokens")
+    with pytest.raises(ConfigError, match="rollout_is_threshold"):
+        config(tiny_model_path, tmp_path, rollout_is_threshold=0.5)
+    c = config(tiny_model_path, tmp_path, max_staleness=1)
+    c.ray.use_ray = True
+    with pytest.raises(ConfigError, match="ray"):
+        c.validate()
+
+
+def test_staleness_0_is_the_stepwise_loop(tiny_model_path, tmp_path):
+    """fit with max_staleness=0 equals rollout/score/compute_advantages/update cells, bit for bit."""
+    cfg = dict(max_staleness=0, reuse_update_logprobs=False)
+    fitted = make_trainer(config(tiny_model_path, tmp_path / "a", **cfg))
+    history = fitted.fit(steps=3)
+    cells = make_trainer(config(tiny_model_path, tmp_path / "b", **cfg))
+    rows = []
+    for _ in range(3):
+        batch = cells.rollout()
+        cells.score(batch)
+        cells.compute_advantages(batch)
+        rows.append(cells.update(batch))
+        cells.global_step += 1
+    a, b = fitted.policy.trainable_state_dict(), cells.policy.trainable_state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    for got, want in zip(history, rows):
+        for key in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+            assert got[key] == want[key]
+        assert not any(k.startswith(("async/", "rollout_corr/")) for k in got)
+    assert [ep.weight_version for ep in fitted.last_batch] == [2] * 4  # the synchronous loop: version = step
+    assert not fitted.last_batch.has("rollout_is_weights")
+
+
+def test_staleness_1_trains_on_the_previous_weights_samples(tiny_model_path, tmp_path):
+    trainer = make_trainer(config(tiny_model_path, tmp_path, max_staleness=1))
+    versions = {0: trainer.policy.trainable_state_dict()}  # weights after k steps, by k
+    batches = {}
+
+    def keep(tr, metrics):
+        batches[metrics["step"]] = tr.last_batch
+        versions[tr.global_step] = tr.policy.trainable_state_dict()
+        assert tr.ahead.in_flight == (tr.global_step if tr.global_step < 4 else None)
+
+    history = trainer.fit(steps=4, callbacks=[keep])
+    assert trainer.ahead is None and trainer.engine.model is trainer.policy.model  # as before fit
+    assert [m["async/staleness_max"] for m in history] == [0.0, 1.0, 1.0, 1.0]
+    model = trainer.policy.model
+    for step in (1, 2, 3):
+        batch = batches[step]
+        assert {ep.weight_version for ep in batch} == {step - 1}
+        mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)  # (B, T)
+        lengths = [ep.num_tokens for ep in batch]
+
+        def logprobs(version):
+            trainer.policy.load_trainable_state_dict(versions[version])
+            return batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths, 2, False,
+                                  batch.loss_mask, batch.group_ids)
+
+        sampler, trained = logprobs(step - 1), logprobs(step)
+        # The engine's recorded logprobs are those of the weights of step n-1, not of step n.
+        assert (sampler - batch.rollout_logprobs)[mask].abs().max() < 1e-4
+        assert (trained - batch.rollout_logprobs)[mask].abs().max() > 1e-3
+        # The correction: w = min(pi_old / pi_rollout, 2) with pi_old the weights of step n.
+        want = torch.exp(trained - batch.rollout_logprobs).clamp(max=2.0)
+        assert torch.allclose(batch.rollout_is_weights[mask], want[mask], atol=1e-4)
+        assert 0.0 <= history[step]["rollout_corr/clipped_fraction"] <= 1.0
+    trainer.policy.load_trainable_state_dict(versions[4])
+
+
+def test_interrupt_with_a_batch_in_flight_resumes_without_gap(tiny_model_path, tmp_path):
+    cfg = config(tiny_model_path, tmp_path, max_staleness=1)
+    cfg.checkpoint.save_interval = 1
+    trainer = make_trainer(cfg)
+    seen = []
+
+    def interrupt(tr, metrics):
+        seen.append(tr.ahead.in_flight)
+        if metrics["step"] == 1:
+            raise KeyboardInterrupt  # Ctrl-C while step 2's batch is being sampled
+
+    with pytest.raises(KeyboardInterrupt):
+        trainer.fit(steps=4, callbacks=[interrupt])
+    assert seen == [1, 2]
+    assert trainer.global_step == 2 and trainer.ahead is None
+    assert trainer.engine.model is trainer.policy.model
+    batch = trainer.rollout()  # stepwise cells still work, on the current weights
+    assert {ep.weight_version for ep in batch} == {2}
+
+    cfg2 = config(tiny_model_path, tmp_path, max_staleness=1)
+    cfg2.checkpoint.save_interval, cfg2.checkpoint.resume = 1, True
+    resumed = make_trainer(cfg2)
+    history = resumed.fit(until_step=4)
+    assert [m["step"] for m in history] == [0, 1, 2, 3]
+    lines = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [0, 1, 2, 3]
+    saved = sorted(p.name for p in (tmp_path / "rollouts").iterdir())
+    assert saved == [f"step_{i:06d}.jsonl.gz" for i in range(4)]
+    assert history[2]["async/staleness_max"] == 0.0  # the step in flight was sampled anew after the resume
+    assert history[3]["async/staleness_max"] == 1.0
