@@ -11,6 +11,9 @@ import torch
 
 from envs import make_env
 from workbench import ConfigError, ConfigStore, Trainer, algo
+from workbench.doctor_checks import run_checks
+from workbench.doctor_config import DoctorConfig
+from workbench.doctor_findings import History
 from workbench.training.policy import batch_logprobs
 
 
@@ -126,6 +129,16 @@ def test_staleness_1_trains_on_the_previous_weights_samples(tiny_model_path, tmp
         assert torch.allclose(batch.rollout_is_weights[mask], want[mask], atol=1e-4)
         assert 0.0 <= history[step]["rollout_corr/clipped_fraction"] <= 1.0
     trainer.policy.load_trainable_state_dict(versions[4])
+    # The doctor: the stale steps' gap is staleness, not a missed sync; the clipped share has its own check.
+    h = History(metrics=history)
+    h.add(batches[3], 3)
+    assert not run_checks(h, DoctorConfig(), ["engine-trainer-gap"])[0].fired
+    worst = max(m["rollout_corr/clipped_fraction"] for m in history[1:])
+    assert worst > 0  # lr 1e-2 on the tiny model moves some tokens' ratio past 2
+    f = run_checks(h, DoctorConfig(off_policy_clipped_share=worst), ["off-policy-clipped"])[0]
+    assert f.fired and f.value == worst and f.evidence and "weight version 2" in f.evidence[0].text
+    assert not run_checks(h, DoctorConfig(off_policy_clipped_share=min(1.0, worst + 0.01)),
+                          ["off-policy-clipped"])[0].fired
 
 
 def test_interrupt_with_a_batch_in_flight_resumes_without_gap(tiny_model_path, tmp_path):

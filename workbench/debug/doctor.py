@@ -53,7 +53,7 @@ __all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", 
            "findings_table", "findings_markdown", "add_diagnose_parser", "cmd_diagnose"]
 
 #: Checks that read the metric rows; their evidence comes from the batch of the step they name.
-_METRIC_CHECKS = ("entropy-collapse", "kl-spike", "engine-trainer-gap")
+_METRIC_CHECKS = ("entropy-collapse", "kl-spike", "engine-trainer-gap", "off-policy-clipped")
 
 
 def _rows(metrics: Any) -> list[dict[str, Any]]:
