@@ -139,6 +139,13 @@ def test_staleness_1_trains_on_the_previous_weights_samples(tiny_model_path, tmp
     assert f.fired and f.value == worst and f.evidence and "weight version 2" in f.evidence[0].text
     assert not run_checks(h, DoctorConfig(off_policy_clipped_share=min(1.0, worst + 0.01)),
                           ["off-policy-clipped"])[0].fired
+    # The views: each episode's weight version; the weights are a token field to colour by.
+    from workbench.widgets.conversation import render_episode_html
+    from workbench.widgets.tokens import available_fields, render_tokens_html
+
+    assert "rollout_is_weights" in available_fields(batches[3])
+    assert "sampled by weights v2" in render_tokens_html(batches[3], 0, "rollout_is_weights", trainer.tokenizer)
+    assert "weights v2" in render_episode_html(batches[3][0])
 
 
 def test_interrupt_with_a_batch_in_flight_resumes_without_gap(tiny_model_path, tmp_path):
