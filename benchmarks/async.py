@@ -9,15 +9,20 @@ tokens, batch 16 in groups of 8, lr 5e-4, dtype "auto") through `Trainer.fit`, i
 
   * demo: the demo's environment as it is (its `step` takes microseconds).
   * slow_env: the same environment whose `step` first sleeps 0.3 s, as a remote sandbox,
-    a web tool or an OpenEnv server does; `inference.async_rollout=True`, so the episodes'
-    environment steps wait side by side (as they would against such a server).
+    a web tool or an OpenEnv server does. The rollout is the demo's (`Rollout`: each turn,
+    the live episodes generate in one batch, then step their environments one after
+    another), so a step waits up to 16 x 4 x 0.3 s on the environment with the cores idle.
+    `--env-async-rollout` runs `inference.async_rollout=True` instead (the episodes'
+    environment steps wait side by side, as against a server with room for all of them).
 
 The sides alternate, `--rounds` times each, in one process: sync `fit(steps)`, then
 staleness-1 `fit(steps)` (two trainers with the same initial weights). A step's wall time
 is the time between the ends of consecutive steps (a `fit` callback), so for the async
 side it includes waiting for the batch sampled ahead; the first step of every `fit` is
 left out of the medians (the async side samples it synchronously). Reported per setting:
-median step seconds per side, the ratio and `speedup vs sync: N.Nx` (sync / async), and
+median step seconds per side, the median rollout and update seconds of each side (the
+stages' own timers: `perf/rollout_seconds`, `perf/update_seconds`), the ratio and
+`speedup vs sync: N.Nx` (sync / async), and
 the overlap: per async step, the seconds the rollout thread sampled the step's batch
 while the previous step's advantages and update ran (`async/overlap_seconds`), over the
 step's wall time (median).
@@ -94,24 +99,25 @@ def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespa
     cfg.training.save_rollouts_every = 0
     env = None
     if setting == "slow_env":
-        cfg.inference.async_rollout = True
+        cfg.inference.async_rollout = args.env_async_rollout
         env = SlowGuessNumber(cfg.environment)
     torch.manual_seed(0)
     return Trainer(cfg.validate(), environment=env)
 
 
-def timed_fit(trainer: Trainer, steps: int) -> tuple[list[float], list[float]]:
-    """Wall seconds of each step after the first, and each one's overlap share."""
+def timed_fit(trainer: Trainer, steps: int) -> tuple[list[float], list[float], list[dict]]:
+    """Wall seconds of each step after the first, each one's overlap share, and its metrics."""
     ends: list[float] = []
-    overlap: list[float] = []
+    rows: list[dict] = []
 
     def mark(tr: Trainer, metrics: dict) -> None:
         ends.append(time.perf_counter())
-        overlap.append(float(metrics.get("async/overlap_seconds", 0.0)))
+        rows.append(metrics)
 
     trainer.fit(steps=steps, callbacks=[mark])
     walls = [b - a for a, b in zip(ends, ends[1:])]
-    return walls, [o / w for o, w in zip(overlap[1:], walls)]
+    overlap = [float(m.get("async/overlap_seconds", 0.0)) / w for m, w in zip(rows[1:], walls)]
+    return walls, overlap, rows[1:]
 
 
 def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -120,10 +126,13 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
         sides = {k: make_trainer(setting, k, Path(tmp) / f"s{k}", args) for k in (0, 1)}
         walls: dict[int, list[float]] = {0: [], 1: []}
         shares: list[float] = []
+        stages: dict[int, dict[str, list[float]]] = {k: {"rollout": [], "update": []} for k in sides}
         for r in range(args.rounds):
             for k, trainer in sides.items():
-                w, o = timed_fit(trainer, args.steps)
+                w, o, rows = timed_fit(trainer, args.steps)
                 walls[k] += w
+                stages[k]["rollout"] += [m["perf/rollout_seconds"] for m in rows]
+                stages[k]["update"] += [m.get("perf/update_seconds", 0.0) for m in rows]
                 if k:
                     shares += o
                 print(f"  {setting} round {r} staleness {k}: steps {[round(x, 2) for x in w]}", flush=True)
@@ -131,7 +140,9 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
             trainer.cleanup()
     sync, asy = statistics.median(walls[0]), statistics.median(walls[1])
     return {"setting": setting, "sync_step_s": sync, "async_step_s": asy, "ratio": asy / sync,
-            "speedup": sync / asy, "overlap_share": statistics.median(shares), "sync_steps": walls[0],
+            "speedup": sync / asy, "overlap_share": statistics.median(shares),
+            "rollout_s": {k: statistics.median(v["rollout"]) for k, v in stages.items()},
+            "update_s": {k: statistics.median(v["update"]) for k, v in stages.items()}, "sync_steps": walls[0],
             "async_steps": walls[1], "load_before": before, "load_after": load()}
 
 
@@ -143,17 +154,22 @@ def main() -> int:
     p.add_argument("--model", default=EMBEDDED_MODEL)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--env-async-rollout", action="store_true",
+                   help="slow_env with inference.async_rollout=True (environment waits side by side)")
     p.add_argument("--out", default=str(RESULTS / "async.json"))
     args = p.parse_args()
     record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu(),
               "torch_threads": torch.get_num_threads(), "dtype": args.dtype,
+              "env_async_rollout": args.env_async_rollout,
               "command": "python benchmarks/async.py " + " ".join(sys.argv[1:]), "results": []}
     print(f"{record['date']}  {record['machine']}  torch threads {record['torch_threads']}", flush=True)
     for setting in args.settings.split(","):
         res = run_setting(setting, args)
         record["results"].append(res)
         print(f"{setting}: sync {res['sync_step_s']:.2f} s/step, staleness 1 {res['async_step_s']:.2f} s/step "
-              f"({res['ratio']:.2f}x the sync time), overlap {res['overlap_share']:.0%} of the step; "
+              f"({res['ratio']:.2f}x the sync time), overlap {res['overlap_share']:.0%} of the step; rollout "
+              f"{res['rollout_s'][0]:.1f} / {res['rollout_s'][1]:.1f} s, update {res['update_s'][0]:.1f} / "
+              f"{res['update_s'][1]:.1f} s (sync / async); "
               f"load {res['load_before'].split('load average:')[-1].strip()} -> "
               f"{res['load_after'].split('load average:')[-1].strip()}", flush=True)
         print(f"{setting}: speedup vs sync: {res['speedup']:.1f}x", flush=True)

@@ -26,13 +26,17 @@ The update corrects for the stale sampler with truncated importance weights agai
 engine's recorded logprobs (`training.rollout_is`, "token" by default when
 `max_staleness` >= 1; `workbench.algo.rollout_correction`).
 
-Threads: the rollout thread runs torch on `training.async_rollout_threads` threads (1 by
-default); the update keeps the process's torch thread count (`torch.set_num_threads`
-sets the count of the calling thread, and this module restores the process default
-after the rollout thread set its own, as `workbench.engines.decode_threads` does). On the
-2-core machines this project is measured on, that is 1 core for sampling and 2 threads
-for the update: the two stages share the cores while both compute, and the update has
-them to itself while the rollout waits on an environment.
+Threads: the rollout thread starts with `training.async_rollout_threads` torch threads (1
+by default); the update keeps the process's torch thread count (`torch.set_num_threads`
+sets the calling thread's count and the default of threads started later, so this module
+puts the process default back once the rollout thread has set its own, as
+`workbench.engines.decode_threads` does). On the 2-core machines this project is measured
+on, that is 1 thread for sampling and 2 for the update: they share the cores while both
+compute, and the update has both while the rollout waits on an environment. Two engine
+details: the `hf` engine times its decode steps and prefills on the calling thread's count
+and on 1 thread and keeps the faster (`decode_threads.py`), so a rollout thread with 2
+threads may still decode on 1; and with `inference.async_rollout` the engine's batches run
+on its batcher thread, which has the process default.
 
 For a notebook user: a prefetched batch exists only inside `fit`, between the scoring of
 one step and the start of the next. When `fit` returns (steps done, time limit, an error,

@@ -202,7 +202,10 @@ class Trainer:
 
         With `training.dynamic_sampling`, this is the step's first round only: the groups
         whose rewards are all equal are dropped and replaced after scoring, by
-        `filter_groups` (`train_step` calls it; stepwise, call it after `score`)."""
+        `filter_groups` (`train_step` calls it; stepwise, call it after `score`). Inside
+        `fit` with `training.max_staleness=1`, the batch sampled ahead for this step is
+        taken instead (`workbench.training.async_fit`); outside `fit` there is none.
+        Every episode records the weight version that sampled it (`weight_version`)."""
         self.policy.model.eval()
         batch = self.ahead.take(self.global_step) if self.ahead is not None else None  # async_fit
         self.last_batch = batch if batch is not None else self._sample(self.global_step, self.global_step)
@@ -496,6 +499,10 @@ class Trainer:
         first. While it trains, `fit` holds the folder's lock: a second run into the same
         folder raises `RunLockedError` naming the process that holds it
         (`workbench.training.run_lock`).
+
+        With `training.max_staleness=1` the next step's batch is sampled on a thread while
+        this step's trains (`workbench.training.async_fit`: what it means for the
+        checkpoints, Ctrl-C and the cells after `fit`).
 
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), its
         scored batch to `rollouts/` in the run folder (`training.save_rollouts_every`,
