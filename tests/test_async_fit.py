@@ -178,3 +178,17 @@ def test_interrupt_with_a_batch_in_flight_resumes_without_gap(tiny_model_path, t
     assert saved == [f"step_{i:06d}.jsonl.gz" for i in range(4)]
     assert history[2]["async/staleness_max"] == 0.0  # the step in flight was sampled anew after the resume
     assert history[3]["async/staleness_max"] == 1.0
+
+
+def test_a_failing_rollout_ahead_is_raised_at_its_step(tiny_model_path, tmp_path):
+    """The rollout thread meets an item whose environment cannot be built (low > high):
+    fit raises that error, naming the step sampled ahead; the trainer stays consistent."""
+    trainer = make_trainer(config(tiny_model_path, tmp_path, max_staleness=1))
+    from workbench.data import EpisodeDataset
+
+    trainer.dataset = EpisodeDataset([0, 1, {"seed": 2, "params": {"low": 9, "high": 1}}, 3])
+    with pytest.raises(ValueError, match="low") as info:
+        trainer.fit(steps=3)
+    assert any("rollout of step 1, sampled ahead" in n for n in getattr(info.value, "__notes__", []))
+    assert trainer.global_step == 1 and trainer.ahead is None
+    assert trainer.engine.model is trainer.policy.model

@@ -140,9 +140,10 @@ class RolloutAhead:
     def take(self, step: int) -> TrajectoryBatch | None:
         """The batch sampled ahead for `step` (None if there is none), after which the engine
         gets the trainer's current weights. Raises what the rollout thread raised."""
-        job, self._job = self._job, None
+        job = self._job
         if job is not None:
-            self._join(job)
+            self._join(job)  # kept in self._job until it ended: a Ctrl-C here leaves it for close()
+            self._job = None
             if job["step"] != step:
                 job = None  # sampled for another step (the trainer's step was changed): dropped
         if self.engine_version != self.trainer.global_step:
@@ -159,9 +160,9 @@ class RolloutAhead:
 
     def drop(self) -> None:
         """Wait for the batch being sampled ahead, if any, and discard it."""
-        job, self._job = self._job, None
-        if job is not None:
-            self._join(job)
+        if self._job is not None:
+            self._join(self._job)
+            self._job = None
 
     def close(self) -> None:
         """Drop the batch in flight and give the engine the trainer's own module again."""
