@@ -192,3 +192,38 @@ def test_a_failing_rollout_ahead_is_raised_at_its_step(tiny_model_path, tmp_path
     assert any("rollout of step 1, sampled ahead" in n for n in getattr(info.value, "__notes__", []))
     assert trainer.global_step == 1 and trainer.ahead is None
     assert trainer.engine.model is trainer.policy.model
+
+
+def test_dynamic_sampling_extra_rounds_sample_with_the_current_weights(tiny_model_path, tmp_path):
+    """With dynamic sampling, a step's extra rounds run after its batch sampled ahead was taken
+    (the engine then holds the step's own weights): their episodes carry version n, the
+    batch sampled ahead version n-1, and the batch size is kept."""
+    from tests.test_dynamic_sampling import SeedParity
+
+    cfg = config(tiny_model_path, tmp_path, max_staleness=1, dynamic_sampling=True, dynamic_sampling_max_batches=3)
+    cfg.inference.max_turns = 1
+    torch.manual_seed(0)
+    trainer = Trainer(cfg, environment=SeedParity())
+    batches = {}
+    history = trainer.fit(steps=3, callbacks=[lambda tr, m: batches.__setitem__(m["step"], tr.last_batch)])
+    for step in (1, 2):
+        batch = batches[step]
+        assert len(batch) == 4
+        versions = [ep.weight_version for ep in batch]
+        assert set(versions) <= {step - 1, step}
+        assert step - 1 in versions and step in versions  # seed parity: half the groups are flat, resampled
+        assert history[step]["async/staleness_max"] == 1.0
+
+
+def test_the_cli_flag_reaches_the_run(tiny_model_path, tmp_path):
+    import yaml
+
+    from workbench.cli import main
+
+    out = tmp_path / "out"
+    assert main(["train", "--model", str(tiny_model_path), "--steps", "2", "--batch-size", "4", "--group-size", "2",
+                 "--max-tokens", "4", "--max-turns", "1", "--eval-episodes", "0", "--save-interval", "0",
+                 "--output", str(out), "--training.max_staleness", "1"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["training"]["max_staleness"] == 1
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0]
