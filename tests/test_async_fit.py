@@ -227,3 +227,15 @@ def test_the_cli_flag_reaches_the_run(tiny_model_path, tmp_path):
     assert yaml.safe_load((out / "config.yaml").read_text())["training"]["max_staleness"] == 1
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["async/staleness_max"] for r in rows] == [0.0, 1.0]
+
+
+def test_sft_warm_up_steps_come_first_and_nothing_is_sampled_ahead_for_them(tiny_model_path, tmp_path):
+    cfg = config(tiny_model_path, tmp_path, max_staleness=1)
+    cfg.sft.steps, cfg.sft.episodes = 1, 2
+    trainer = make_trainer(cfg)
+    flights = []
+    history = trainer.fit(steps=3, callbacks=[lambda tr, m: flights.append(tr.ahead.in_flight)])
+    assert "sft/nll" in history[0] and "async/staleness_max" not in history[0]
+    assert flights == [None, 2, None]  # the first RL step samples its own batch and starts step 2's
+    assert [history[1]["async/staleness_max"], history[2]["async/staleness_max"]] == [0.0, 1.0]
+    assert {ep.weight_version for ep in trainer.last_batch} == {1}
