@@ -66,10 +66,6 @@ def test_config_checks(tiny_model_path, tmp_path):
         config(tiny_model_path, tmp_path, rollout_is="tokens")
     with pytest.raises(ConfigError, match="rollout_is_threshold"):
         config(tiny_model_path, tmp_path, rollout_is_threshold=0.5)
-    c = config(tiny_model_path, tmp_path, max_staleness=1)
-    c.ray.use_ray = True
-    with pytest.raises(ConfigError, match="ray"):
-        c.validate()
 
 
 def test_staleness_0_is_the_stepwise_loop(tiny_model_path, tmp_path):
@@ -239,3 +235,43 @@ def test_sft_warm_up_steps_come_first_and_nothing_is_sampled_ahead_for_them(tiny
     assert flights == [None, 2, None]  # the first RL step samples its own batch and starts step 2's
     assert [history[1]["async/staleness_max"], history[2]["async/staleness_max"]] == [0.0, 1.0]
     assert {ep.weight_version for ep in trainer.last_batch} == {1}
+
+
+@pytest.mark.ray
+def test_ray_rollout_workers_sample_ahead(ray_cluster, tiny_model_path, tmp_path):
+    """1 rollout worker + 1 learner: the worker samples step n+1 while the learner updates
+    step n; the episodes trained at step n carry version n-1, and the workers' logprobs are
+    those of the weights of step n-1."""
+    pytest.importorskip("ray")
+    cfg = config(tiny_model_path, tmp_path, max_staleness=1)
+    cfg.ray.use_ray, cfg.ray.num_actors, cfg.ray.num_learners = True, 1, 1
+    trainer = make_trainer(cfg.validate())
+    try:
+        versions = {0: trainer.policy.trainable_state_dict()}
+        batches = {}
+
+        def keep(tr, metrics):
+            batches[metrics["step"]] = tr.last_batch
+            versions[tr.global_step] = tr.policy.trainable_state_dict()
+
+        history = trainer.fit(steps=3, callbacks=[keep])
+        assert [m["async/staleness_max"] for m in history] == [0.0, 1.0, 1.0]
+        for step in (1, 2):
+            batch = batches[step]
+            assert {ep.weight_version for ep in batch} == {step - 1}
+            assert batch.meta["weight_versions"] == [step - 1] * len(batch)
+            mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)
+            lengths = [ep.num_tokens for ep in batch]
+            trainer.policy.load_trainable_state_dict(versions[step - 1])
+            sampler = batch_logprobs(trainer.policy.model, batch.input_ids, batch.attention_mask, lengths, 2,
+                                     False, batch.loss_mask, batch.group_ids)
+            assert (sampler - batch.rollout_logprobs)[mask].abs().max() < 1e-4
+            # The correction ran on the learner against the workers' logprobs (w = min(pi_old / pi_rollout, 2)).
+            trainer.policy.load_trainable_state_dict(versions[step])
+            trained = batch_logprobs(trainer.policy.model, batch.input_ids, batch.attention_mask, lengths, 2,
+                                     False, batch.loss_mask, batch.group_ids)
+            want = torch.exp(trained - batch.rollout_logprobs).clamp(max=2.0)
+            assert torch.allclose(batch.rollout_is_weights[mask], want[mask], atol=1e-4)
+            assert 0.0 <= history[step]["rollout_corr/clipped_fraction"] <= 1.0
+    finally:
+        trainer.cleanup()

@@ -200,8 +200,8 @@ class TrainingConfig:
     weights that sampled an episode the weights that train on it may be. 0 = the synchronous
     loop (rollout, score, update, one after the other). 1 = inside `fit`, the next step's batch
     is sampled on a thread while this step's batch is scored and updated (one-step
-    off-policy); the engine's weights are synced when that batch is taken. Only 0 and 1 so far,
-    in one process (not with `ray.use_ray`)."""
+    off-policy); the engine's (or, with `ray.use_ray`, the rollout workers') weights are synced
+    when that batch is taken. Only 0 and 1 so far."""
     async_rollout_threads: int = 1
     """torch threads of the rollout thread that samples ahead (`max_staleness` >= 1); the
     update keeps the process's torch thread count."""

@@ -306,9 +306,6 @@ def check_remedies(config: Any) -> None:
     if t.max_staleness not in (0, 1):
         raise ConfigError(f"training.max_staleness must be 0 (synchronous) or 1 (the next batch sampled while this "
                           f"one trains); larger bounds are not implemented, got {t.max_staleness!r}")
-    if t.max_staleness and config.ray.use_ray:
-        raise ConfigError("training.max_staleness >= 1 runs in one process only so far: with ray.use_ray=true "
-                          "set training.max_staleness=0")
     _positive_int("training.async_rollout_threads", t.async_rollout_threads)
     if t.rollout_is not in ("auto", "token", "sequence", None):
         raise ConfigError(f"training.rollout_is must be 'auto', 'token', 'sequence' or null, got {t.rollout_is!r}")

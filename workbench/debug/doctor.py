@@ -22,7 +22,8 @@ prints or serialises the findings.
 Checks: parse-from-incidental-span, reward-without-success, tool-result-ignored
 (reward hacking); template-collapse, repetition-to-limit, length-drift,
 truncation-surge, entropy-collapse, kl-spike (collapse); zero-variance-groups,
-format-errors, tokenization-mismatch, engine-trainer-gap (dead signal, broken data).
+format-errors, tokenization-mismatch, engine-trainer-gap (dead signal, broken data);
+off-policy-clipped (asynchronous training: samples too stale for the correction).
 
 Which can fire on an untrained model (one batch, no history): format-errors (a base
 model often ignores the reply format; guess_number calls an out-of-range number
@@ -33,7 +34,7 @@ training exploits it), repetition-to-limit (base models loop), zero-variance-gro
 tokenization-mismatch. The drift and metric checks (template-collapse, length-drift,
 truncation-surge, reward-without-success, entropy-collapse, kl-spike) need at least two
 steps and compare with the first ones, so they cannot fire before training moves the
-policy; engine-trainer-gap needs one update's metrics. Scripted experts (`envs.EXPERTS`)
+policy; engine-trainer-gap and off-policy-clipped need one update's metrics. Scripted experts (`envs.EXPERTS`)
 give no finding (tests/test_doctor_experts.py).
 """
 from __future__ import annotations

@@ -46,6 +46,12 @@ as in the synchronous loop. A checkpoint written inside `fit` holds the weights 
 step counter of the finished steps, never the batch in flight: a resumed run samples
 that step anew, so no step is lost or counted twice.
 
+Ray (`ray.use_ray`): the thread's rollout runs on the rollout workers
+(`RayStages.rollout`) while the learners update; `RayStages.update` leaves the workers'
+weights alone while a `RolloutAhead` exists, and `sync` pushes the controller's weights to
+them (`RayStages.sync_rollout_weights`, version = the step) when a batch is taken. The
+learners apply the correction (`rollout_logprobs` travels to them when it is on).
+
 Faults: an exception in the rollout thread is raised by `fit` at the step that takes
 that batch, with the step named in a note.
 """
@@ -78,6 +84,12 @@ class RolloutAhead:
         """Load the trainer's current weights into the engine (the rollout thread is idle)."""
         tr = self.trainer
         policy = tr.policy.model
+        remote = getattr(tr.stages, "sync_rollout_weights", None)
+        if remote is not None:  # Ray: the rollout workers sample; this process's engine only evaluates
+            remote(tr)
+            tr.engine.sync_weights(policy)
+            self.engine_version = tr.global_step
+            return
         if self._snapshot is None and getattr(tr.engine, "model", None) is policy:
             self._snapshot = copy.deepcopy(policy).eval().requires_grad_(False)
         if self._snapshot is not None:
@@ -97,7 +109,8 @@ class RolloutAhead:
         `engine_version`) on a thread."""
         if self._job is not None:
             raise RuntimeError(f"a batch (step {self._job['step']}) is already being sampled ahead")
-        if getattr(self.trainer.engine, "model", None) is self.trainer.policy.model:
+        if (getattr(self.trainer.engine, "model", None) is self.trainer.policy.model
+                and not hasattr(self.trainer.stages, "sync_rollout_weights")):
             self.sync()  # the engine samples from the trainer's module: give it its own copy first
         job: dict[str, Any] = {"step": step, "version": self.engine_version}
         ready = threading.Event()
