@@ -195,6 +195,25 @@ class TrainingConfig:
     """Bound on the extra rollout rounds per step of `dynamic_sampling` (verl's
     `max_num_gen_batches`, counted here without the step's own rollout); each round samples at
     most `batch_size / group_size` groups. 0 = only drop the flat groups, never resample."""
+    max_staleness: int = 0
+    """Asynchronous training (`workbench.training.async_fit`): how many updates newer than the
+    weights that sampled an episode the weights that train on it may be. 0 = the synchronous
+    loop (rollout, score, update, one after the other). 1 = inside `fit`, the next step's batch
+    is sampled on a thread while this step's batch is scored and updated (one-step
+    off-policy); the engine's (or, with `ray.use_ray`, the rollout workers') weights are synced
+    when that batch is taken. Only 0 and 1 so far."""
+    async_rollout_threads: int = 1
+    """torch threads of the rollout thread that samples ahead (`max_staleness` >= 1); the
+    update keeps the process's torch thread count."""
+    rollout_is: str | None = "auto"
+    """Off-policy correction of the update against the sampling engine's recorded logprobs
+    (verl's `algorithm.rollout_correction.rollout_is`): "token" weights each trained token's
+    policy loss by w = min(pi_old / pi_rollout, rollout_is_threshold), "sequence" by one such
+    weight per episode (product of the token ratios, then truncated), None never. "auto" =
+    "token" when `max_staleness` >= 1, else None (the synchronous loop unchanged)."""
+    rollout_is_threshold: float = 2.0
+    """Upper cap of the truncated importance weights of `rollout_is` (verl's
+    `rollout_is_threshold`, its default 2.0)."""
     use_kl_in_reward: bool = False
     """Subtract kl_coef * KL(policy || reference) from token rewards."""
     kl_coef: float = 0.001

@@ -303,6 +303,15 @@ def check_remedies(config: Any) -> None:
     if t.dynamic_sampling and t.group_size < 2:
         raise ConfigError(f"training.dynamic_sampling needs groups to compare: training.group_size must be >= 2, "
                           f"got {t.group_size}")
+    if t.max_staleness not in (0, 1):
+        raise ConfigError(f"training.max_staleness must be 0 (synchronous) or 1 (the next batch sampled while this "
+                          f"one trains); larger bounds are not implemented, got {t.max_staleness!r}")
+    _positive_int("training.async_rollout_threads", t.async_rollout_threads)
+    if t.rollout_is not in ("auto", "token", "sequence", None):
+        raise ConfigError(f"training.rollout_is must be 'auto', 'token', 'sequence' or null, got {t.rollout_is!r}")
+    if not t.rollout_is_threshold >= 1:
+        raise ConfigError(f"training.rollout_is_threshold must be >= 1 (the cap of the truncated importance "
+                          f"weights), got {t.rollout_is_threshold!r}")
     if not r.overlong_penalty >= 0:
         raise ConfigError(f"reward.overlong_penalty must be >= 0 (the most a reply that hits inference.max_tokens "
                           f"loses; 0 = off), got {r.overlong_penalty!r}")

@@ -385,10 +385,12 @@ def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
     logprobs of the trained tokens far from the trainer's, at the worst step. Then the
     engine sampled from other weights than the trainer's (a missed weight sync, another
     checkpoint, another dtype or template), and the PPO ratio's "old" policy is not the
-    one that sampled."""
+    one that sampled. Steps that trained on episodes sampled with older weights
+    (`async/staleness_max` > 0, `training.max_staleness`) are left out: their gap is the
+    staleness, which `off-policy-clipped` watches."""
     rows = [(r.get("step"), float(r["actor/rollout_logprob_diff"])) for r in h.metrics
             if isinstance(r.get("actor/rollout_logprob_diff"), (int, float))
-            and math.isfinite(r["actor/rollout_logprob_diff"])]
+            and math.isfinite(r["actor/rollout_logprob_diff"]) and not r.get("async/staleness_max")]
     if not rows:
         return None
     step, worst = max(rows, key=lambda r: r[1])
@@ -411,6 +413,40 @@ def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
         "hundredths.", h, ev, cfg, step=step)
 
 
+def check_off_policy_clipped(h: History, cfg: DoctorConfig) -> Finding | None:
+    """`rollout_corr/clipped_fraction` (the update's truncated importance weights,
+    `training.rollout_is`): the share of trained tokens whose ratio pi_old / pi_rollout
+    went past the cap, at the worst step. A growing share means the sampler's weights are
+    too far behind the trainer's (asynchronous training, `training.max_staleness`) for the
+    correction to keep the update unbiased. Evidence: the step's episodes with the largest
+    mean |trainer - engine| logprob gap, with their weight version."""
+    rows = [(r.get("step"), float(r["rollout_corr/clipped_fraction"]), r.get("async/staleness_max"))
+            for r in h.metrics if isinstance(r.get("rollout_corr/clipped_fraction"), (int, float))
+            and math.isfinite(r["rollout_corr/clipped_fraction"])]
+    if not rows:
+        return None
+    step, worst, stale = max(rows, key=lambda r: r[1])
+    ev = []
+    b = h.batch
+    gap = b.engine_logprob_gap() if b is not None else None
+    if gap is not None:
+        diff, mask = gap  # (B, T) each
+        per_episode = diff.sum(1) / mask.sum(1).clamp(min=1)  # (B,)
+        for i in per_episode.argsort(descending=True).tolist():
+            ep = b.episodes[i]
+            turns = [t for t in ep.turns if t.source == "model"]
+            if mask[i].any() and turns:
+                ev.append(h.evidence(ep, turns[0], text=f"weight version {ep.weight_version}, mean gap "
+                                                         f"{float(per_episode[i]):.3g} nats"))
+    return _finding(
+        "off-policy-clipped", "warning", worst, cfg.off_policy_clipped_share, worst >= cfg.off_policy_clipped_share,
+        f"at step {step} the importance weights of {worst:.0%} of the trained tokens were cut at the cap "
+        f"(staleness up to {stale if stale is not None else '?'}): the episodes were sampled by weights far "
+        "from the trainer's",
+        "Lower training.max_staleness (0 = synchronous), lower the learning rate, or raise "
+        "training.rollout_is_threshold if the clipped tokens are harmless.", h, ev, cfg, step=step)
+
+
 #: Every check by name, in report order.
 CHECKS: dict[str, Check] = {
     "parse-from-incidental-span": check_parse_from_incidental_span,
@@ -426,6 +462,7 @@ CHECKS: dict[str, Check] = {
     "format-errors": check_format_errors,
     "tokenization-mismatch": check_tokenization_mismatch,
     "engine-trainer-gap": check_engine_trainer_gap,
+    "off-policy-clipped": check_off_policy_clipped,
 }
 
 

@@ -83,6 +83,10 @@ class DoctorConfig:
     """engine-trainer-gap fires when a step's `actor/rollout_logprob_diff` (mean |trainer
     logprob - engine logprob| of the trained tokens, nats) reaches this. fp32 gives ~1e-6,
     bf16 a few hundredths (SmolLM2: 0.04)."""
+    off_policy_clipped_share: float = 0.2
+    """off-policy-clipped fires when a step's `rollout_corr/clipped_fraction` (share of trained
+    tokens whose importance weight pi_old / pi_rollout passed `training.rollout_is_threshold`)
+    reaches this."""
     max_evidence: int = 3
     """Evidence episodes kept per finding."""
 
@@ -91,7 +95,7 @@ class DoctorConfig:
 _SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction",
            "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
            "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share",
-           "whole_action_share")
+           "whole_action_share", "off_policy_clipped_share")
 #: Fields that count something: integers, with their least sensible value.
 _COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}
 

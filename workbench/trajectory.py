@@ -46,6 +46,8 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "returns": (torch.float32, "per-token return target", "trainer.compute_advantages"),
     "new_logprobs": (torch.float32, "policy logprob during the last update pass", "trainer.update"),
     "ratio": (torch.float32, "exp(new - old) importance ratio in the last update", "trainer.update"),
+    "rollout_is_weights": (torch.float32, "truncated pi_old / pi_rollout weight of each trained token "
+                           "(training.rollout_is)", "trainer.update"),
     "entropy": (torch.float32, "policy entropy per token in the last update", "trainer.update"),
     "diff_logprobs_a": (torch.float32, "logprob of each trained token under policy A", "debug.compare_policies"),
     "diff_logprobs_b": (torch.float32, "logprob of each trained token under policy B", "debug.compare_policies"),

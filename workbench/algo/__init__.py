@@ -36,6 +36,7 @@ from workbench.algo.losses import (
     get_policy_loss_fn,
     register_policy_loss,
 )
+from workbench.algo.rollout_correction import ROLLOUT_IS_LEVELS, rollout_is_weights
 from workbench.algo.utils import (
     LOSS_AGG_MODES,
     agg_loss,
@@ -47,6 +48,9 @@ from workbench.algo.utils import (
 )
 
 __all__ = [
+    # rollout correction
+    "ROLLOUT_IS_LEVELS",
+    "rollout_is_weights",
     # advantages
     "AdvantageEstimator",
     "GROUP_RELATIVE_ESTIMATORS",

@@ -22,7 +22,8 @@ prints or serialises the findings.
 Checks: parse-from-incidental-span, reward-without-success, tool-result-ignored
 (reward hacking); template-collapse, repetition-to-limit, length-drift,
 truncation-surge, entropy-collapse, kl-spike (collapse); zero-variance-groups,
-format-errors, tokenization-mismatch, engine-trainer-gap (dead signal, broken data).
+format-errors, tokenization-mismatch, engine-trainer-gap (dead signal, broken data);
+off-policy-clipped (asynchronous training: samples too stale for the correction).
 
 Which can fire on an untrained model (one batch, no history): format-errors (a base
 model often ignores the reply format; guess_number calls an out-of-range number
@@ -33,10 +34,10 @@ training exploits it), repetition-to-limit (base models loop), zero-variance-gro
 tokenization-mismatch. The drift and metric checks (template-collapse, length-drift,
 truncation-surge, reward-without-success, entropy-collapse, kl-spike) need at least two
 steps and compare with the first ones, so they cannot fire before training moves the
-policy; engine-trainer-gap needs one update's metrics. Scripted experts (`envs.EXPERTS`)
-give no finding, with or without the strict format, and neither does a policy that goes
-from sentences to the bare action (length-drift and template-collapse compare bare-action
-replies only with bare-action first steps, `doctor.whole_action_share`;
+policy; engine-trainer-gap and off-policy-clipped need one update's metrics. Scripted experts
+(`envs.EXPERTS`) give no finding, with or without the strict format, and neither does a policy
+that goes from sentences to the bare action (length-drift and template-collapse compare
+bare-action replies only with bare-action first steps, `doctor.whole_action_share`;
 tests/test_doctor_experts.py, tests/test_doctor_honest.py).
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ __all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", 
            "findings_table", "findings_markdown", "add_diagnose_parser", "cmd_diagnose"]
 
 #: Checks that read the metric rows; their evidence comes from the batch of the step they name.
-_METRIC_CHECKS = ("entropy-collapse", "kl-spike", "engine-trainer-gap")
+_METRIC_CHECKS = ("entropy-collapse", "kl-spike", "engine-trainer-gap", "off-policy-clipped")
 
 
 def _rows(metrics: Any) -> list[dict[str, Any]]:

@@ -52,7 +52,8 @@ from workbench.distributed.placement import Placement, require_ray, reserve, sta
 from workbench.training.models import build_models, build_optimizers
 from workbench.training.policy import Critic, Policy, forward_logprobs, forward_rows, micro_batches
 from workbench.training.update import (
-    UpdatePlan, lengths_of, plan_update, rollout_logprob_diff, rows_of, set_actor_fields, shard_plan, split_groups,
+    UpdatePlan, lengths_of, plan_update, rollout_is_level, rollout_logprob_diff, rows_of, set_actor_fields, shard_plan,
+    split_groups,
     update_actor, update_critic, zero_weight_inputs,
 )
 from workbench.trajectory import TrajectoryBatch
@@ -163,7 +164,8 @@ class LearnerWorker:
         if self.critic is not None and t.adv_estimator == "gae":
             metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
         model.eval()
-        return metrics, {k: batch.tensors[k] for k in ("new_logprobs", "entropy")}
+        return metrics, {k: batch.tensors[k] for k in ("new_logprobs", "entropy", "rollout_is_weights")
+                         if k in batch.tensors}
 
     @torch.no_grad()
     def log_probs(self, batch: TrajectoryBatch, micro_steps: int) -> torch.Tensor:
@@ -336,14 +338,21 @@ class LearnerGroup:
         plan = plan_update(batch, t, step)
         shards = split_groups(batch, self.num_learners)
         plans = shard_plan(plan, batch, shards, t)
-        refs = [w.update.remote(self._part(batch, rows), p, t) for w, rows, p in zip(self.workers, shards, plans)]
+        extra = ("rollout_logprobs",) if rollout_is_level(t) else ()  # the off-policy correction's behaviour policy
+        refs = [w.update.remote(self._part(batch, rows, extra), p, t)
+                for w, rows, p in zip(self.workers, shards, plans)]
         results = self._gather(refs, "update")
         B, T = batch.input_ids.shape  # (B, T)
         new_lp, ent = torch.zeros(B, T), torch.zeros(B, T)
+        is_w = torch.zeros(B, T) if extra else None  # (B, T) rollout_is_weights
         for rows, (_, fields) in zip(shards, results):
             new_lp[rows] = fields["new_logprobs"]
             ent[rows] = fields["entropy"]
+            if is_w is not None:
+                is_w[rows] = fields["rollout_is_weights"]
         set_actor_fields(batch, new_lp, ent, old_from_update, t)
+        if is_w is not None:
+            batch.set("rollout_is_weights", is_w)
         metrics = dict(results[0][0])
         diff = rollout_logprob_diff(batch)  # the ranks' shards carry no engine logprobs: measured here
         if diff is not None:
@@ -367,9 +376,9 @@ class LearnerGroup:
         return out
 
     @staticmethod
-    def _part(batch: TrajectoryBatch, rows: list[int]) -> TrajectoryBatch:
+    def _part(batch: TrajectoryBatch, rows: list[int], extra: tuple[str, ...] = ()) -> TrajectoryBatch:
         sub = rows_of(batch, rows)
-        sub.tensors = {k: v for k, v in sub.tensors.items() if k in LEARNER_FIELDS}
+        sub.tensors = {k: v for k, v in sub.tensors.items() if k in LEARNER_FIELDS or k in extra}
         sub.meta = {}
         return sub
 

@@ -49,6 +49,7 @@ from workbench.reward import (
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
+from workbench.training.async_fit import RolloutAhead, stamp_versions, staleness_metrics
 from workbench.training import dynamic_sampling
 from workbench.training import run_files
 from workbench.training.loggers import LoggerGroup, log_dir
@@ -144,6 +145,8 @@ class Trainer:
         self.doctor: StepDoctor | None = StepDoctor(config.doctor, write=write)
         # Where rollout and update run: this process, or Ray workers (ray.use_ray).
         self.stages = make_stages(self)
+        #: `fit`'s rollout of the next step on a thread (`training.max_staleness` >= 1), else None.
+        self.ahead: RolloutAhead | None = None
 
     @property
     def ray_stages(self) -> Any:
@@ -187,6 +190,8 @@ class Trainer:
         `sampling_seed` defaults to the current step's (`sampling_seed(global_step)`)."""
         if sampling_seed == "step":
             sampling_seed = self.sampling_seed(self.global_step)
+        if self.ahead is not None:  # e.g. evaluate in a fit callback: the engine is free, with today's weights
+            self.ahead.settle()
         rollout = LocalStages().make_rollout(self, seeds, group_size, temperature, sampling_seed)
         rollout.progress_leave = not getattr(self, "_fitting", False)  # fit's own bar stays, step bars go
         return rollout
@@ -197,17 +202,24 @@ class Trainer:
 
         With `training.dynamic_sampling`, this is the step's first round only: the groups
         whose rewards are all equal are dropped and replaced after scoring, by
-        `filter_groups` (`train_step` calls it; stepwise, call it after `score`)."""
-        t = self.config.training
-        base_seed = self.sampling_seed(self.global_step)
+        `filter_groups` (`train_step` calls it; stepwise, call it after `score`). Inside
+        `fit` with `training.max_staleness=1`, the batch sampled ahead for this step is
+        taken instead (`workbench.training.async_fit`); outside `fit` there is none.
+        Every episode records the weight version that sampled it (`weight_version`)."""
         self.policy.model.eval()
+        batch = self.ahead.take(self.global_step) if self.ahead is not None else None  # async_fit
+        self.last_batch = batch if batch is not None else self._sample(self.global_step, self.global_step)
+        return self.last_batch
+
+    def _sample(self, step: int, version: int) -> TrajectoryBatch:
+        """The batch of training step `step`, sampled with weight version `version`."""
         start = time.perf_counter()
-        seeds = self._step_seeds(self.global_step)
-        batch = self.stages.rollout(self, seeds, t.group_size, None, base_seed)
-        seconds = time.perf_counter() - start
+        batch = self.stages.rollout(self, self._step_seeds(step), self.config.training.group_size, None,
+                                    self.sampling_seed(step))
         generated = sum(ep.response_length for ep in batch)
-        batch.meta.update({"step": self.global_step, "rollout_seconds": seconds, "generated_tokens": generated})
-        self.last_batch = batch
+        batch.meta.update({"step": step, "rollout_seconds": time.perf_counter() - start,
+                           "generated_tokens": generated})
+        stamp_versions(batch, version)
         return batch
 
     # -- stage 2: score -------------------------------------------------------------------
@@ -339,7 +351,8 @@ class Trainer:
         metrics = self.stages.update(self, batch)
         metrics["perf/update_seconds"] = time.perf_counter() - start
         self.policy.model.eval()
-        self.engine.sync_weights(self.policy.model)
+        if self.ahead is None:  # async: the engine gets the weights when the next batch is taken
+            self.engine.sync_weights(self.policy.model)
         return metrics
 
     # -- loop -------------------------------------------------------------------------------
@@ -360,6 +373,12 @@ class Trainer:
         batch = self.rollout()
         self.score(batch)
         batch = self.filter_groups(batch)  # the batch itself unless training.dynamic_sampling
+        ahead = self.ahead
+        stamp_versions(batch, self.global_step if ahead is None else ahead.engine_version)  # extra rounds
+        if ahead is not None:  # async_fit: the next step's batch is sampled while this one trains
+            if self.config.sft.steps <= self.global_step + 1 < self._fit_total:
+                ahead.start(self.global_step + 1)
+        update_start = time.perf_counter()
         failed = failed_episodes_line(batch)
         if failed:
             write(failed)
@@ -378,6 +397,9 @@ class Trainer:
         metrics.update({k: float(v) for k, v in batch.meta.items() if k.startswith("rollout/")})
         metrics.update(overlong_summary(batch, self.config.reward, self._max_tokens))  # {} when off
         metrics.update(update_metrics)
+        if ahead is not None:
+            ahead.mark_update(update_start, time.perf_counter())
+            metrics.update(staleness_metrics(batch, self.global_step))
         if batch.has("kl"):
             metrics["kl/mean"] = float(algo.masked_mean(batch.kl, batch.loss_mask))
         metrics["kl/coef"] = float(self.kl_ctrl.value)
@@ -480,6 +502,10 @@ class Trainer:
         folder raises `RunLockedError` naming the process that holds it
         (`workbench.training.run_lock`).
 
+        With `training.max_staleness=1` the next step's batch is sampled on a thread while
+        this step's trains (`workbench.training.async_fit`: what it means for the
+        checkpoints, Ctrl-C and the cells after `fit`).
+
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), its
         scored batch to `rollouts/` in the run folder (`training.save_rollouts_every`,
         `workbench.training.run_files`), and a progress bar counts steps up to the target
@@ -510,7 +536,10 @@ class Trainer:
         self.stop_reason: str | None = None
         bar = progress_bar(t.progress, total=total, initial=min(self.global_step, total), desc="fit", unit="step")
         self._fitting = True
+        self._fit_total = total
         try:
+            if t.max_staleness:
+                self.ahead = RolloutAhead(self)
             self.loggers.open(self.global_step)
             run_dir = log_dir(self.config)  # each step's batch: RUN/rollouts/step_XXXXXX.jsonl.gz
             run_files.begin_fit(run_dir, self.config, self.global_step)
@@ -543,6 +572,9 @@ class Trainer:
             raise
         finally:
             self._fitting = False
+            if self.ahead is not None:  # the batch in flight is dropped; the engine gets the current weights
+                ahead, self.ahead = self.ahead, None
+                ahead.close()
             run_lock.release()
             bar.close()
             self.loggers.close()
@@ -602,6 +634,8 @@ class Trainer:
         engine, config, environment, parser and tools, then scored like a training batch
         (`workbench.rollout.fork.fork_episode`: replay checked, `action`/`observation` edit)."""
         self.policy.model.eval()
+        if self.ahead is not None:
+            self.ahead.settle()
         batch = fork_episode(episode, turn, self.engine, action=action, observation=observation, n=n,
                              config=self.config, environment=self.make_environment, parser=self.parser,
                              tools=self.tools, temperature=temperature, **kwargs)

@@ -235,6 +235,14 @@ def set_actor_fields(batch: TrajectoryBatch, new_lp: torch.Tensor, ent: torch.Te
     batch.set("entropy", ent * mask)
 
 
+def rollout_is_level(t: TrainingConfig) -> str | None:
+    """The off-policy correction the update applies (`training.rollout_is`, "auto" resolved:
+    "token" when `training.max_staleness` >= 1, else None): "token", "sequence" or None."""
+    if t.rollout_is == "auto":
+        return "token" if t.max_staleness >= 1 else None
+    return t.rollout_is
+
+
 def rollout_logprob_diff(batch: TrajectoryBatch) -> tuple[float, float] | None:
     """(mean |old logprob - engine logprob|, token count) over the trained tokens the
     engine returned a logprob for (`rollout_logprobs`, 0 where it gave none); None when
@@ -349,6 +357,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
     acc: Pairs = defaultdict(list)
     new_lp = torch.zeros(B, T_full)
     ent_store = torch.zeros(B, T_full)
+    is_level = rollout_is_level(t) if batch.has("rollout_logprobs") else None
+    is_store = torch.zeros(B, T_full) if is_level else None  # (B, T) rollout_is_weights
     skipped = restored = 0
     params = [p for p in model.parameters() if p.requires_grad]
     device = next(model.parameters()).device
@@ -372,9 +382,17 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
                                          loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
             old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
+            advantages = batch.advantages[idx, :T].to(device)  # (b, T)
+            is_m: dict[str, float] = {}
+            if is_level:  # truncated IS against the engine's logprobs: the policy losses are positively
+                # homogeneous in the advantage, so weighting each token's loss is weighting its advantage
+                w, is_m = algo.rollout_is_weights(old.float().cpu(), batch.rollout_logprobs[idx, :T], mask.cpu(),
+                                                  is_level, t.rollout_is_threshold)  # (b, T)
+                advantages = advantages * w.to(device=device, dtype=advantages.dtype)
+                is_store[idx, :T] = w
             loss, m = loss_fn(
                 old_log_probs=old, log_probs=logp,
-                advantages=batch.advantages[idx, :T].to(device), response_mask=mask,
+                advantages=advantages, response_mask=mask,
                 clip_ratio=t.clip_ratio, clip_ratio_low=t.clip_ratio_low, clip_ratio_high=t.clip_ratio_high,
                 clip_ratio_c=t.clip_ratio_c, loss_agg_mode=t.loss_agg_mode)
             entropy = algo.agg_loss(ent, mask, t.loss_agg_mode)
@@ -398,6 +416,9 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             m["actor/entropy"] = float(entropy.detach())
             for k, v in m.items():
                 acc[k].append((v, weight))
+            tokens = is_m.pop("rollout_corr/tokens", 0.0)
+            for k, v in is_m.items():  # token shares and means: weighted by the tokens they cover
+                acc[k].append((v, tokens))
             new_lp[idx, :T] = logp.detach().float().cpu()
             ent_store[idx, :T] = ent.detach().float().cpu()
         finite = _all_ranks(finite, plan.distributed)
@@ -414,6 +435,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             continue
         acc["actor/grad_norm"].append((float(grad_norm), 1.0))
     set_actor_fields(batch, new_lp, ent_store, old_from_update, t)
+    if is_store is not None:
+        batch.set("rollout_is_weights", is_store)
     diff = rollout_logprob_diff(batch)
     if diff is not None:
         acc["actor/rollout_logprob_diff"].append(diff)

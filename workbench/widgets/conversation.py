@@ -147,6 +147,8 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
     if ep.group_id:
         head.append(f"group {esc(ep.group_id)}")
     head.append(f"{ep.num_turns} turns · {ep.num_tokens} tokens ({ep.response_length} trained)")
+    if ep.weight_version is not None:  # the trainer step whose weights sampled it (async: older than the step)
+        head.append(f"weights v{ep.weight_version}")
     badges = [_reward_badge(ep.total_reward).replace("reward", "env reward")]
     if ep.score is not None:
         badges.append(_badge(f"score {ep.score:+.3g}", "good" if ep.score > 0 else ("bad" if ep.score < 0 else "")))

@@ -46,6 +46,7 @@ FIELD_KINDS: dict[str, tuple[str, float]] = {
     "ref_logprobs": ("logprob", 0.0),
     "new_logprobs": ("logprob", 0.0),
     "ratio": ("diverging", 1.0),
+    "rollout_is_weights": ("diverging", 1.0),  # training.rollout_is: truncated pi_old / pi_rollout
     "entropy": ("sequential", 0.0),
     "loss_mask": ("mask", 0.0),
     "values": ("diverging", 0.0),
@@ -186,8 +187,9 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
         bg_css = f"background:{bg};" if bg != "transparent" else ""
         spans.append(f'<span class="{cls}" style="{bg_css}color:{fg}" title="{esc(title)}">{_shown_text(text)}</span>')
     css = STYLE if style else ""
+    version = f" · sampled by weights v{ep.weight_version}" if ep.weight_version is not None else ""
     head = (f'<div class="wb-head">episode {ep.episode_id} · {ep.num_tokens} tokens · '
-            f'{ep.response_length} trained</div>')
+            f'{ep.response_length} trained{version}</div>')
     if which and kind != "mask":
         head += (f'<div class="wb-legend">colour scale: {"this episode" if which == "episode" else "whole batch"}'
                  '</div>')

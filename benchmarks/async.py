@@ -1,0 +1,181 @@
+"""GRPO step wall time, synchronous vs `training.max_staleness=1`, in one process.
+
+    python benchmarks/async.py                      # both settings, 2 rounds x 4 steps per side
+    python benchmarks/async.py --settings slow_env --rounds 3 --steps 5
+
+Both sides train the embedded model (SmolLM2-135M-Instruct) with the demo's settings
+(`workbench.demo.demo_config`: LoRA GRPO on guess_number, 1..8, 4 turns of at most 8
+tokens, batch 16 in groups of 8, lr 5e-4, dtype "auto") through `Trainer.fit`, in two settings:
+
+  * demo: the demo's environment as it is (its `step` takes microseconds).
+  * slow_env: the same environment whose `step` first sleeps 0.3 s, as a remote sandbox,
+    a web tool or an OpenEnv server does. The rollout is the demo's (`Rollout`: each turn,
+    the live episodes generate in one batch, then step their environments one after
+    another), so a step waits up to 16 x 4 x 0.3 s on the environment with the cores idle.
+    `--env-async-rollout` runs `inference.async_rollout=True` instead (the episodes'
+    environment steps wait side by side, as against a server with room for all of them).
+
+The sides alternate, `--rounds` times each, in one process: sync `fit(steps)`, then
+staleness-1 `fit(steps)` (two trainers with the same initial weights). A step's wall time
+is the time between the ends of consecutive steps (a `fit` callback), so for the async
+side it includes waiting for the batch sampled ahead; the first step of every `fit` is
+left out of the medians (the async side samples it synchronously). Reported per setting:
+median step seconds per side, the median rollout and update seconds of each side (the
+stages' own timers: `perf/rollout_seconds`, `perf/update_seconds`), the ratio and
+`speedup vs sync: N.Nx` (sync / async), and
+the overlap: per async step, the seconds the rollout thread sampled the step's batch
+while the previous step's advantages and update ran (`async/overlap_seconds`), over the
+step's wall time (median).
+
+Threads: the rollout thread samples on `training.async_rollout_threads` (1) torch threads,
+the update on the process's count (torch's default: one per core); `OMP_WAIT_POLICY` is
+PASSIVE as in the other benchmarks. The machine's load (`uptime`) is recorded before and
+after each setting: other processes share its cores, so figures from a loaded machine say
+so. Results: `benchmarks/results/async.json`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see benchmarks/learning.py
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from envs.guess_number import GuessNumberEnv  # noqa: E402
+from workbench import Trainer  # noqa: E402
+from workbench.config import EMBEDDED_MODEL  # noqa: E402
+from workbench.demo import demo_config  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+STEP_SLEEP = 0.3
+
+
+class SlowGuessNumber(GuessNumberEnv):
+    """guess_number whose `step` waits `STEP_SLEEP` seconds first (a remote environment)."""
+
+    def step(self, action: str):
+        time.sleep(STEP_SLEEP)
+        return super().step(action)
+
+
+def load() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def cpu() -> str:
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor()
+    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
+    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
+    keep = [f for f in flags if f.startswith(("avx512_bf16", "amx", "avx2", "avx512f"))]
+    return f"{model} ({os.cpu_count()} cores; {' '.join(sorted(set(keep)))})"
+
+
+def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespace) -> Trainer:
+    ns = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
+    cfg = demo_config(ns, out)
+    cfg.checkpoint.save_interval = 0
+    cfg.training.progress = False
+    cfg.training.max_staleness = staleness
+    cfg.training.save_rollouts_every = 0
+    env = None
+    if setting == "slow_env":
+        cfg.inference.async_rollout = args.env_async_rollout
+        env = SlowGuessNumber(cfg.environment)
+    torch.manual_seed(0)
+    return Trainer(cfg.validate(), environment=env)
+
+
+def timed_fit(trainer: Trainer, steps: int) -> tuple[list[float], list[float], list[dict]]:
+    """Wall seconds of each step after the first, each one's overlap share, and its metrics."""
+    ends: list[float] = []
+    rows: list[dict] = []
+
+    def mark(tr: Trainer, metrics: dict) -> None:
+        ends.append(time.perf_counter())
+        rows.append(metrics)
+
+    trainer.fit(steps=steps, callbacks=[mark])
+    walls = [b - a for a, b in zip(ends, ends[1:])]
+    overlap = [float(m.get("async/overlap_seconds", 0.0)) / w for m, w in zip(rows[1:], walls)]
+    return walls, overlap, rows[1:]
+
+
+def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
+    before = load()
+    with tempfile.TemporaryDirectory() as tmp:
+        sides = {k: make_trainer(setting, k, Path(tmp) / f"s{k}", args) for k in (0, 1)}
+        walls: dict[int, list[float]] = {0: [], 1: []}
+        shares: list[float] = []
+        stages: dict[int, dict[str, list[float]]] = {k: {"rollout": [], "update": []} for k in sides}
+        for r in range(args.rounds):
+            for k, trainer in sides.items():
+                w, o, rows = timed_fit(trainer, args.steps)
+                walls[k] += w
+                stages[k]["rollout"] += [m["perf/rollout_seconds"] for m in rows]
+                stages[k]["update"] += [m.get("perf/update_seconds", 0.0) for m in rows]
+                if k:
+                    shares += o
+                print(f"  {setting} round {r} staleness {k}: steps {[round(x, 2) for x in w]}", flush=True)
+        for trainer in sides.values():
+            trainer.cleanup()
+    sync, asy = statistics.median(walls[0]), statistics.median(walls[1])
+    return {"setting": setting, "sync_step_s": sync, "async_step_s": asy, "ratio": asy / sync,
+            "speedup": sync / asy, "overlap_share": statistics.median(shares),
+            "rollout_s": {k: statistics.median(v["rollout"]) for k, v in stages.items()},
+            "update_s": {k: statistics.median(v["update"]) for k, v in stages.items()}, "sync_steps": walls[0],
+            "async_steps": walls[1], "load_before": before, "load_after": load()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--settings", default="demo,slow_env")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--steps", type=int, default=4, help="steps per fit (the first is not timed)")
+    p.add_argument("--model", default=EMBEDDED_MODEL)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--env-async-rollout", action="store_true",
+                   help="slow_env with inference.async_rollout=True (environment waits side by side)")
+    p.add_argument("--out", default=str(RESULTS / "async.json"))
+    args = p.parse_args()
+    record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu(),
+              "torch_threads": torch.get_num_threads(), "dtype": args.dtype,
+              "env_async_rollout": args.env_async_rollout,
+              "command": "python benchmarks/async.py " + " ".join(sys.argv[1:]), "results": []}
+    print(f"{record['date']}  {record['machine']}  torch threads {record['torch_threads']}", flush=True)
+    for setting in args.settings.split(","):
+        res = run_setting(setting, args)
+        record["results"].append(res)
+        print(f"{setting}: sync {res['sync_step_s']:.2f} s/step, staleness 1 {res['async_step_s']:.2f} s/step "
+              f"({res['ratio']:.2f}x the sync time), overlap {res['overlap_share']:.0%} of the step; rollout "
+              f"{res['rollout_s'][0]:.1f} / {res['rollout_s'][1]:.1f} s, update {res['update_s'][0]:.1f} / "
+              f"{res['update_s'][1]:.1f} s (sync / async); "
+              f"load {res['load_before'].split('load average:')[-1].strip()} -> "
+              f"{res['load_after'].split('load average:')[-1].strip()}", flush=True)
+        print(f"{setting}: speedup vs sync: {res['speedup']:.1f}x", flush=True)
+    Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
