@@ -259,7 +259,7 @@ print("held-out seeds the same in both runs:", cmp.same_heldout_seeds)
 # distinct (6 different replies), below the threshold 0.178 (half of the 36% at step 12, the branch's
 # first RL step, when some replies were still sentences); the most common reply, `'4'`, is 16 of 35.
 # Here the replies are bare numbers from 1 to 8, and `'4'` is the halving's first guess, which every
-# held-out episode above opens with: the collapse is onto the strategy that wins (training success
+# held-out episode opens with (all 16): the collapse is onto the strategy that wins (training success
 # 0.88 at that step, held-out 1.00), not onto a trick.
 #
 # `length-drift` does not fire on the branch's held-out replies (2.0 tokens, 0.40x the 5.0 of its
