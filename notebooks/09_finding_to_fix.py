@@ -103,11 +103,12 @@ def show(batch, n=4):
 show(lenient["after"])
 
 # %% [markdown]
-# In the stored run held-out success went from 0.00 to 1.00 on 16 unseen secrets, and the replies
-# are sentences such as `'You have 5.'`: the guess the environment read is the number inside them.
-# The policy does follow the feedback (after "too low" the number goes up, after "too high" down),
-# but its replies are not what the prompt asked for, and a stricter reader of the same game would
-# score none of them.
+# In the stored run held-out success went from 0.00 to 0.81 on 16 unseen secrets (13 won), and the
+# replies are sentences such as `'You have 4 guesses left.'`: the guess the environment read is the
+# number inside them. The policy follows the feedback one step at a time: it always opens with 4,
+# after "too low" the number goes up by one, after "too high" down by one, so in 4 guesses it never
+# reaches 8 (the 3 lost games). Its replies are not what the prompt asked for, and a stricter reader
+# of the same game would score none of them.
 
 # %% [markdown]
 # ## 2. What the doctor says
@@ -137,8 +138,12 @@ panel
 
 # %% [markdown]
 # In the stored run the finding fired on the last training step and on the held-out episodes,
-# with value 1 (every rewarded turn's action was a small part of its reply) against a threshold
-# of 0.5; `fit` had already named it at step 1. Its remedy is `{'environment.strict_format': True}`:
+# with value 1 (every rewarded turn's action was a small part of its reply, median 4% of it) against
+# a threshold of 0.5; `fit` had already named it at step 1. A second finding, `truncation-surge`
+# (held-out), comes from the same sentences: every held-out reply ran to the 8-token limit
+# (`'You have 4 guesses left. '`), against none in the evaluation before training. Its remedy (an
+# overlong penalty) is not applied here; the strict format takes the sentences away. The remedy of
+# `parse-from-incidental-span` is `{'environment.strict_format': True}`:
 # only a reply that *is* the action counts (here a bare number), and anything else is a format
 # error the model reads as its next observation.
 #
@@ -186,8 +191,10 @@ show(strict["before"], n=2)
 
 # %% [markdown]
 # In the stored run: a format error on every turn, held-out success 0.00. After the 4 SFT steps
-# (the expert's tokens' NLL fell from 1.62 to 0.16) held-out success was 1.00, and after the 2 RL
-# steps too.
+# (the expert's tokens' NLL fell from 3.00 to 0.44) held-out success was 0.81, and after the 2 RL
+# steps 1.00. During the RL steps `fit` named two findings: `format-errors` at step 12 (18 of 59
+# replies, 0.305 vs 0.3, sentences such as `'Now you have 5 guesses!'`; 1 of 35 at step 13, so the
+# run's diagnosis below no longer has it) and `template-collapse` at step 13 (see section 4).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -200,7 +207,7 @@ print("the warm-up starts at the branch's step:", origin.overrides["sft.start_st
 # %% [markdown]
 # `sft.start_step` is set by the branch: the warm-up's steps are its first ones, not steps 0..3 of
 # the whole run. The first held-out secrets again, now played by the branch's final policy (in the
-# stored run: bare numbers, and after "too low" a higher one, after "too high" a lower one):
+# stored run: bare numbers, 4 first, then 6 or 2 and one step from there, the expert's halving):
 
 # %%
 show(strict["after"])
@@ -243,15 +250,21 @@ print("parse-from-incidental-span in the branch:", bool(fired_b))
 print("held-out seeds the same in both runs:", cmp.same_heldout_seeds)
 
 # %% [markdown]
-# In the stored run the finding is resolved, on the training steps and on the held-out episodes,
-# and held-out success is not worse: both runs win all 16 held-out games (0 fixed, 0 broken), the
-# parent with sentences under the lenient parser, the branch with bare numbers under the strict one.
+# In the stored run the finding is resolved, on the training steps and on the held-out episodes, and
+# so is `truncation-surge`: 3 resolved, 0 still there, 1 new. Held-out success is 0.81 for the parent
+# (sentences under the lenient parser) and 1.00 for the branch (bare numbers under the strict one):
+# 3 games fixed (the secret 8 the parent's one-step climb from 4 cannot reach), 0 broken.
 #
-# The branch also has findings the parent did not, listed above as `new`. `length-drift` (held-out):
-# its replies average 2.0 tokens, half the 4.0 of its first held-out evaluations (the first of them
-# the parent's sentences); the shorter replies are the bare numbers the strict format asks for.
-# `entropy-collapse` (training): the policy's entropy at the last step is 3% of the first steps'.
-# Its finding carries a remedy (`training.entropy_coeff`), which would be the next branch.
+# The `new` finding is `template-collapse` (training, step 13): 17% of the step's 35 replies are
+# distinct (6 different replies), below the threshold 0.178 (half of the 36% at step 12, the branch's
+# first RL step, when some replies were still sentences); the most common reply, `'4'`, is 16 of 35.
+# Here the replies are bare numbers from 1 to 8, and `'4'` is the halving's first guess, which every
+# held-out episode opens with (all 16): the collapse is onto the strategy that wins (training success
+# 0.88 at that step, held-out 1.00), not onto a trick.
+#
+# `length-drift` does not fire on the branch's held-out replies (2.0 tokens, 0.40x the 5.0 of its
+# evaluations at steps 8 and 12) because all of them are the action alone, and `entropy-collapse`
+# does not fire (entropy 0.698 at step 13 is 37% of the parent's first steps' 1.89, above 0.2).
 #
 # Per held-out secret, both runs' episodes (`cmp.episodes`, a DataFrame):
 
