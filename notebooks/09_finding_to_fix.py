@@ -263,7 +263,7 @@ print("held-out seeds the same in both runs:", cmp.same_heldout_seeds)
 # 0.88 at that step, held-out 1.00), not onto a trick.
 #
 # `length-drift` does not fire on the branch's held-out replies (2.0 tokens, 0.40x the 5.0 of its
-# evaluations at steps 8 and 12) because all of them are the action alone, and `entropy-collapse`
+# evaluations at steps 8 and 12) because all of them are the action alone and the earlier ones were sentences (the doctor compares lengths only between replies of the same form), and `entropy-collapse`
 # does not fire (entropy 0.698 at step 13 is 37% of the parent's first steps' 1.89, above 0.2).
 #
 # Per held-out secret, both runs' episodes (`cmp.episodes`, a DataFrame):
