@@ -61,7 +61,7 @@ endif
 	# last release with verl.interactions; hydra composes its config.
 	$(BIN)/pip install -q --no-deps verl==0.7.1 tensordict==0.10.0 "pyvers>=0.1,<0.2"
 	$(BIN)/pip install -q hydra-core==1.3.2 pydantic
-	# OpenEnv for `--env openenv:...` (workbench/adapters/openenv_env.py): the client and server
+	# OpenEnv for `--env openenv:...` (workbench/environments/adapters/openenv_env.py): the client and server
 	# without the gradio web UI that openenv-core also pulls in; its server imports fastmcp.
 	$(BIN)/pip install -q --no-deps openenv-core==0.3.0
 	$(BIN)/pip install -q fastmcp==4.2.3

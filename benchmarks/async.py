@@ -4,7 +4,7 @@
     python benchmarks/async.py --settings slow_env --rounds 3 --steps 5
 
 Both sides train the embedded model (SmolLM2-135M-Instruct) with the demo's settings
-(`workbench.demo.demo_config`: LoRA GRPO on guess_number, 1..8, 4 turns of at most 8
+(`workbench.cli.demo.demo_config`: LoRA GRPO on guess_number, 1..8, 4 turns of at most 8
 tokens, batch 16 in groups of 8, lr 5e-4, dtype "auto") through `Trainer.fit`, in two settings:
 
   * demo: the demo's environment as it is (its `step` takes microseconds).
@@ -60,8 +60,8 @@ import torch  # noqa: E402
 
 from envs.guess_number import GuessNumberEnv  # noqa: E402
 from workbench import Trainer  # noqa: E402
+from workbench.cli.demo import demo_config  # noqa: E402
 from workbench.config import EMBEDDED_MODEL  # noqa: E402
-from workbench.demo import demo_config  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 STEP_SLEEP = 0.3

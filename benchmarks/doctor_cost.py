@@ -16,8 +16,8 @@ import json
 import time
 from pathlib import Path
 
+from workbench.cli.demo import counts, demo_config
 from workbench.debug.doctor import diagnose, findings_table
-from workbench.demo import counts, demo_config
 from workbench.training import Trainer
 
 

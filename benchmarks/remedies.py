@@ -7,11 +7,11 @@ on a real run, and what does it do to held-out success?
     python benchmarks/remedies.py --resummarise            # recompute the pairs from the stored runs
 
 Every arm is a short LoRA GRPO run of the embedded model (SmolLM2-135M-Instruct) on
-guess_number with the demo's settings (`workbench.demo.demo_config`: secret 1..8, 4 guesses,
+guess_number with the demo's settings (`workbench.cli.demo.demo_config`: secret 1..8, 4 guesses,
 8 new tokens per turn, batch 16, lr 5e-4; here `--rl-steps` RL steps), built as a user builds
-one: a `ConfigStore` with the arm's overrides, `workbench.runner.train_and_report` (held-out
+one: a `ConfigStore` with the arm's overrides, `workbench.cli.runner.train_and_report` (held-out
 success before and after on seeds 10_000.., greedy; the run doctor over the steps and the
-held-out batches), and the doctor's checks (`workbench.doctor_checks.run_checks`) on the
+held-out batches), and the doctor's checks (`workbench.doctor.checks.run_checks`) on the
 trainer's doctor history for every check's value, fired or not. A pair is a finding and its
 remedy, each run without and with the remedy on the same training seeds:
 
@@ -133,8 +133,8 @@ def machine() -> dict[str, Any]:
 
 
 def base_config(args: argparse.Namespace, seed: int, out: Path):
-    """The demo's training config (`workbench.demo.demo_config`) with this benchmark's counts."""
-    from workbench.demo import demo_config
+    """The demo's training config (`workbench.cli.demo.demo_config`) with this benchmark's counts."""
+    from workbench.cli.demo import demo_config
 
     n = counts()
     demo_args = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
@@ -167,9 +167,9 @@ def _value(findings: list, name: str) -> tuple[float | None, bool | None]:
 
 def run_arm(args: argparse.Namespace, arm: str, seed: int, work: Path) -> dict[str, Any]:
     """One short run of `arm` on training seed `seed`: held-out success, every check's value."""
-    from workbench.doctor_checks import run_checks
-    from workbench.doctor_findings import History
-    from workbench.runner import train_and_report
+    from workbench.doctor.checks import run_checks
+    from workbench.doctor.findings import History
+    from workbench.cli.runner import train_and_report
 
     out = work / f"{arm.replace('+', '_')}_seed{seed}"
     cfg = arm_config(args, arm, seed, out)
@@ -218,7 +218,7 @@ def run_arm(args: argparse.Namespace, arm: str, seed: int, work: Path) -> dict[s
 
 def per_step(rows: list[dict[str, Any]]) -> dict[str, list[float | None]]:
     """Each check's `diagnose/<name>` value per RL step (None where it measured nothing)."""
-    from workbench.doctor_checks import CHECKS
+    from workbench.doctor.checks import CHECKS
 
     def value(row: dict[str, Any], name: str) -> float | None:
         v = row.get(f"diagnose/{name}")
@@ -328,7 +328,7 @@ def results(args: argparse.Namespace, argv: list[str] | None, pairs: list[str], 
         "model": args.model, "load_start": load_start, "load_now": load(),
         "mean_run_load": round(sum(r["load"] for r in recs) / len(recs), 2),
         "wall_minutes": round((time.perf_counter() - wall) / 60, 1),
-        "setting": {"env": "guess_number 1..8, 4 guesses (workbench.demo.demo_config)", "rl_steps": args.rl_steps,
+        "setting": {"env": "guess_number 1..8, 4 guesses (workbench.cli.demo.demo_config)", "rl_steps": args.rl_steps,
                     "batch_size": n["batch_size"], "group_size": n["group_size"], "learning_rate": 5e-4,
                     "eval": f"{n['eval_episodes']} held-out seeds 10000.., greedy", "seeds": seeds,
                     "smoke": os.environ.get("WORKBENCH_SMOKE") == "1"},
@@ -342,8 +342,8 @@ def record_from_folder(arm: str, seed: int, folder: Path) -> dict[str, Any]:
     evals.json. No timing or load (None): those were not written down."""
     from workbench.debug.doctor import diagnose
     from workbench.debug.runs import load_run
-    from workbench.doctor_checks import run_checks
-    from workbench.doctor_findings import History
+    from workbench.doctor.checks import run_checks
+    from workbench.doctor.findings import History
 
     run = load_run(folder)
     cfg = run.config

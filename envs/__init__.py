@@ -1,5 +1,5 @@
 """Example environments. Importing this package registers them in the workbench
-environment registry (`workbench.env_registry`), which also finds them through the
+environment registry (`workbench.environments.registry`), which also finds them through the
 `workbench.envs` entry points when the project is installed.
 
     from envs import make_env, list_envs              # = workbench.make_env / list_envs
@@ -35,11 +35,11 @@ from envs.grid import GridEnv
 from envs.guess_number import GuessNumberEnv
 from envs.text_game import TextGameEnv
 from envs.wordle import WordleEnv
-from workbench.env_registry import list_envs, make_env
-from workbench.env_registry import register_env as _register
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
+from workbench.environments.registry import list_envs, make_env
+from workbench.environments.registry import register_env as _register
 
-#: The example environments by name (each also registered in `workbench.env_registry`).
+#: The example environments by name (each also registered in `workbench.environments.registry`).
 ENVIRONMENTS: dict[str, type] = {
     "guess_number": GuessNumberEnv,
     "grid": GridEnv,

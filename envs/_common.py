@@ -21,7 +21,7 @@ import re
 from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
 
 _INT_RE = re.compile(r"-?\d+")
 _WORD_RE = re.compile(r"[A-Za-z]+")

@@ -41,7 +41,7 @@ import re
 from typing import Any
 
 from envs._common import ParamsEnvironment, strict_span
-from workbench.environment import StepResult
+from workbench.environments.base import StepResult
 from workbench.tools.parsers import FunctionCallingParser
 
 NAMES = [("Mia", "She"), ("Tom", "He"), ("Ana", "She"), ("Leo", "He"), ("Sara", "She"), ("Ben", "He")]

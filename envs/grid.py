@@ -30,7 +30,7 @@ from collections import deque
 from typing import Any
 
 from envs._common import ParamsEnvironment, find_direction_span, strict_span
-from workbench.environment import StepResult
+from workbench.environments.base import StepResult
 
 Cell = tuple[int, int]  # (row, col), 0-based
 MOVES: dict[str, Cell] = {"up": (-1, 0), "down": (1, 0), "left": (0, -1), "right": (0, 1)}

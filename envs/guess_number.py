@@ -37,7 +37,7 @@ from typing import Any
 import re
 
 from envs._common import ParamsEnvironment, first_number_span, strict_span
-from workbench.environment import StepResult
+from workbench.environments.base import StepResult
 
 _BARE_INT_RE = re.compile(r"-?\d+")
 

@@ -36,7 +36,7 @@ import re
 from typing import Any
 
 from envs._common import ParamsEnvironment, strict_span, word_spans, words
-from workbench.environment import StepResult
+from workbench.environments.base import StepResult
 
 VERBS: dict[str, str] = {
     "take": "take", "get": "take", "grab": "take", "pick": "take", "collect": "take",

@@ -38,7 +38,7 @@ from typing import Any
 import re
 
 from envs._common import ParamsEnvironment, strict_span, word_spans
-from workbench.environment import StepResult
+from workbench.environments.base import StepResult
 
 WORDS_PATH = Path(__file__).parent / "data" / "words.txt"
 _FIVE_LETTERS_RE = re.compile(r"[A-Za-z]{5}")

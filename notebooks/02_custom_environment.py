@@ -101,7 +101,7 @@ print(quiz.get_state_description())
 
 # %%
 # NBVAL_CHECK_OUTPUT
-from workbench.env_checker import check_env
+from workbench.environments.checker import check_env
 
 for result in check_env(AdditionQuiz({"questions": 3})):
     print(result)

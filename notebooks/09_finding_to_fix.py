@@ -42,7 +42,7 @@ print("smoke mode" if SMOKE else "full mode", "|", time.strftime("%Y-%m-%d %H:%M
 # %% [markdown]
 # ## 1. A run with the lenient parser
 #
-# The demo's settings (`workbench/demo.py`): a one-line prompt asking for just the number, 8 new
+# The demo's settings (`workbench/cli/demo.py`): a one-line prompt asking for just the number, 8 new
 # tokens per turn, GRPO in groups of 8, learning rate 5e-4. `environment.strict_format` is off, as it
 # is by default: the environment reads the first number in whatever the model writes.
 #
@@ -56,7 +56,7 @@ import tempfile
 from pathlib import Path
 
 from workbench import ConfigStore
-from workbench.runner import train_and_report
+from workbench.cli.runner import train_and_report
 
 STEPS, BATCH, GROUP, EVAL = (2, 4, 2, 2) if SMOKE else (8, 16, 8, 16)
 root = Path(tempfile.mkdtemp(prefix="wb-finding-to-fix-"))
@@ -153,7 +153,7 @@ panel
 # `REMEDIES["format-errors"]`), so the branch applies both, the warm-up first.
 
 # %%
-from workbench.doctor_checks import REMEDIES
+from workbench.doctor.checks import REMEDIES
 
 remedy = dict(finding.remedy if finding is not None else REMEDIES["parse-from-incidental-span"])
 remedy.update(REMEDIES["format-errors"])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from envs import make_env
-from workbench.adapters.verifier import VerifierEnvironment
+from workbench.environments.adapters.verifier import VerifierEnvironment
 from workbench.tools import MultiTurnManager
 from workbench.tools.parsers import FunctionCallingParser, JSONActionParser, ReActActionParser
 

@@ -15,7 +15,7 @@ from workbench import (  # noqa: E402
     BaseEnvironment, ConfigStore, GymTextEnvironment, TextArenaEnvironment, Trainer, VerifierEnvironment,
     check_env, make_env,
 )
-from workbench.adapters.verifier import extract_answer  # noqa: E402
+from workbench.environments.adapters.verifier import extract_answer  # noqa: E402
 
 HANOI_3 = ["A C", "A B", "C B", "A C", "B A", "B C", "A C"]  # the optimal 7 moves
 
@@ -169,7 +169,7 @@ def test_reasoning_gym_task_scores_with_the_dataset():
 
 def test_verifier_attempts_and_rebuild_from_import_paths():
     env = VerifierEnvironment("tests.test_adapters:sample_square", "tests.test_adapters:score_square", attempts=3)
-    assert env.max_steps == 3 and env.config.name == "workbench.adapters.verifier:VerifierEnvironment"
+    assert env.max_steps == 3 and env.config.name == "workbench.environments.adapters.verifier:VerifierEnvironment"
     env.reset(seed=1)
     n = env.sample["n"]
     assert env.step("<answer>nope</answer>")[:3] == ("That is not right. Try again (2 attempts left).", 0.0, False)
@@ -206,7 +206,7 @@ def test_rollout_and_one_grpo_step_on_the_tiny_model(spec, tiny_model_path, tmp_
     trainer = Trainer(tiny_config(tiny_model_path, tmp_path, spec))
     assert trainer.config.environment.name == spec
     assert trainer.config.environment.import_path in (
-        "workbench.adapters.textarena:TextArenaEnvironment", "workbench.adapters.verifier:VerifierEnvironment")
+        "workbench.environments.adapters.textarena:TextArenaEnvironment", "workbench.environments.adapters.verifier:VerifierEnvironment")
     batch = trainer.compute_advantages(trainer.score(trainer.rollout()))
     assert len(batch) == 4
     for group in (0, 1):

@@ -16,21 +16,18 @@ PACKAGE = ROOT / "workbench"
 #: Lowest first: (layer, module prefixes). docs/architecture.md has the same table.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("algo", ("workbench.algo",)),
-    ("foundation", ("workbench.config", "workbench.config_checks", "workbench.doctor_config", "workbench.imports",
-                    "workbench.timeouts", "workbench.progress")),
+    ("utils", ("workbench.utils", "workbench._moved")),
     ("trajectory", ("workbench.trajectory",)),
-    ("parts", ("workbench.environment", "workbench.tools", "workbench.engines", "workbench.models",
-               "workbench.adapters", "workbench.gym_adapter", "workbench.env_registry", "workbench.overrides",
-               "workbench.data")),
-    ("rollout", ("workbench.rollout", "workbench.reward", "workbench.env_checker", "workbench.doctor_findings",
-                 "workbench.doctor_checks", "workbench.gateway")),
+    ("doctor", ("workbench.doctor",)),
+    ("config", ("workbench.config",)),
+    ("parts", ("workbench.environments", "workbench.tools", "workbench.engines", "workbench.models", "workbench.data")),
+    ("rollout", ("workbench.rollout", "workbench.reward", "workbench.gateway")),
     ("training", ("workbench.training",)),
     ("distributed", ("workbench.distributed",)),
     ("debug", ("workbench.debug",)),
     ("widgets", ("workbench.widgets",)),
     ("compat", ("workbench.compat",)),
-    ("app", ("workbench.reports", "workbench.runner", "workbench.cli", "workbench.cli_flags", "workbench.demo",
-             "workbench.__main__")),
+    ("app", ("workbench.cli", "workbench.__main__")),
 ]
 
 
@@ -127,8 +124,7 @@ def test_the_checker_fails_on_an_upward_import(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "GRAPH", planted)
     with pytest.raises(AssertionError, match=r"workbench.trajectory \(trajectory\) imports workbench.cli \(app\)"):
         test_every_module_has_a_layer_and_imports_only_downwards()
-    planted = {**GRAPH, "workbench.config": GRAPH["workbench.config"] | {"workbench.config_checks"},
-               "workbench.config_checks": GRAPH["workbench.config_checks"] | {"workbench.config"}}
+    planted = {**GRAPH, "workbench.config": GRAPH["workbench.config"] | {"workbench.environments.base"}}
     monkeypatch.setattr(sys.modules[__name__], "GRAPH", planted)
     with pytest.raises(AssertionError, match="import cycles"):
         test_no_import_cycles()

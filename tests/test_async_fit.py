@@ -11,9 +11,9 @@ import torch
 
 from envs import make_env
 from workbench import ConfigError, ConfigStore, Trainer, algo
-from workbench.doctor_checks import run_checks
-from workbench.doctor_config import DoctorConfig
-from workbench.doctor_findings import History
+from workbench.doctor.checks import run_checks
+from workbench.doctor.findings import History
+from workbench.doctor.thresholds import DoctorConfig
 from workbench.training.policy import batch_logprobs
 
 

@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 from workbench.cli import main
 from workbench.config import ConfigError, ConfigStore
 from workbench.debug import RunError, branch_run, load_run
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
 from workbench.training import Trainer
 from workbench.training.branch import BRANCH_FILE, BranchError
 from workbench.training.checkpoint import ResumedHyperparameterWarning

@@ -111,7 +111,7 @@ def test_without_minutes_training_runs_every_step(tmp_path, tiny_model_path):
 def test_every_config_field_has_a_generated_flag_with_its_docstring():
     import dataclasses
 
-    from workbench.cli_flags import field_docs
+    from workbench.config.flags import field_docs
     from workbench.config import SECTIONS
 
     parser_help = subprocess.run([sys.executable, "-m", "workbench", "train", "--help"], capture_output=True,
@@ -137,6 +137,6 @@ def test_generated_flags_set_fields_over_the_config_file(tmp_path):
     with pytest.raises(ConfigError, match=r"training.entropy_coeff must be a number"):
         build_config(parse_args(["train", "--training.entropy_coeff", "lots"]))
     with pytest.raises(ConfigError, match=r"unknown field training.bogus"):
-        from workbench.cli_flags import apply_config_flags
+        from workbench.config.flags import apply_config_flags
 
         apply_config_flags(ConfigStore(), argparse.Namespace(**{"cfg:training.bogus": "1"}))

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from workbench.debug import RunComparison, RunError, RunsNotComparable, compare_runs, diagnose, load_run
-from workbench.doctor_findings import DoctorConfig
+from workbench.doctor.findings import DoctorConfig
 from workbench.trajectory import TrajectoryBatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parents[1]
 def cli_run(model: Path, out: Path, *flags: str, eval_episodes: int = 4) -> Path:
     """Train a run the way `python -m workbench train` does, into `out`."""
     from workbench.cli import build_config, parse_args
-    from workbench.runner import train_and_report
+    from workbench.cli.runner import train_and_report
 
     args = parse_args(["train", "--model", str(model), "--steps", "2", "--batch-size", "4", "--group-size", "2",
                        "--max-tokens", "6", "--max-turns", "2", "--lr", "1e-3", "--eval-episodes",
@@ -224,3 +224,26 @@ def test_the_widget_builds_without_a_kernel_and_holds_both_curves(runs):
     assert "NOT COMPARABLE on held-out episodes" in built._head.value
     with pytest.raises(TypeError, match="give two runs"):
         RunComparisonView(runs["A"])
+
+
+def test_a_run_recorded_under_a_module_path_from_before_the_packages_is_comparable(runs, tmp_path):
+    """A config.yaml that names its environment class by the module's old path (before the
+    packages; `workbench._moved`) records the same environment as one that names the new path."""
+    import yaml
+
+    from workbench._moved import MOVED
+
+    new = "workbench.environments.adapters.gym:GymTextEnvironment"
+    old = next(k for k, v in MOVED.items() if v == new.partition(":")[0]) + ":GymTextEnvironment"
+    other = "workbench.environments.adapters.textarena:TextArenaEnvironment"
+    folders = {}
+    for key, path in (("old", old), ("new", new), ("other", other)):
+        folder = Path(shutil.copytree(runs["A"], tmp_path / key))
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+        config["environment"]["import_path"] = path
+        (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        folders[key] = folder
+    assert load_run(folders["old"]).config.environment.import_path == old
+    assert compare_runs(folders["old"], folders["new"]).pairs  # compared, seed by seed
+    with pytest.raises(RunsNotComparable, match="TextArenaEnvironment"):
+        compare_runs(folders["old"], folders["other"])

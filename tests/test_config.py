@@ -105,7 +105,7 @@ def test_yaml_round_trip(tmp_path):
 
 def _config_classes() -> list[ast.ClassDef]:
     """The class definitions of every section and of ConfigStore, each read from the module
-    that defines it (the doctor's thresholds live in workbench.doctor_config)."""
+    that defines it (the doctor's thresholds live in workbench.doctor.thresholds)."""
     found = []
     for cls in [*SECTIONS.values(), ConfigStore]:
         tree = ast.parse(Path(inspect.getsourcefile(cls)).read_text())
@@ -143,7 +143,7 @@ def test_resolver_maps_auto_by_cuda_availability():
     gpu = resolve_device("auto", cuda_available=True)
     assert gpu == torch.device("cuda") and resolve_dtype("auto", gpu) == torch.bfloat16
     cpu = resolve_device("auto", cuda_available=False)
-    from workbench.config_checks import cpu_bf16_support
+    from workbench.config.checks import cpu_bf16_support
 
     cpu_auto = torch.bfloat16 if cpu_bf16_support()[0] else torch.float32  # bf16 where the CPU has it
     assert cpu == torch.device("cpu") and resolve_dtype("auto", cpu) == cpu_auto
@@ -170,7 +170,7 @@ def test_auto_policy_and_critic_on_this_cpu(tiny_model_path):
     fp32); LoRA adapters and the critic's head fp32 either way."""
     import torch
 
-    from workbench.config_checks import cpu_bf16_support
+    from workbench.config.checks import cpu_bf16_support
     from workbench.training.policy import Critic, Policy
 
     assert not torch.cuda.is_available()  # this machine; on a GPU "auto" would mean cuda/bf16

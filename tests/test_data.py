@@ -10,7 +10,7 @@ import torch
 
 from workbench.compat.verl_data import DataProto, RLHFDataset, collate_fn
 from workbench.data import EpisodeDataset, EpisodeSpec, PromptEnvironment, item_to_spec, make_episode_env
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 from workbench.trajectory import Episode, TrajectoryBatch
 
 

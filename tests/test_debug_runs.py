@@ -20,8 +20,8 @@ from envs.guess_number import GuessNumberEnv
 from tests.test_trainer import tiny_config
 from workbench import ConfigError, Trainer
 from workbench.debug import Run, RunError, load_run
-from workbench.trajectory import TOKEN_FIELDS
 from workbench.training import run_files
+from workbench.trajectory import TOKEN_FIELDS
 
 
 def fit_and_keep(trainer: Trainer, **fit) -> dict[int, object]:
@@ -177,7 +177,7 @@ def test_a_resumed_run_overwrites_the_steps_it_redoes(tiny_model_path, tmp_path)
 
 def test_cli_run_saves_held_out_batches_before_and_after(tiny_model_path, tmp_path):
     from workbench.cli import build_config, parse_args
-    from workbench.runner import train_and_report
+    from workbench.cli.runner import train_and_report
 
     out = tmp_path / "run"
     args = parse_args(["train", "--model", str(tiny_model_path), "--steps", "2", "--batch-size", "2",

@@ -1,4 +1,4 @@
-"""`make demo` (workbench.demo) on the tiny model, WORKBENCH_SMOKE counts, and the CLI rule
+"""`make demo` (workbench.cli.demo) on the tiny model, WORKBENCH_SMOKE counts, and the CLI rule
 that an environment's prompt states the budget the rollout really allows."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import json
 import pytest
 
 from workbench.cli import build_config, main, parse_args
-from workbench.demo import (GUESS_TURNS, SFT_LEARNING_RATE, counts, demo_config, guessing_summary, learned_line, showcase_index,
-                            side_by_side)
+from workbench.cli.demo import (GUESS_TURNS, SFT_LEARNING_RATE, counts, demo_config, guessing_summary,
+                                learned_line, showcase_index, side_by_side)
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
 

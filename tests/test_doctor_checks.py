@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from tests.doctor_policies import count_up_from_4, expert, roll, roll_steps
-from workbench.doctor_checks import CHECKS, run_checks
-from workbench.doctor_findings import DoctorConfig, History
+from workbench.doctor.checks import CHECKS, run_checks
+from workbench.doctor.findings import DoctorConfig, History
 from workbench.rollout.chat import check_token_alignment
 
 GUESS = {"low": 1, "high": 8, "max_steps": 4, "max_turns": 4}
@@ -266,7 +266,7 @@ def test_every_check_is_documented_and_configurable():
 
 
 def test_repeated_tail_finds_the_arithmetic_benchmarks_loop():
-    from workbench.doctor_checks import _repeated_tail
+    from workbench.doctor.checks import _repeated_tail
 
     # benchmarks/results/learning_arithmetic.md: the trained model's reply, cut at max_tokens
     reply = "Answer: 6\nassistant: Answer: 6\nassistant: Answer: 6\nassistant: Answer: 6\nassistant:"
@@ -278,7 +278,7 @@ def test_repeated_tail_finds_the_arithmetic_benchmarks_loop():
 # -- remedies ------------------------------------------------------------------------------
 def test_every_remedy_is_a_valid_change_of_the_config():
     from workbench.config import ConfigStore
-    from workbench.doctor_checks import REMEDIES
+    from workbench.doctor.checks import REMEDIES
 
     for name, overrides in REMEDIES.items():
         assert name in CHECKS, name

@@ -17,8 +17,8 @@ import pytest
 from envs import EXPERTS
 from tests.doctor_policies import expert, roll_steps
 from workbench.debug.doctor import diagnose, diagnose_parts
-from workbench.doctor_checks import run_checks
-from workbench.doctor_findings import DoctorConfig, History, is_whole_action
+from workbench.doctor.checks import run_checks
+from workbench.doctor.findings import DoctorConfig, History, is_whole_action
 
 GUESS = {"low": 1, "high": 8, "max_steps": 4, "max_turns": 4, "groups": 8, "group_size": 2}
 #: As tests/test_doctor_experts.py: arithmetic's expert needs its own parser and room for a call.

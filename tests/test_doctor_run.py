@@ -90,7 +90,7 @@ def test_a_run_is_judged_with_the_thresholds_of_its_config(run_dir, tmp_path, ca
     an explicit config, or a --doctor.FIELD flag, goes over it."""
     import shutil
 
-    from workbench.doctor_findings import DoctorConfig
+    from workbench.doctor.findings import DoctorConfig
 
     strict = tmp_path / "strict"
     shutil.copytree(run_dir, strict)

@@ -18,7 +18,7 @@ from tests.test_trainer import tiny_config
 from workbench import Trainer
 from workbench.cli import main
 from workbench.config import ConfigError
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 from workbench.training.dynamic_sampling import EXTRA_SEED_OFFSET, DynamicSamplingBoundWarning
 from workbench.training.run_files import rollout_path
 from workbench.training.trainer import ZeroVarianceWarning

@@ -1,4 +1,4 @@
-"""Tests for `workbench.env_checker.check_env`: every bundled env passes, and each
+"""Tests for `workbench.environments.checker.check_env`: every bundled env passes, and each
 kind of broken env is caught by the right named check with a message saying what
 to fix."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import warnings
 import pytest
 
 from envs import ENVIRONMENTS, make_env
-from workbench.env_checker import CHECKS, CheckResult, EnvCheckError, check_env
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
+from workbench.environments.checker import CHECKS, CheckResult, EnvCheckError, check_env
 
 
 @pytest.mark.parametrize("name", sorted(ENVIRONMENTS))
@@ -204,7 +204,7 @@ def test_numpy_global_rng_env_fails_global_rng_check():
 
 def test_library_reseeding_the_global_random_fails_and_the_adapter_passes():
     pytest.importorskip("textarena")
-    from workbench.adapters.textarena import TextArenaEnvironment
+    from workbench.environments.adapters.textarena import TextArenaEnvironment
 
     failed = failures(ReseedingTextArenaEnv({"max_steps": 4}))
     assert set(failed) == {"global_rng"}  # reproducible, so only this check sees it
@@ -214,7 +214,7 @@ def test_library_reseeding_the_global_random_fails_and_the_adapter_passes():
 
 def test_reasoning_gym_task_that_reseeds_numpy_is_caught():
     pytest.importorskip("reasoning_gym")
-    from workbench.adapters.verifier import VerifierEnvironment
+    from workbench.environments.adapters.verifier import VerifierEnvironment
 
     failed = failures(VerifierEnvironment.from_reasoning_gym("pool_matrix"))  # np.random.seed(...) per item
     assert set(failed) == {"global_rng"} and "changed the global random" in failed["global_rng"]

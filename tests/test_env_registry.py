@@ -12,8 +12,8 @@ import pytest
 from workbench import ConfigStore, Trainer, describe_env, list_envs, make_env
 from workbench.cli import build_config, main, parse_args, parse_env_params
 from workbench.config import ConfigError, EnvironmentConfig
-from workbench.env_registry import REGISTRY, EnvNotFoundError, EnvRegistry
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
+from workbench.environments.registry import REGISTRY, EnvNotFoundError, EnvRegistry
 
 REPO = Path(__file__).resolve().parents[1]
 BUNDLED = {"arithmetic", "grid", "guess_number", "text_game", "wordle"}
@@ -87,7 +87,7 @@ def test_register_names_schemes_and_factories():
 def test_entry_point_of_an_installed_distribution_is_found(tmp_path, monkeypatch):
     """A real distribution on sys.path (dist-info with entry_points.txt), read by importlib.metadata."""
     (tmp_path / "maze_pkg.py").write_text(textwrap.dedent("""
-        from workbench.environment import BaseEnvironment
+        from workbench.environments.base import BaseEnvironment
 
         class MazeEnv(BaseEnvironment):
             def reset(self):
@@ -112,7 +112,7 @@ def test_entry_point_of_an_installed_distribution_is_found(tmp_path, monkeypatch
 
 
 def test_envs_found_through_their_entry_points_in_a_fresh_process():
-    code = ("from workbench.env_registry import REGISTRY\n"
+    code = ("from workbench.environments.registry import REGISTRY\n"
             "import sys; assert 'envs' not in sys.modules\n"  # the library never imports the examples itself
             "env = REGISTRY.make('wordle')\n"
             "print(type(env).__module__, type(env).__name__, sorted(REGISTRY.list()))\n")
@@ -181,7 +181,7 @@ def test_cli_trains_on_a_textarena_game(tiny_model_path, tmp_path):
     assert checkpoints, list((out / "checkpoints").iterdir())
     recorded = ConfigStore.load(checkpoints[-1]).environment
     assert recorded.name == "textarena:GuessTheNumber-v0"
-    assert recorded.import_path == "workbench.adapters.textarena:TextArenaEnvironment"
+    assert recorded.import_path == "workbench.environments.adapters.textarena:TextArenaEnvironment"
     assert recorded.params == {"env_id": "GuessTheNumber-v0", "max_number": 8}
     env = make_env(recorded.name, recorded)
     assert env.game.max_number == 8 and "between 1 and 8" in env.reset(seed=0)

@@ -10,7 +10,7 @@ from envs.grid import GridEnv, shortest_path
 from envs.guess_number import GuessNumberEnv
 from envs.wordle import WordleEnv, load_words, score_guess
 from workbench.config import ConfigStore, EnvironmentConfig
-from workbench.environment import BaseEnvironment, EnvironmentError_
+from workbench.environments.base import BaseEnvironment, EnvironmentError_
 
 NAMES = sorted(ENVIRONMENTS)
 

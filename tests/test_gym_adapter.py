@@ -7,9 +7,9 @@ import gymnasium
 import pytest
 from gymnasium import spaces
 
-from workbench.env_checker import check_env
-from workbench.environment import BaseEnvironment, EnvironmentError_
-from workbench.gym_adapter import GymTextEnvironment
+from workbench.environments.adapters.gym import GymTextEnvironment
+from workbench.environments.base import BaseEnvironment, EnvironmentError_
+from workbench.environments.checker import check_env
 
 CHARSET = string.ascii_letters + string.digits + " :!.,"
 WORDS = ["apple", "river", "stone", "cloud", "tiger", "piano"]

@@ -16,7 +16,7 @@ from envs import make_env
 from workbench import ConfigStore, Trainer
 from workbench.engines import make_engine
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 from workbench.rollout import Rollout
 from workbench.rollout.chat import ChatRenderer
 from workbench.trajectory import TrajectoryBatch

@@ -8,7 +8,7 @@ import torch
 from envs import make_env
 from tests.test_trainer import tiny_config
 from workbench import Trainer
-from workbench import config_checks
+from workbench.config import checks as config_checks
 from workbench.config import resolve_dtype
 
 

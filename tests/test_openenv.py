@@ -19,8 +19,8 @@ pytest.importorskip("openenv.core.env_server.http_server")
 from openenv.core.env_server.interfaces import Environment  # noqa: E402
 from openenv.core.env_server.types import Action, Observation, State  # noqa: E402
 
-from workbench.env_checker import check_env  # noqa: E402
-from workbench.env_registry import describe_env, make_env  # noqa: E402
+from workbench.environments.checker import check_env  # noqa: E402
+from workbench.environments.registry import describe_env, make_env  # noqa: E402
 from workbench.rollout.rollout import Rollout  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,10 +20,10 @@ pytest.importorskip("openenv.core.env_server.http_server")
 from openenv.core.generic_client import GenericEnvClient  # noqa: E402
 
 from tests.test_openenv import GuessEnv, _free_port  # noqa: E402
-from workbench.adapters.openenv_capacity import ServerPlaces, server_words  # noqa: E402
-from workbench.adapters.openenv_env import OpenEnvEnvironment  # noqa: E402
-from workbench.env_registry import make_env  # noqa: E402
-from workbench.environment import EnvironmentBusy  # noqa: E402
+from workbench.environments.adapters.openenv_capacity import ServerPlaces, server_words  # noqa: E402
+from workbench.environments.adapters.openenv_env import OpenEnvEnvironment  # noqa: E402
+from workbench.environments.base import EnvironmentBusy  # noqa: E402
+from workbench.environments.registry import make_env  # noqa: E402
 from workbench.rollout.async_rollout import AsyncRollout  # noqa: E402
 from workbench.rollout.fork import replay  # noqa: E402
 from workbench.rollout.rollout import Rollout  # noqa: E402

@@ -8,8 +8,8 @@ import pytest
 from envs import make_env
 from tests.test_trainer import tiny_config
 from workbench import Trainer
-from workbench.progress import progress_enabled
 from workbench.training.trainer import FitTargetReachedWarning
+from workbench.utils.progress import progress_enabled
 
 
 def make_trainer(tiny_model_path, tmp_path, **training) -> Trainer:

@@ -12,7 +12,7 @@ import torch
 
 from envs import make_env
 from workbench import ConfigStore, Trainer
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 
 pytestmark = pytest.mark.ray
 ray = pytest.importorskip("ray")

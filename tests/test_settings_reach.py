@@ -12,7 +12,7 @@ import pytest
 from envs import make_env
 from workbench import ConfigStore, Trainer
 from workbench.config import EnvironmentConfig, InferenceConfig
-from workbench.env_registry import ConfigOverrideWarning
+from workbench.environments.registry import ConfigOverrideWarning
 from workbench.rollout import AsyncRollout, Rollout
 from workbench.rollout.configured import ENVIRONMENT_FIELDS, INFERENCE_FIELDS
 
@@ -81,7 +81,7 @@ def test_settings_reach_the_cli_rollout(tiny_model_path, tmp_path):
     from workbench.engines import make_engine
     from workbench.models import load_model_and_tokenizer
     from workbench.rollout import make_rollout
-    from workbench.runner import rollout_envs
+    from workbench.cli.runner import rollout_envs
 
     path = distinct_config(tiny_model_path, tmp_path).save(tmp_path / "run.yaml")
     config = build_config(parse_args(["rollout", "--config", str(path), "--episodes", "2"]))

@@ -18,7 +18,7 @@ from tests.test_trainer import tiny_config
 from workbench import Trainer
 from workbench.cli import main
 from workbench.config import ConfigError
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 from workbench.rollout.chat import check_token_alignment
 from workbench.training.sft import DEMONSTRATION_SEED_BASE
 

@@ -23,9 +23,9 @@ from envs import EXPERTS, make_env
 from tests.doctor_policies import count_up_from_4, expert, roll
 from tests.test_parser_properties import check_result, hostile
 from workbench.config import ConfigError, ConfigStore, EnvironmentConfig
-from workbench.doctor_checks import run_checks
-from workbench.doctor_findings import DoctorConfig, History
-from workbench.environment import BaseEnvironment
+from workbench.doctor.checks import run_checks
+from workbench.doctor.findings import DoctorConfig, History
+from workbench.environments.base import BaseEnvironment
 from workbench.tools import MultiTurnManager
 from workbench.tools.parser_base import outside_text
 from workbench.tools.parsers import get_parser
@@ -320,7 +320,7 @@ def test_the_setting_reaches_the_trainers_environments(tiny_model_path, tmp_path
     assert rebuilt.strict_format and rebuilt.step("I guess 3")[3]["parse_error"]
     assert make_env("guess_number", EnvironmentConfig()).strict_format is False
     # an environment object built lenient, given with a strict config: warned about, naming both
-    from workbench.env_registry import ConfigOverrideWarning
+    from workbench.environments.registry import ConfigOverrideWarning
 
     with pytest.warns(ConfigOverrideWarning, match=r"config.environment.strict_format is True but the environment "
                                                    r"object given to the trainer \(GuessNumberEnv\) has False"):

@@ -13,9 +13,6 @@ setting. The seeds' and verl's names (`RayPPOTrainer`'s verl form, `InferenceEng
 from __future__ import annotations
 
 import importlib
-import importlib.abc
-import importlib.util
-import sys
 from typing import Any
 
 # Configs in verl's layout load through ConfigStore.load: registering the reader is cheap
@@ -28,12 +25,14 @@ _CORE = {
     "CheckpointConfig": "config", "ConfigError": "config", "ConfigStore": "config", "EnvironmentConfig": "config",
     "InferenceConfig": "config", "ModelConfig": "config", "RayConfig": "config", "RewardConfig": "config",
     "TrainingConfig": "config",
-    "TextArenaEnvironment": "adapters", "VerifierEnvironment": "adapters", "OpenEnvEnvironment": "adapters",
+    "TextArenaEnvironment": "environments.adapters", "VerifierEnvironment": "environments.adapters",
+    "OpenEnvEnvironment": "environments.adapters",
     "Gateway": "gateway", "GatewayRollout": "gateway",
-    "EnvCheckError": "env_checker", "check_env": "env_checker",
-    "EnvRegistry": "env_registry", "describe_env": "env_registry", "list_envs": "env_registry",
-    "make_env": "env_registry", "register_env": "env_registry",
-    "BaseEnvironment": "environment", "GymTextEnvironment": "gym_adapter",
+    "EnvCheckError": "environments.checker", "check_env": "environments.checker",
+    "EnvRegistry": "environments.registry", "describe_env": "environments.registry",
+    "list_envs": "environments.registry",
+    "make_env": "environments.registry", "register_env": "environments.registry",
+    "BaseEnvironment": "environments.base", "GymTextEnvironment": "environments.adapters.gym",
     "RewardError": "reward", "RewardManager": "reward", "rescore": "reward",
     "Rollout": "rollout", "check_token_alignment": "rollout", "make_rollout": "rollout",
     "ActionParser": "tools", "CalculatorTool": "tools", "EnvironmentStepTool": "tools",
@@ -81,27 +80,10 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__))
 
 
-#: Modules that moved into `workbench.compat`: old path -> new path.
-MOVED_MODULES = {f"workbench.{m}": f"workbench.compat.{m}"
-                 for m in ("seed_api", "inference", "verl_compat", "verl_config", "verl_export", "verl_runtime")}
+#: Modules that moved: old path -> new path (the seeds' `workbench.seed_api` ->
+#: `workbench.compat.seed_api`, the loose modules now in packages, ...). Importing an old path
+#: gives the module at its new one, the same object (`workbench._moved`).
+from workbench._moved import MOVED as MOVED_MODULES  # noqa: E402
+from workbench._moved import install as _install_moved  # noqa: E402
 
-
-class _MovedModuleFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Imports a module's old path as the module at its new path (the same object)."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
-        if fullname in MOVED_MODULES:
-            return importlib.util.spec_from_loader(fullname, self)
-        return None
-
-    def create_module(self, spec: Any) -> Any:
-        module = importlib.import_module(MOVED_MODULES[spec.name])
-        self._spec = module.__spec__  # importlib overwrites __spec__ with the alias's; put it back
-        return module
-
-    def exec_module(self, module: Any) -> None:
-        module.__spec__ = self._spec
-
-
-if not any(isinstance(f, _MovedModuleFinder) for f in sys.meta_path):
-    sys.meta_path.append(_MovedModuleFinder())
+_install_moved()

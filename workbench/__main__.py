@@ -1,4 +1,4 @@
-"""`python -m workbench ...` (see workbench/cli.py).
+"""`python -m workbench ...` (see workbench/cli/__init__.py).
 
 The command line owns its process, so it chooses the OpenMP wait policy before torch
 loads: passive waiting (unless you set OMP_WAIT_POLICY yourself), because spinning OpenMP

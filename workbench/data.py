@@ -38,7 +38,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import numpy as np
 import torch
 
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
 
 SEED_KEYS = ("seed", "env_seed", "index")
 PROMPT_KEYS = ("prompt", "raw_prompt")

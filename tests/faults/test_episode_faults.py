@@ -17,7 +17,7 @@ import pytest
 
 from tests.test_trainer import tiny_config
 from workbench import Trainer
-from workbench.environment import BaseEnvironment, StepResult  # noqa: F401
+from workbench.environments.base import BaseEnvironment, StepResult  # noqa: F401
 from workbench.rollout import Rollout
 from workbench.rollout.async_rollout import AsyncRollout
 from workbench.training.trainer import NothingToTrainWarning

@@ -22,7 +22,7 @@ import torch
 
 from tests.test_trainer import tiny_config
 from workbench import Trainer
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
 from workbench.training.trainer import NothingToTrainWarning
 
 #: Resets that still have to fail, per (test key, seed): shared by every copy of the env.

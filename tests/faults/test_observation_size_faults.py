@@ -19,7 +19,7 @@ import pytest
 
 from envs import make_env
 from tests.faults.test_rollout_faults import ROLLOUTS, assert_normal, run_bounded
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 from workbench.rollout import check_token_alignment
 
 MB = 10 * 2 ** 20

@@ -28,7 +28,7 @@ import pytest
 
 from envs import make_env
 from workbench import ConfigStore, RewardError, Trainer
-from workbench.environment import BaseEnvironment
+from workbench.environments.base import BaseEnvironment
 from workbench.reward import rescore
 from workbench.rollout import Rollout, check_token_alignment
 from workbench.rollout.async_rollout import AsyncRollout

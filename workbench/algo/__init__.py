@@ -1,5 +1,11 @@
 """RL numerics for language-model policies: advantages, losses, KL.
 
+    advantages.py          GAE, GRPO (Dr.GRPO), RLOO, REINFORCE++ (+baseline), registry
+    losses.py              PPO policy loss (dual-clip, clip-higher), GSPO, value loss
+    rollout_correction.py  truncated importance weights against the engine's sampling logprobs (rollout_is)
+    kl.py                  k1/k2/k3/abs KL estimators, apply_kl_penalty, KL controllers
+    utils.py               masked mean/var/whiten, entropy, loss aggregation modes
+
 Pure torch, device-agnostic, same function names and semantics as verl's
 ``verl/trainer/ppo/core_algos.py``.  Everything is re-exported here::
 

@@ -35,11 +35,11 @@ import torch
 from torch import nn
 
 from workbench import algo
-from workbench.compat.verl_data import DataProto
-from workbench.data import EpisodeSpec, episode_inputs
-from workbench.environment import BaseEnvironment, StepResult
 from workbench.compat.inference import InferenceEngine as _TextEngine
 from workbench.compat.inference import create_inference_engine
+from workbench.compat.verl_data import DataProto
+from workbench.data import EpisodeSpec, episode_inputs
+from workbench.environments.base import BaseEnvironment, StepResult
 from workbench.rollout.chat import encode
 from workbench.rollout.rollout import Rollout
 from workbench.training.policy import forward_logprobs

@@ -50,9 +50,9 @@ from typing import Any, Callable
 
 import yaml
 
-from workbench.config import EMBEDDED_MODEL, ConfigError, ConfigStore
 from workbench.compat.verl_config import MAPPING, _same
 from workbench.compat.verl_runtime import verl_tool_schema
+from workbench.config import EMBEDDED_MODEL, ConfigError, ConfigStore
 
 #: The Hugging Face id of the embedded model (verl loads models by id or folder).
 EMBEDDED_HF_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -158,7 +158,7 @@ def _literal(value: Any, what: str) -> str:
 
 def env_source(config: ConfigStore) -> tuple[Any, str, dict[str, Any]]:
     """(environment, spec that rebuilds it, its config as a dict), built as workbench's Trainer does."""
-    from workbench.env_registry import describe_env, make_env
+    from workbench.environments.registry import describe_env, make_env
 
     try:
         env = make_env(config.environment.name, config.environment)
@@ -379,7 +379,7 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
 
 def cmd_export_verl(args: argparse.Namespace) -> int:
     """The `export-verl` command: build the config (--config, --env, --env-param) and export."""
-    from workbench.overrides import apply_env_params
+    from workbench.environments.params import apply_env_params
 
     config = ConfigStore.load(args.config) if getattr(args, "config", None) else ConfigStore()
     if getattr(args, "env", None):

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from uuid import uuid4
 
-from workbench.env_registry import make_env
+from workbench.environments.registry import make_env
 from workbench.reward import RewardManager
 from workbench.tools.builtin import normalize_step_output
 from workbench.tools.registry import ToolRegistry

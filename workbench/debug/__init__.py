@@ -1,6 +1,13 @@
 """The debugger: reopen a finished run, fork an episode at any turn, compare two
 policies token by token, a run doctor that names what went wrong, and two runs side by side.
 
+    runs.py      load_run: a run folder reopened (config, metrics, evals, checkpoints, every step's batch)
+    forking.py   fork(episode, turn, action=/observation=, policy=checkpoint): branches from any turn
+    policies.py  a policy named by a checkpoint folder, "base", a Trainer or a module
+    diff.py      compare_policies and `workbench diff`: the same tokens under two policies
+    doctor.py    diagnose and `workbench diagnose`: the run doctor over a whole run
+    compare.py   compare_runs and `workbench compare`: two runs side by side
+
     from workbench.debug import load_run, branch_run, fork, compare_policies, diagnose, compare_runs
     run = load_run("runs/demo/train")       # config, metrics, evaluations, checkpoints, batches
     trainer = branch_run(run.checkpoints[-1], {"training.learning_rate": 1e-4}, output_dir="runs/lr", steps=5)

@@ -42,9 +42,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from workbench._moved import current_path
 from workbench.debug.doctor import diagnose
 from workbench.debug.runs import Run, RunError, load_run
-from workbench.doctor_findings import DoctorConfig, Finding
+from workbench.doctor.findings import DoctorConfig, Finding
 from workbench.trajectory import Episode
 
 __all__ = ["compare_runs", "RunComparison", "RunsNotComparable", "FindingChange", "EpisodePair",
@@ -344,7 +345,10 @@ def compare_runs(a: Any, b: Any, doctor: DoctorConfig | None = None) -> RunCompa
     """
     a, b = _as_run(a), _as_run(b)
     ea, eb = a.config.environment, b.config.environment
-    if ea.name != eb.name or (ea.import_path and eb.import_path and ea.import_path != eb.import_path):
+    # a run recorded before a module moved names its old path: the same environment (workbench._moved)
+    same_name = current_path(ea.name) == current_path(eb.name)
+    if not same_name or (ea.import_path and eb.import_path
+                         and current_path(ea.import_path) != current_path(eb.import_path)):
         raise RunsNotComparable(
             f"{a.path} and {b.path} are not comparable: A trained on environment {_environment(a)}, B on "
             f"{_environment(b)} (environment.name / environment.import_path in their config.yaml). "

@@ -9,7 +9,7 @@ episodes that show it.
 
     python -m workbench diagnose runs/demo/train [--json] [--doctor.min_samples 8]
 
-The checks are small named functions in `workbench.doctor_checks` (core layer, so
+The checks are small named functions in `workbench.doctor.checks` (core layer, so
 `Trainer.fit` runs them on every step's batch and records `diagnose/<name>`); each has
 a threshold in `DoctorConfig`, the config's `doctor` section: a run is judged with the
 thresholds in its config.yaml unless told otherwise. This module adds what needs a whole run: it reads the run
@@ -48,9 +48,9 @@ import json
 import os
 from typing import Any, Iterable
 
-from workbench.doctor_checks import CHECKS, run_checks
 from workbench.debug.runs import load_run
-from workbench.doctor_findings import DoctorConfig, Evidence, Finding, History
+from workbench.doctor.checks import CHECKS, run_checks
+from workbench.doctor.findings import DoctorConfig, Evidence, Finding, History
 from workbench.trajectory import TrajectoryBatch
 
 __all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", "CHECKS",
@@ -192,7 +192,7 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
                                                 "in a run folder, with the episodes that show it")
     p.add_argument("run_dir", help="a run folder (rollouts/, evals/, metrics.jsonl), e.g. runs/demo/train")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
-    # The CLI adds a --doctor.FIELD VALUE flag per threshold (workbench.cli_flags) and hands the
+    # The CLI adds a --doctor.FIELD VALUE flag per threshold (workbench.config.flags) and hands the
     # ones given to cmd_diagnose as args.doctor_overrides.
     p.set_defaults(output=None, run=cmd_diagnose, doctor_overrides={})  # reads a run, writes nothing
     return p

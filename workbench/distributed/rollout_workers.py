@@ -65,7 +65,7 @@ import torch
 from workbench.distributed.placement import (  # noqa: F401 - require_ray, RAY_INSTALL_COMMAND: public here too
     RAY_INSTALL_COMMAND, Placement, reserve, ship_modules, wait_started, require_ray,
 )
-from workbench.env_registry import make_environment
+from workbench.environments.registry import make_environment
 from workbench.trajectory import Episode, TrajectoryBatch
 
 _HAS_VERSION_FIELD = "weight_version" in {f.name for f in dataclasses.fields(Episode)}

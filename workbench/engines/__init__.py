@@ -1,5 +1,18 @@
 """Generation backends behind one interface: token ids in, ids + logprobs out.
 
+    base.py            the engine contract: token ids in, ids + raw logprobs out; stop strings
+    hf.py              batched sampling with a KV cache over a transformers model (one host read per decode step)
+    decode_step.py     a Llama-family decode step as plain tensor code (fused q/k/v, gate/up; LoRA as peft runs it)
+    decode_threads.py  the CPU thread count of decode steps and of prefills (per size), timed (1 vs all)
+    kv_cache.py        the hf engine's cache bookkeeping: finished rows dropped, prefix cache per conversation
+    model_hooks.py     attention implementations swapped into transformers' forward (GQA, packed), the LM head's input
+    sampling.py        temperature / top-k / top-p draws from per-row seeded uniforms, on the device
+    merged.py          a merged decoding copy of a LoRA policy, re-merged when weights change
+    batching.py        dynamic batcher that merges concurrent requests for the hf engine
+    weights.py         LoRA/full weight extraction for weight sync
+    vllm_engine.py     in-process vLLM: weight sync (full and LoRA), prefix caching
+    server.py          a running vLLM (OpenAI API) or SGLang (/generate) server; replies checked
+
 `make_engine(config, model, tokenizer)` picks the backend named in
 `config.inference.backend`; vLLM and the HTTP server backend are imported only
 when asked for, so the HF path needs neither installed.

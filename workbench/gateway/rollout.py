@@ -26,7 +26,7 @@ a fresh sample) at `turn`, and sampling after that (see `GatewayRollout.fork`).
 Limits: `max_turns` calls per episode (the gateway refuses the next with a 400 and the
 episode is marked truncated, "max_turns"); `episode_timeout` seconds per agent (the
 episode is closed at the gateway, its agent thread unwound where Python allows
-(`workbench.timeouts`), and it is truncated, "time"). An agent that raises ends its own
+(`workbench.utils.timeouts`), and it is truncated, "time"). An agent that raises ends its own
 episode (`episode.error`), never the batch.
 """
 from __future__ import annotations
@@ -43,8 +43,8 @@ from workbench.gateway.assemble import assemble_episode
 from workbench.gateway.server import Gateway, ScriptedReply
 from workbench.rollout.chat import typed_action_ids
 from workbench.rollout.fork import PREFIX_FIELDS, ReplayMismatch, first_difference, label_branches
-from workbench.timeouts import CallTimeout, call_with_timeout
 from workbench.trajectory import Episode, TrajectoryBatch
+from workbench.utils.timeouts import CallTimeout, call_with_timeout
 
 Agent = Callable[[str, str, Any], Any]
 GatewayRewardFn = Callable[[Episode, Any], float]

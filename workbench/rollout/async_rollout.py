@@ -47,8 +47,8 @@ from typing import Any
 
 from workbench.engines.base import EngineError, GenerationResult, SamplingParams
 from workbench.rollout.rollout import Rollout
-from workbench.progress import EpisodeBar
 from workbench.trajectory import TrajectoryBatch
+from workbench.utils.progress import EpisodeBar
 
 
 @dataclass

@@ -12,7 +12,7 @@ that each "rollout" field arrives on every path):
     "rollout"      read here, by `make_rollout`
     "engine"       read by `workbench.engines.make_engine` when the engine is built
     "environment"  carried by the environment objects (`env.config`); the trainer records
-                   them (`workbench.env_registry.record_environment`)
+                   them (`workbench.environments.registry.record_environment`)
 """
 from __future__ import annotations
 

@@ -7,7 +7,7 @@
 What happens, in order:
 
 1. **Rebuild.** `n` fresh environments come from the prototype / factory given as
-   `environment`, else the run's `config.environment` (`workbench.env_registry.make_env(
+   `environment`, else the run's `config.environment` (`workbench.environments.registry.make_env(
    name, config.environment)`), else copies of the environment that played an episode
    still in memory; each is reset with the episode's `env_seed`, inside an
    ordinary `Rollout` with the run's parser, tools and limits (`run_settings`).
@@ -38,7 +38,7 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import GenerationEngine
-from workbench.env_registry import make_env, make_environment
+from workbench.environments.registry import make_env, make_environment
 from workbench.rollout.configured import rollout_settings
 from workbench.rollout.rollout import Rollout
 from workbench.trajectory import Episode, TrajectoryBatch

@@ -14,7 +14,7 @@ everything else rendered as template deltas with mask 0. Human turns are mask 0.
 Failure isolation: an environment that raises ends its own episode (error recorded), and
 so do a `get_prompt_prefix` that raises and an observation that is not valid UTF-8 text;
 so does one whose `reset`/`step` overruns `step_timeout` (a `CallTimeout` error; the
-call's thread is interrupted, see `workbench.timeouts`). A malformed tool call becomes
+call's thread is interrupted, see `workbench.utils.timeouts`). A malformed tool call becomes
 an observation. An engine failure marks the episodes of that call and re-raises, with
 every finished episode kept in `rollout.batch`.
 
@@ -46,14 +46,14 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
-from workbench.env_registry import make_environment
+from workbench.environments.registry import make_environment
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
 from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
-from workbench.timeouts import call_with_timeout, stuck_threads
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
-from workbench.progress import EpisodeBar
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
+from workbench.utils.progress import EpisodeBar
+from workbench.utils.timeouts import call_with_timeout, stuck_threads
 
 
 DEFAULT_STEP_TIMEOUT = 60.0
@@ -116,7 +116,7 @@ class Rollout(EpisodeQueue):
             ends with a timeout error (None: no limit). Default: each environment's
             `config.step_timeout` (`EnvironmentConfig`, 60 s), else 60 s.
         progress: a `tqdm.auto` bar over ended episodes during `run()`: True, False, or
-            None for automatic (`workbench.progress.progress_enabled`); its label
+            None for automatic (`workbench.utils.progress.progress_enabled`); its label
             is `self.progress_desc`, and `self.progress_leave=False` clears it when done.
     """
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from workbench.environment import EnvironmentBusy
+from workbench.environments.base import EnvironmentBusy
 
 __all__ = ["EnvironmentBusy", "EpisodeQueue"]
 

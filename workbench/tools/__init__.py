@@ -1,5 +1,12 @@
 """Tools for language-model agents: definitions, a safe registry, action parsers and a multi-turn manager.
 
+    base.py         ToolDefinition, Tool, schema from a function's signature and docstring
+    registry.py     ToolRegistry: validation, timeouts, errors the model can read
+    builtin.py      CalculatorTool (AST whitelist, never eval), EnvironmentStepTool
+    parser_base.py  ToolCall, ParseResult, ActionParser, bounded JSON decoding
+    parsers.py      JSON, ReAct and Hermes/Qwen <tool_call> parsers (linear time)
+    manager.py      MultiTurnManager: parse -> tools/env -> messages, episode summary
+
 Typical use::
 
     from workbench.tools import ToolRegistry, CalculatorTool, MultiTurnManager

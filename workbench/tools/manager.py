@@ -11,7 +11,7 @@ One :meth:`MultiTurnManager.step` call handles one assistant turn:
 4. parse errors and environment exceptions never propagate: they become chat
    messages telling the model what went wrong;
 5. with ``step_timeout`` set, ``environment.reset``/``environment.step`` run under
-   that limit (:func:`workbench.timeouts.call_with_timeout`); an overrun is an
+   that limit (:func:`workbench.utils.timeouts.call_with_timeout`); an overrun is an
    environment error (``CallTimeout: ... did not return within ... s``) that ends
    the episode.
 
@@ -44,7 +44,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..timeouts import call_with_timeout
+from workbench.utils.timeouts import call_with_timeout
 from .builtin import EnvironmentStepTool, normalize_step_output
 from .parsers import ActionParser, ParseResult, ToolCall, get_parser, resolve_raw_arguments
 from .registry import ToolRegistry
@@ -210,7 +210,7 @@ class MultiTurnManager:
             The initial observation, or None without an environment.
 
         Raises:
-            workbench.timeouts.CallTimeout: ``environment.reset`` overran ``step_timeout``.
+            workbench.utils.timeouts.CallTimeout: ``environment.reset`` overran ``step_timeout``.
         """
         observation = None
         if self.environment is not None and callable(getattr(self.environment, "reset", None)):

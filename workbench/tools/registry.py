@@ -6,11 +6,11 @@ missing or unexpected argument, wrong JSON type, the tool raising, the tool
 exceeding its timeout) becomes ``(False, message)`` where the message tells
 the model what to fix. Successful non-string results are JSON-encoded.
 
-Timeouts run the call on a worker thread (`workbench.timeouts.call_with_timeout`).
+Timeouts run the call on a worker thread (`workbench.utils.timeouts.call_with_timeout`).
 A call that overruns is interrupted: its thread gets an exception injected and
 ends, so timed-out calls do not pile up threads. A call blocked inside C code
 cannot be interrupted; its thread is left running as a daemon thread, the error
-message says so, and `workbench.timeouts.stuck_threads()` lists it.
+message says so, and `workbench.utils.timeouts.stuck_threads()` lists it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..timeouts import CallTimeout, call_with_timeout
+from workbench.utils.timeouts import CallTimeout, call_with_timeout
 from .base import FunctionTool, Tool, ToolDefinition
 
 __all__ = ["ToolRegistry", "ToolExecution", "ToolStats", "validate_arguments"]
@@ -49,7 +49,7 @@ class ToolExecution:
         error_type: None on success, else one of ``"unknown_tool"``,
             ``"invalid_arguments"``, ``"exception"``, ``"timeout"``.
         exception: The exception the tool raised, or the
-            :class:`~workbench.timeouts.CallTimeout` of a timed-out call; None on success.
+            :class:`~workbench.utils.timeouts.CallTimeout` of a timed-out call; None on success.
         seconds: Wall time spent waiting for the call.
     """
 

@@ -59,9 +59,9 @@ import yaml
 
 from workbench.config import SECTIONS, ConfigError, ConfigStore
 from workbench.training import checkpoint as ckpt
-from workbench.progress import write
 from workbench.training import run_files
 from workbench.training.run_lock import RunLock, set_aside_earlier_run
+from workbench.utils.progress import write
 
 #: The file in a branch's folder that records where it branched from.
 BRANCH_FILE = "branch.json"

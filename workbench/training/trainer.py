@@ -40,27 +40,27 @@ import yaml
 from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
+from workbench.doctor.checks import StepDoctor
 from workbench.engines import GenerationEngine, make_engine
-from workbench.doctor_checks import StepDoctor
-from workbench.env_registry import make_env, make_environment, record_environment
+from workbench.environments.registry import make_env, make_environment, record_environment
 from workbench.reward import (
     RewardError, RewardFn, RewardManager, check_env_rewards, overlong_summary, score_batch,
 )
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
-from workbench.training.async_fit import RolloutAhead, stamp_versions, staleness_metrics
 from workbench.training import dynamic_sampling
 from workbench.training import run_files
+from workbench.training.async_fit import RolloutAhead, stamp_versions, staleness_metrics
 from workbench.training.loggers import LoggerGroup, log_dir
 from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
-from workbench.progress import fit_postfix, progress_bar, write
 from workbench.training.run_lock import begin_run
 from workbench.training.sft import expert_demonstrations, sft_step
 from workbench.training.stages import LocalStages, check_stages, make_stages
 from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
 from workbench.trajectory import Episode, TrajectoryBatch
+from workbench.utils.progress import fit_postfix, progress_bar, write
 
 Callback = Callable[["Trainer", dict], None]
 
@@ -88,7 +88,7 @@ class Trainer:
         config: the run's ConfigStore (validated here).
         environment: a prototype environment (deep-copied per episode) or a
             zero-argument factory; defaults to `make_env(config.environment.name, ...)`
-            (`workbench.env_registry`). The trainer records it in `config.environment`
+            (`workbench.environments.registry`). The trainer records it in `config.environment`
             (`record_environment`: the name that rebuilds it, `import_path`, params).
         reward_fn: `fn(trajectory)` or `fn(trajectory, environment)` -> float; None
             uses the environment's rewards.
@@ -139,7 +139,7 @@ class Trainer:
         #: Where this trainer's run branched from (`from_checkpoint`), else None.
         self.branched_from: Any = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
-        # fit runs the doctor's batch checks each step (workbench.doctor_checks) with the thresholds of
+        # fit runs the doctor's batch checks each step (workbench.doctor.checks) with the thresholds of
         # config.doctor (the same object: a threshold changed on the config applies from the next step);
         # None turns them off.
         self.doctor: StepDoctor | None = StepDoctor(config.doctor, write=write)
@@ -510,7 +510,7 @@ class Trainer:
         scored batch to `rollouts/` in the run folder (`training.save_rollouts_every`,
         `workbench.training.run_files`), and a progress bar counts steps up to the target
         (`training.progress`). Each step's batch goes through the run doctor's checks
-        (`self.doctor`, `workbench.doctor_checks`): a line per new finding, `diagnose/<name>`
+        (`self.doctor`, `workbench.doctor.checks`): a line per new finding, `diagnose/<name>`
         in the metrics.
         """
         t, c = self.config.training, self.config.checkpoint
@@ -805,7 +805,7 @@ def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _default_env(config: ConfigStore) -> Any:
-    """The environment `config.environment` names (see `workbench.env_registry.make_env`)."""
+    """The environment `config.environment` names (see `workbench.environments.registry.make_env`)."""
     return make_env(config.environment.name, config.environment)
 
 

@@ -1,5 +1,16 @@
 """Notebook widgets (ipywidgets 8 + plotly FigureWidget) for looking at and steering RL runs.
 
+    conversation.py  one episode as a chat, with rewards, tool calls and errors; fork from a turn
+    tokens.py        every token coloured by advantage, KL, logprob, ... (per-episode scale)
+    table.py         the batch as a clickable table linked to the views
+    dashboard.py     live training curves
+    play.py          play an environment by hand, ask the model for a suggestion
+    reward_tuner.py  reward weights as sliders, scores and advantages recomputed
+    findings.py      the run doctor's findings; each opens its evidence episode with the span marked
+    compare.py       RunComparisonView: two runs' curves overlaid, the same held-out seeds side by side
+    _html.py         shared HTML helpers
+    _runs.py         a reopened run (load_run) accepted wherever a widget takes a batch or a history
+
 | widget              | shows                                                               |
 |---------------------|---------------------------------------------------------------------|
 | `ConversationView`  | an episode as chat bubbles (tool calls, errors, reward per turn)    |

@@ -19,7 +19,7 @@ from typing import Any, Sequence
 import ipywidgets as widgets
 import traitlets
 
-from workbench.doctor_findings import Evidence, Finding
+from workbench.doctor.findings import Evidence, Finding
 from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
 from workbench.widgets.conversation import ConversationView, highlight_html

@@ -80,7 +80,7 @@ class PlayWidget(widgets.VBox):
     def __init__(self, env: Any, engine: GenerationEngine | None = None, tokenizer: Any = None, seed: int | None = 0,
                  max_turns: int | None = None, **rollout_kwargs: Any):
         if isinstance(env, str):
-            from workbench.env_registry import make_env
+            from workbench.environments.registry import make_env
 
             env = make_env(env)
         self.env = env

@@ -10,7 +10,7 @@
 reward when unscored); "after" is `reward_fn(episode)` with the current weights.
 The reward function gets the environment the episodes ran with (`environment=`:
 an environment, a zero-argument factory, or a dict env name -> environment; default:
-`workbench.env_registry.make_env(episode.env_name)`), so terms that need it (the
+`workbench.environments.registry.make_env(episode.env_name)`), so terms that need it (the
 efficiency bonus's step budget, `max_steps`) use the real one.
 For both, advantages of the configured estimator (`config=trainer.config` or
 `adv_estimator=`; default GRPO) are computed with `workbench.reward.episode_advantages`
@@ -100,7 +100,7 @@ def _registry_env(name: str) -> Any:
     if not name:
         return None
     try:
-        from workbench import env_registry
+        from workbench.environments import registry as env_registry
     except ImportError:
         return None
     try:

@@ -9,7 +9,7 @@
 the config is the one every path compares with. `check_doctor_config` is the range check
 `ConfigStore.validate` runs on it.
 
-Core layer, no imports from the package: `workbench.config` and `workbench.doctor_findings`
+Core layer, no imports from the package: `workbench.config` and `workbench.doctor.findings`
 both read it.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Callable
 
 @dataclass
 class DoctorConfig:
-    """Thresholds of the doctor's checks (`workbench.doctor_checks`)."""
+    """Thresholds of the doctor's checks (`workbench.doctor.checks`)."""
 
     baseline_steps: int = 2
     """How many first batches (or metric rows) the drift checks take as "the first steps"."""
@@ -47,7 +47,7 @@ class DoctorConfig:
     whole_action_share: float = 0.5
     """template-collapse and length-drift compare the latest batch only with first steps
     whose replies have the same form: at least this share of them the whole action
-    (`doctor_findings.is_whole_action`: a bare "5" under a strict format), or fewer in both.
+    (`doctor.findings.is_whole_action`: a bare "5" under a strict format), or fewer in both.
     A policy that went from sentences to the bare action (a strict format learned, an SFT
     warm-up) changed form: its fewer distinct, shorter replies are not a collapse."""
     length_ratio: float = 2.0

@@ -40,7 +40,7 @@ import importlib.metadata
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.imports import EnvNotFoundError, import_object, import_path  # noqa: F401 - public here too
+from workbench.utils.imports import EnvNotFoundError, import_object, import_path  # noqa: F401 - public here too
 
 #: The entry-point group installed distributions register environments under.
 ENTRY_POINT_GROUP = "workbench.envs"
@@ -312,19 +312,19 @@ def _same_target(spec: str, env: Any) -> bool:
 
 
 def _textarena(env_id: str, data: dict[str, Any]) -> Any:
-    from workbench.adapters.textarena import TextArenaEnvironment
+    from workbench.environments.adapters.textarena import TextArenaEnvironment
 
     return TextArenaEnvironment.from_config({**data, "params": {**data["params"], "env_id": env_id}})
 
 
 def _reasoning_gym(dataset: str, data: dict[str, Any]) -> Any:
-    from workbench.adapters.verifier import VerifierEnvironment
+    from workbench.environments.adapters.verifier import VerifierEnvironment
 
     return VerifierEnvironment.from_reasoning_gym(dataset, config=data)
 
 
 def _openenv(target: str, data: dict[str, Any]) -> Any:
-    from workbench.adapters.openenv_env import OpenEnvEnvironment
+    from workbench.environments.adapters.openenv_env import OpenEnvEnvironment
 
     return OpenEnvEnvironment(target, data)
 

@@ -24,7 +24,7 @@ whole reply stripped) and scores it with `score_fn`.
 
 `sample_fn` and `score_fn` may also be given as "module:function" import paths; the
 config then records them (`params["sample_fn"]`, `params["score_fn"]`), so
-`make_env("workbench.adapters.verifier:VerifierEnvironment", config)` rebuilds the
+`make_env("workbench.environments.adapters.verifier:VerifierEnvironment", config)` rebuilds the
 environment, and a checkpoint says what it trained on. Functions given as objects are
 recorded by import path when they have one (not lambdas, closures, bound methods or
 functions defined in `__main__`).
@@ -42,8 +42,8 @@ import re
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.imports import import_object, import_path
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
+from workbench.utils.imports import import_object, import_path
 
 SampleFn = Callable[[random.Random], Mapping[str, Any]]
 ScoreFn = Callable[[Any, Mapping[str, Any]], float]

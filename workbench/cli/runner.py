@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from workbench.cli.reports import plot_curve, summary_table, write_transcript
 from workbench.config import ConfigStore
-from workbench.reports import plot_curve, summary_table, write_transcript
 
 
 def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[list[Any], list[int]]:
@@ -22,7 +22,7 @@ def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[lis
     (`config.environment`: params, max_steps, system_prompt, seed), and seeds 0..episodes-1."""
     import dataclasses
 
-    from workbench.env_registry import make_env
+    from workbench.environments.registry import make_env
 
     seeds = list(range(episodes))
     settings = dataclasses.asdict(config.environment)
@@ -83,7 +83,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     `trainer`: a Trainer already built for `out` (a branch: `Trainer.from_checkpoint`), used
     instead of building one from `config` (its own config is used); "before" is then evaluated
     at its step, on the same held-out seeds, so a branch's evaluations pair with its parent's."""
-    from workbench.progress import write
+    from workbench.utils.progress import write
     from workbench.training import Trainer, run_files
 
     out.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ import threading
 from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
 
 #: Serialises every swap of the global `random` state (environments step in threads).
 GLOBAL_RANDOM_LOCK = threading.RLock()

@@ -34,7 +34,7 @@ per episode (`GenericEnvClient(base_url).sync()`, plain dicts in and out). This 
     active ... (code: CAPACITY_REACHED)", then one notice on stderr saying how to raise
     it), or from the `max_concurrent` param (a number, the most sessions this process
     opens at once on that server). All environments of this process that use one server
-    share its places (`workbench.adapters.openenv_capacity.ServerPlaces`); with every
+    share its places (`workbench.environments.adapters.openenv_capacity.ServerPlaces`); with every
     place taken, `reset` raises `EnvironmentBusy` and the rollout queues the episode
     until one of its episodes ends. So a batch of 8 on a server of capacity 1 runs its
     episodes one after another.
@@ -56,10 +56,10 @@ import typing
 import weakref
 from typing import Any, Mapping
 
-from workbench.adapters.openenv_capacity import ServerPlaces, capacity_limit, server_words
 from workbench.config import EnvironmentConfig
-from workbench.environment import BaseEnvironment, EnvironmentBusy, StepResult
-from workbench.imports import import_object
+from workbench.environments.adapters.openenv_capacity import ServerPlaces, capacity_limit, server_words
+from workbench.environments.base import BaseEnvironment, EnvironmentBusy, StepResult
+from workbench.utils.imports import import_object
 
 OBSERVATION_FIELDS = ("text", "message", "prompt", "content", "output", "observation")
 ACTION_FIELDS = ("message", "text")

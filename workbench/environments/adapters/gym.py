@@ -32,7 +32,7 @@ import inspect
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.environment import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult
 
 DEFAULT_MAX_STEPS = 100
 
@@ -77,7 +77,7 @@ def check_gym_api(env: Any) -> None:
         what = f"requires {required}" if required else "takes no seed keyword"
         raise TypeError(f"{name}.reset{signature} {what}; GymTextEnvironment calls reset(seed=..., "
                         "options=...) and expects (obs, info) back, as Gymnasium does. For another API "
-                        "write a small BaseEnvironment subclass (see workbench.environment), or use "
+                        "write a small BaseEnvironment subclass (see workbench.environments.base), or use "
                         "TextArenaEnvironment / VerifierEnvironment where they fit.")
 
 

@@ -1,5 +1,10 @@
 """Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare}`.
 
+    __init__.py  argument parsing only: `main`, the commands and their flags
+    demo.py      `make demo`: rollouts, then GRPO with held-out success before and after
+    runner.py    the rollout and train jobs behind the commands and the demo
+    reports.py   transcripts, curves and tables a run writes for people
+
     python -m workbench rollout --env guess_number --episodes 8
     python -m workbench train --env guess_number --algo grpo --steps 20 --output runs/gn
     python -m workbench demo            # what `make demo` runs
@@ -38,8 +43,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workbench.config import BACKENDS, DTYPES, EMBEDDED_MODEL, ConfigError, ConfigStore
-from workbench.cli_flags import add_config_flags, apply_config_flags, given_config_flags
-from workbench.overrides import apply_env_params, parse_env_params, parse_key_values  # noqa: F401 - public here too
+from workbench.config.flags import add_config_flags, apply_config_flags, given_config_flags
+from workbench.environments.params import (  # noqa: F401 - public here too
+    apply_env_params, parse_env_params, parse_key_values,
+)
 
 #: Flags that set one config field each (dest -> section, field), per command.
 _COMMON_FIELDS = {
@@ -115,15 +122,15 @@ def build_config(args: argparse.Namespace, base: ConfigStore | None = None) -> C
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    """Roll out the model and write transcripts and a summary table (`workbench.runner`)."""
-    from workbench.runner import rollout_and_report
+    """Roll out the model and write transcripts and a summary table (`workbench.cli.runner`)."""
+    from workbench.cli.runner import rollout_and_report
 
     rollout_and_report(build_config(args), Path(args.output), args.episodes)
     return 0
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from workbench.runner import train_and_report
+    from workbench.cli.runner import train_and_report
 
     if getattr(args, "from_checkpoint", None):
         return cmd_branch(args)
@@ -180,7 +187,7 @@ def cmd_branch(args: argparse.Namespace) -> int:
     """`train --from CHECKPOINT`: a branch of that run with the flags given as overrides
     (`Trainer.from_checkpoint`), trained and reported like any run into --output. Held-out
     episodes default to the parent's count, so both evaluate the same seeds."""
-    from workbench.runner import train_and_report
+    from workbench.cli.runner import train_and_report
     from workbench.training import Trainer
 
     checkpoint, overrides, steps = branch_overrides(args)
@@ -194,8 +201,8 @@ def cmd_branch(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    """Rollouts of the untrained model, then a short GRPO run that learns (`workbench.demo`)."""
-    from workbench.demo import run_demo
+    """Rollouts of the untrained model, then a short GRPO run that learns (`workbench.cli.demo`)."""
+    from workbench.cli.demo import run_demo
 
     return run_demo(args)
 

@@ -18,7 +18,7 @@ One `ServerPlaces` per server URL is shared by every `OpenEnvEnvironment` of thi
 process: an environment takes a place before it opens its session and gives it back
 when the session closes. Other processes (Ray workers, other users) are not counted
 here; the server's own refusals cover them (the episode waits, see
-`workbench.environment.EnvironmentBusy`).
+`workbench.environments.base.EnvironmentBusy`).
 
 The first refusal prints one notice per server (stderr): the limit, and how to raise it.
 """

@@ -6,7 +6,7 @@ what to fix. `check_env` runs them all (a check that raises fails with the excep
 in its message, it never stops the others) and raises `EnvCheckError` listing every
 failure, or, with `warn=True`, emits one warning per failure instead.
 
-    from workbench.env_checker import check_env
+    from workbench.environments.checker import check_env
     results = check_env(MyEnv())           # raises EnvCheckError if anything fails
     [r.name for r in results if r.passed]
 

@@ -144,7 +144,7 @@ def showcase_index(before: TrajectoryBatch, after: TrajectoryBatch) -> int:
 
 def write_demo_transcript(report: dict[str, Any], path: Path) -> Path:
     """transcript.md: the side-by-side held-out episode, then the best and worst after training."""
-    from workbench.reports import episode_transcript
+    from workbench.cli.reports import episode_transcript
 
     before, after, trainer = report["before"], report["after"], report["trainer"]
     training = training_words(trainer)
@@ -213,7 +213,7 @@ def learned_line(batch: TrajectoryBatch) -> str:
 
 def run_demo(args: argparse.Namespace) -> int:
     """Part 1: rollouts of the untrained model; part 2: a short GRPO run that learns."""
-    from workbench.runner import rollout_and_report, train_and_report
+    from workbench.cli.runner import rollout_and_report, train_and_report
 
     n = counts()
     out = Path(args.output)

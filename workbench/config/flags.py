@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from workbench.config import SECTIONS, ConfigError, ConfigStore
-from workbench.config_checks import _describe, _field_types
+from workbench.config.checks import _describe, _field_types
 
 #: argparse dest prefix of the generated flags.
 PREFIX = "cfg:"

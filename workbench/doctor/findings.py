@@ -1,10 +1,10 @@
 """What the run doctor reports and what it keeps between steps: `Finding` and `Evidence`,
 `BatchStats` (a few numbers per batch that the drift checks compare with the first steps)
 and `History` (the stats of every step seen, the latest batch and the metric rows). The
-thresholds, `DoctorConfig`, live in `workbench.doctor_config` (the config's `doctor`
+thresholds, `DoctorConfig`, live in `workbench.doctor.thresholds` (the config's `doctor`
 section) and are importable here too.
 
-Core layer (beside `trajectory`): `workbench.doctor_checks` holds the checks,
+Core layer (beside `trajectory`): `workbench.doctor.checks` holds the checks,
 `Trainer.fit` runs them per step, `workbench.debug.doctor` is the public front.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from workbench.doctor_config import DoctorConfig  # noqa: F401 - importable from here too
+from workbench.doctor.thresholds import DoctorConfig  # noqa: F401 - importable from here too
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
 #: Severities, mildest first.

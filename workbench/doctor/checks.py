@@ -7,7 +7,7 @@ says whether the threshold (a `DoctorConfig` field) was crossed. `CHECKS` lists 
 name; `run_checks` runs them all; `StepDoctor` is what `Trainer.fit` calls once per step
 (cheap: string work on one batch, no model, no files).
 
-Core layer: imports only `trajectory` and `doctor_findings`, so `training` can call it;
+Core layer: imports only `trajectory` and `doctor.findings`, so `training` can call it;
 `workbench.debug.doctor` is the public front (`diagnose`, the CLI).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
-from workbench.doctor_findings import BatchStats, DoctorConfig, Finding, History, model_turns
+from workbench.doctor.findings import BatchStats, DoctorConfig, Finding, History, model_turns
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")

@@ -1,5 +1,10 @@
 """Configuration: one dataclass per concern, gathered in `ConfigStore`.
 
+    __init__.py  the sections (model, inference, training, checkpoint, environment, ray, reward,
+                 doctor) and `ConfigStore`: load, save, validate, update
+    checks.py    `ConfigError`, the device/dtype resolvers, the type checks behind `validate`
+    flags.py     a `--SECTION.FIELD` command-line flag for every field, from the dataclasses
+
     config = ConfigStore()
     config.model.model_name = "smollm2-135m-instruct"
     config.training.adv_estimator = "grpo"
@@ -11,7 +16,7 @@ seeds' Configuration Reference (model, inference, training, checkpoint, environm
 ray); fields added here are the ones a verl/TRL user expects (group size, KL loss,
 LoRA, micro-batches), a `reward` section with the seeds' `RewardManager` shaping
 weights (saved with every checkpoint; `--reward-param K=V` on the command line), and a
-`doctor` section with the run doctor's thresholds (`workbench.doctor_config`).
+`doctor` section with the run doctor's thresholds (`workbench.doctor.thresholds`).
 """
 from __future__ import annotations
 
@@ -24,12 +29,12 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import yaml
 
-from workbench.config_checks import (  # noqa: F401 - ConfigError, DTYPES, resolve_*: public here too
+from workbench.config.checks import (  # noqa: F401 - ConfigError, DTYPES, resolve_*: public here too
     DTYPES, ConfigError, _check_types, _choice, _coerce_number, _field_types, _parse_device, _positive_int,
     check_remedies,
     MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
 )
-from workbench.doctor_config import DoctorConfig, check_doctor_config
+from workbench.doctor.thresholds import DoctorConfig, check_doctor_config
 
 if TYPE_CHECKING:
     import torch
@@ -258,7 +263,7 @@ class TrainingConfig:
     progress: bool | None = None
     """Progress bars (`tqdm.auto`) on `fit`, rollouts and `evaluate`: True always, False never,
     None automatic (off when the `CI` environment variable is set; on in Jupyter or when stderr
-    is a terminal). See `workbench.progress`."""
+    is a terminal). See `workbench.utils.progress`."""
     loggers: list[str] = field(default_factory=lambda: ["jsonl"])
     """Experiment tracking sinks `fit` writes every step's metrics to: "jsonl"
     (`metrics.jsonl` and `episodes.jsonl` in `log_dir`), "tensorboard" (`log_dir/tensorboard`),
@@ -303,7 +308,7 @@ class CheckpointConfig:
 class EnvironmentConfig:
     name: str = "guess_number"
     """What `workbench.make_env` builds: a registered name, `module:Class`, `textarena:<id>`
-    or `reasoning_gym:<task>` (see `workbench.env_registry`)."""
+    or `reasoning_gym:<task>` (see `workbench.environments.registry`)."""
     max_steps: int = 10
     """Maximum environment steps per episode."""
     seed: int | None = None
@@ -318,7 +323,7 @@ class EnvironmentConfig:
     config says what it trained on and `make_env(name, config)` rebuilds it."""
     step_timeout: float | None = 60.0
     """Seconds each `env.reset` / `env.step` of a rollout may take; an overrun ends that
-    episode with a timeout error and the others go on (see `workbench.timeouts`). None or 0 = no limit."""
+    episode with a timeout error and the others go on (see `workbench.utils.timeouts`). None or 0 = no limit."""
     strict_format: bool = False
     """Strict action format: only a reply that *is* the action counts (a bare number for
     guess_number, one JSON object for the json parser, one tool call, "Answer: N" alone),
@@ -469,7 +474,7 @@ class ConfigStore:
     reward: RewardConfig = field(default_factory=RewardConfig)
     """Shaping of environment rewards (`RewardManager` weights)."""
     doctor: DoctorConfig = field(default_factory=DoctorConfig)
-    """Thresholds of the run doctor's checks (`workbench.doctor_config`)."""
+    """Thresholds of the run doctor's checks (`workbench.doctor.thresholds`)."""
     sft: SFTConfig = field(default_factory=SFTConfig)
     """Supervised warm-up from an expert's demonstrations before RL."""
 
@@ -534,7 +539,7 @@ class ConfigStore:
     def load(cls, path: str | Path) -> "ConfigStore":
         """Read a YAML file written by `save` (or by hand); an empty file is the defaults.
         A file whose aliases expand past `MAX_YAML_NODES` values (an anchor bomb) or that
-        is larger than `MAX_YAML_BYTES` is refused (`workbench.config_checks.safe_load_bounded`)."""
+        is larger than `MAX_YAML_BYTES` is refused (`workbench.config.checks.safe_load_bounded`)."""
         try:
             data = safe_load_bounded(Path(path).read_text(), str(path))
         except ConfigError:

@@ -39,7 +39,7 @@ def parse_env_params(pairs: Sequence[str]) -> dict[str, Any]:
 def apply_env_params(config: ConfigStore, env_params: Sequence[str]) -> ConfigStore:
     """Add `--env-param`s to `config.environment.params` and check that every
     comma-separated `--env` spec resolves (ConfigError saying what is wrong otherwise)."""
-    from workbench.env_registry import REGISTRY
+    from workbench.environments.registry import REGISTRY
 
     params = parse_env_params(env_params)
     fields = {f.name for f in dataclasses.fields(config.environment)} - {"name", "params", "import_path"}
