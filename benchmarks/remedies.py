@@ -133,12 +133,16 @@ def machine() -> dict[str, Any]:
 
 
 def base_config(args: argparse.Namespace, seed: int, out: Path):
-    """The demo's training config (`workbench.cli.demo.demo_config`) with this benchmark's counts."""
+    """The demo's training config (`workbench.cli.demo.demo_config`) with this benchmark's counts,
+    and without the demo's own remedies (the strict format and the SFT warm-up at its learning
+    rate): the lenient arm is the run the doctor diagnoses, and each arm adds its remedy."""
     from workbench.cli.demo import demo_config
 
     n = counts()
     demo_args = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
     cfg = demo_config(demo_args, out)
+    cfg.environment.strict_format = False
+    cfg.update("sft", {"steps": 0, "learning_rate": None})  # an arm's SFT steps run at training.learning_rate
     cfg.update("training", {"batch_size": n["batch_size"], "group_size": n["group_size"],
                             "micro_batch_size": n["batch_size"], "num_iters_per_epoch": args.rl_steps,
                             "seed": seed})
