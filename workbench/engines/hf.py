@@ -72,8 +72,9 @@ from workbench.engines.base import GenerationEngine, GenerationResult, SamplingP
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
-from workbench.engines.kv_cache import (_build_cache, _GrowingLayer, _plain_layers, _PrefixCache,  # noqa: F401
-                                        _row_kv, _select_rows)
+from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
+                                        _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
+                                        _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
@@ -258,8 +259,8 @@ class HFEngine(GenerationEngine):
         attn_host = attention  # (U, C + S) on the host: which cache positions of a row are real
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         past = None
-        if C > 0:
-            past = _build_cache([layers for _, layers in hits], kept, C, device)
+        if C > 0:  # kept KV in place, with room for the S new tokens and the decode steps
+            past = _build_cache([kv for _, kv in hits], kept, C, S + max(params.max_tokens - 1, 0), device)
         self._prompt_tokens += sum(len(p) for p in prompts)
 
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
@@ -270,8 +271,8 @@ class HFEngine(GenerationEngine):
         plain = _plain_layers(cache)
         if self.prefix_cache is not None and not plain:
             self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
-        if plain and params.max_tokens > 1:  # room for the new tokens: no torch.cat per step
-            cache.layers = [_GrowingLayer(layer, params.max_tokens - 1) for layer in cache.layers]
+        if plain and params.max_tokens > 1 and not _is_growing(cache.layers[0]):  # room: no torch.cat per step
+            cache.layers = _grow_layers(cache.layers, params.max_tokens - 1)
         logits = out.logits[:, -1, :].float()  # (U, V)
         next_pos = positions[:, -1:] + 1  # (U, 1)
         if U < B:  # expand the unique rows back to one row per prompt
@@ -280,12 +281,15 @@ class HFEngine(GenerationEngine):
             cache = _select_rows(cache, inv_dev)
             logits, next_pos, attention = logits[inv_dev], next_pos[inv_dev], attention[inv_dev]  # (B, ...)
             attn_host = attn_host[inv]
-        state = _DecodeState(self, prompts, params, gen, attn_host, device)
+        cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
+        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached)
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
         # adapters switched off; None: the model's forward decodes.
         fast = None
         if self.fast_decode and plain and params.max_tokens > 1:
             fast = self._decode_step = DecodeStep.build(model, self._decode_step)
+        if fast is not None and device.type == "cpu":  # its attention reads fp32: widen the cache once, not per step
+            _decode_in_fp32(cache)
         path = "fast" if fast is not None else "model"
         # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
         # the same keys in every row, and the decode step reads them once (decode_step.py).
@@ -299,9 +303,10 @@ class HFEngine(GenerationEngine):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
                 if not state.live.any() or step == params.max_tokens - 1:
                     break
-                keep = state.compact(cache)  # (B'',) rows kept, on the device; None: no compaction this step
-                if keep is not None:
-                    cache = _select_rows(cache, keep)
+                kept_rows = state.compact(cache)  # rows kept (device, host); None: no compaction this step
+                if kept_rows is not None:
+                    keep, keep_host = kept_rows  # (B'',) each
+                    cache = _select_rows(cache, keep, keep_host)
                     tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
                 with stepper.step():
@@ -315,7 +320,7 @@ class HFEngine(GenerationEngine):
                         logits = out.logits[:, -1, :].float()  # (B', V)
                 self.decode_steps[path] += 1
                 next_pos = next_pos + 1
-        return state.finish(cache, [kept[inverse[b]] for b in range(B)])
+        return state.finish(cache)
 
 
 #: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
@@ -335,8 +340,10 @@ class _DecodeState:
     """
 
     def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
-                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device):
+                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
+                 cached: list[int]):
         B, T = len(prompts), params.max_tokens
+        self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
         self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
         self.stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long).to(device)  # (K,)
         self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
@@ -385,9 +392,9 @@ class _DecodeState:
         live &= ~done
         return tokens
 
-    def compact(self, cache: Any) -> torch.Tensor | None:
+    def compact(self, cache: Any) -> tuple[torch.Tensor, list[int]] | None:
         """Drop finished rows once they are `compact_fraction` of the batch: the kept rows'
-        index on the device (their KV stored in the prefix cache first), else None."""
+        index on the device and on the host (their KV stored in the prefix cache first), else None."""
         n = len(self.live)
         dead = n - int(self.live.sum())
         fraction = self.engine.compact_fraction
@@ -400,7 +407,7 @@ class _DecodeState:
         keep_dev = keep.to(self.device, non_blocking=True)
         self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
         self.attn_host = self.attn_host[keep]
-        return keep_dev
+        return keep_dev, keep.tolist()
 
     def _store(self, cache: Any, batch_rows: torch.Tensor) -> None:
         """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache."""
@@ -411,15 +418,15 @@ class _DecodeState:
             r, n = int(self.rows[j]), int(self.length[self.rows[j]])
             where = torch.cat([self.attn_host[j].nonzero().flatten(),
                                torch.arange(self.prefill_len, self.prefill_len + n - 1)])  # (n_real,)
-            layers = _row_kv(cache, j, where.to(self.device, non_blocking=True))
-            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), layers)
+            kv = _row_kv(cache, j, where.to(self.device, non_blocking=True))
+            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), kv, extends=self.cached[r])
 
-    def finish(self, cache: Any, cached_tokens: list[int]) -> list[GenerationResult]:
+    def finish(self, cache: Any) -> list[GenerationResult]:
         """The turn ended: keep the remaining rows' KV, read the logprobs once, build results."""
         self._store(cache, torch.arange(len(self.rows)))
         logprobs = self.logprobs.cpu()  # (T, B)
         self.engine._generated += int(self.length.sum())
         return [GenerationResult(token_ids=self.ids[b, :n].tolist(), logprobs=logprobs[:n, b].tolist(),
                                  finish_reason="stop" if self.stopped[b] else "length",  # type: ignore[arg-type]
-                                 num_cached_tokens=cached_tokens[b])
+                                 num_cached_tokens=self.cached[b])
                 for b, n in enumerate(self.length.tolist())]
