@@ -132,3 +132,44 @@ def test_prefix_cache_drops_only_the_entry_a_row_extended():
     cache.store(nxt, kv, extends=len(long))  # the long row's next turn, which reused `long`
     assert set(cache.entries) == {short, nxt}
     assert cache.bytes == 2 * kv[0].numel() * 4
+
+
+def test_prefill_groups_split_kept_turns_from_lost_prompts():
+    from workbench.engines.kv_cache import _prefill_groups
+
+    new = [25, 250, 26, 251, 24, 27, 249, 25]  # next turns of kept episodes, and prompts the cache lost
+    groups = _prefill_groups(new)
+    assert groups == [[0, 2, 4, 5, 7], [1, 3, 6]]
+    assert _prefill_groups([30, 31, 29, 30]) == [[0, 1, 2, 3]]  # splitting would save little: one group
+    assert sorted(u for g in _prefill_groups(list(range(1, 60)) * 2) for u in g) == list(range(118))
+
+
+def test_rows_prefilled_in_groups_meet_in_one_cache(tiny_model_and_tokenizer, monkeypatch):
+    """One chunk holding next turns of kept episodes, fresh long prompts and a duplicate:
+    prefilled in two groups, decoded together; the ids of an engine without a prefix cache
+    and logprobs equal to a plain forward."""
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    engine = HFEngine(model, tok)
+    greedy = SamplingParams(max_tokens=6, temperature=0.0)
+    g = torch.Generator().manual_seed(6)
+    first = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (5, 6, 7)]
+    turns = engine.generate_ids(first, greedy)
+    nexts = [p + r.token_ids + [9, 8] for p, r in zip(first, turns)]
+    fresh = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (40, 44)]
+    prompts = [nexts[0], fresh[0], nexts[1], fresh[1], nexts[2], fresh[0]]  # fresh[0] twice
+    calls = []
+    run = engine._prefill
+    monkeypatch.setattr(engine, "_prefill",
+                        lambda model, ps, hits, room: calls.append(len(ps)) or run(model, ps, hits, room))
+    got = engine.generate_ids(prompts, greedy)
+    assert sorted(calls) == [2, 3]  # the kept turns and the fresh prompts apart (the duplicate once)
+    plain = HFEngine(model, tok, prefix_cache=False).generate_ids(prompts, greedy)
+    assert [r.token_ids for r in got] == [r.token_ids for r in plain]
+    assert [r.num_cached_tokens > 0 for r in got] == [True, False, True, False, True, False]
+    for p, r in zip(prompts, got):
+        with torch.no_grad():
+            lp = torch.log_softmax(model(input_ids=torch.tensor([p + r.token_ids])).logits[0].float(), -1)
+        ref = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(r.token_ids)]
+        assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(ref), atol=1e-4)

@@ -74,7 +74,7 @@ from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
-                                        _select_rows)
+                                        _prefill_groups, _assemble_groups, _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
@@ -102,6 +102,7 @@ class HFEngine(GenerationEngine):
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
         self._prefills: dict[int, DecodeThreads] = {}  # prefill size (new tokens, a power of two) -> its choice
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
+        self._plain_prefill = False  # a prefill gave plain full-attention cache layers (groups can meet)
         self.compact_fraction = compact_fraction
         self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
@@ -232,18 +233,14 @@ class HFEngine(GenerationEngine):
         with gqa_attention(model), dense_head_input(model):
             return self._decode_chunk(model, prompts, params, gen)
 
-    def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
-                      gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+    def _prefill(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
+                 room: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One padded prefill of `uprompts` over their kept KV (`hits`): the cache (kept KV
+        right-aligned at C, then the (U, S) new tokens, left-padded, then `room`), the (U, V)
+        fp32 logits of each last position, the (U, 1) next positions on the device, and the
+        (U, C + S) host mask of real cache positions."""
         device = self.device
-        B = len(prompts)
-        # Identical prompts (a GRPO group's opening turn, greedy episodes that agree so
-        # far) are prefilled once; their cache rows are copied before sampling.
-        unique: dict[tuple[int, ...], int] = {}
-        inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-        uprompts = [list(p) for p in unique]
         U = len(uprompts)
-        # Prefix cache: row u reuses the kept KV of its first `kept[u]` tokens.
-        hits = [self.prefix_cache.lookup(p) if self.prefix_cache is not None else (0, None) for p in uprompts]
         kept = [n for n, _ in hits]
         C = max(kept)  # (U, C) kept KV, right-aligned, then (U, S) new tokens, right-aligned
         S = max(len(p) - n for p, n in zip(uprompts, kept))
@@ -259,28 +256,54 @@ class HFEngine(GenerationEngine):
         attn_host = attention  # (U, C + S) on the host: which cache positions of a row are real
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         past = None
-        if C > 0:  # kept KV in place, with room for the S new tokens and the decode steps
-            past = _build_cache([kv for _, kv in hits], kept, C, S + max(params.max_tokens - 1, 0), device)
-        self._prompt_tokens += sum(len(p) for p in prompts)
-
+        if C > 0:  # kept KV in place, with room for the S new tokens (and `room`)
+            past = _build_cache([kv for _, kv in hits], kept, C, S + room, device)
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
         with self._prefill_threads(input_ids.numel()):
             out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                         past_key_values=past, logits_to_keep=1)
-        cache = out.past_key_values
-        plain = _plain_layers(cache)
-        if self.prefix_cache is not None and not plain:
-            self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
-        if plain and params.max_tokens > 1 and not _is_growing(cache.layers[0]):  # room: no torch.cat per step
-            cache.layers = _grow_layers(cache.layers, params.max_tokens - 1)
-        logits = out.logits[:, -1, :].float()  # (U, V)
-        next_pos = positions[:, -1:] + 1  # (U, 1)
-        if U < B:  # expand the unique rows back to one row per prompt
-            inv = torch.tensor(inverse, dtype=torch.long)  # (B,)
-            inv_dev = inv.to(device, non_blocking=True)
-            cache = _select_rows(cache, inv_dev)
-            logits, next_pos, attention = logits[inv_dev], next_pos[inv_dev], attention[inv_dev]  # (B, ...)
-            attn_host = attn_host[inv]
+        return out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1, attn_host
+
+    def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
+                      gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+        device = self.device
+        B = len(prompts)
+        # Identical prompts (a GRPO group's opening turn, greedy episodes that agree so
+        # far) are prefilled once; their cache rows are copied before sampling.
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        uprompts = [list(p) for p in unique]
+        U = len(uprompts)
+        # Prefix cache: row u reuses the kept KV of its first `kept[u]` tokens.
+        hits = [self.prefix_cache.lookup(p) if self.prefix_cache is not None else (0, None) for p in uprompts]
+        kept = [n for n, _ in hits]
+        self._prompt_tokens += sum(len(p) for p in prompts)
+        room = max(params.max_tokens - 1, 0)  # decode steps' positions after the prompt
+        # Rows whose new-token counts differ a lot (the next turns of kept episodes and
+        # prompts the cache lost) prefill in groups, each padded to its own longest
+        # (`_prefill_groups`), then meet in one cache; once the cache layers are known plain.
+        groups = [list(range(U))]
+        if self._plain_prefill and U > 1:
+            groups = _prefill_groups([len(p) - n for p, n in zip(uprompts, kept)])
+        if len(groups) == 1:
+            cache, logits, next_pos, attn_host = self._prefill(model, uprompts, hits, room)
+            plain = _plain_layers(cache)
+            self._plain_prefill = plain
+            if self.prefix_cache is not None and not plain:
+                self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
+            if plain and params.max_tokens > 1 and not _is_growing(cache.layers[0]):  # room: no torch.cat per step
+                cache.layers = _grow_layers(cache.layers, room)
+            if U < B:  # expand the unique rows back to one row per prompt
+                inv = torch.tensor(inverse, dtype=torch.long)  # (B,)
+                inv_dev = inv.to(device, non_blocking=True)
+                cache = _select_rows(cache, inv_dev)
+                logits, next_pos = logits[inv_dev], next_pos[inv_dev]  # (B, ...)
+                attn_host = attn_host[inv]
+        else:
+            parts = [self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], 0) for g in groups]
+            cache, logits, next_pos, attn_host = _assemble_groups(parts, groups, inverse, room)
+            plain = True
+        attention = attn_host.to(device, non_blocking=True)  # (B, T) 1 at real cache positions
         cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
         state = _DecodeState(self, prompts, params, gen, attn_host, device, cached)
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
@@ -293,7 +316,7 @@ class HFEngine(GenerationEngine):
         path = "fast" if fast is not None else "model"
         # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
         # the same keys in every row, and the decode step reads them once (decode_step.py).
-        shared = C + S if U == 1 and B > 1 else 0
+        shared = attn_host.shape[1] if U == 1 and B > 1 else 0
         if self.decode_threads is None:
             self.decode_threads = DecodeThreads(device, split=fast is not None)
             if SPLIT in self.decode_threads.candidates:
@@ -312,7 +335,7 @@ class HFEngine(GenerationEngine):
                 with stepper.step():
                     if fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
-                        logits = fast(tokens, attention, next_pos, cache, shared, split)  # (B', V), cache grown in place
+                        logits = fast(tokens, attention, next_pos, cache, shared, split)  # (B', V), cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)

@@ -302,3 +302,86 @@ def _select_rows(cache: Any, idx: torch.Tensor, keep: list[int] | None = None) -
             layer.values = layer.values[idx]
         return cache
     raise TypeError(f"cannot select rows of cache type {type(cache).__name__}")
+
+
+def _prefill_groups(new: list[int], max_groups: int = 4) -> list[list[int]]:
+    """Rows (indices into `new`, each row's tokens to prefill) in groups prefilled apart.
+
+    A padded prefill costs rows x its longest row: the next turns of kept episodes (tens of
+    new tokens) padded to a prompt the prefix cache lost (hundreds) cost many times their
+    tokens. Groups are runs of rows sorted by new tokens, the split that minimises padded
+    tokens plus, per group after the first, 1/16 of the unsplit prefill's (the groups'
+    caches are then copied into one, and each forward has its own fixed cost); at most
+    `max_groups`. One group (all rows, in order) when splitting saves less."""
+    order = sorted(range(len(new)), key=lambda u: (new[u], u))
+    vals = [new[u] for u in order]  # ascending
+    n = len(vals)
+    penalty = n * vals[-1] / 16
+    # best[k][j]: least cost of the first j sorted rows in k groups (a group's cost: rows x its last value)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(max_groups + 1)]
+    cut = [[0] * (n + 1) for _ in range(max_groups + 1)]
+    best[0][0] = 0.0
+    for k in range(1, max_groups + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):
+                c = best[k - 1][i] + (j - i) * vals[j - 1]
+                if c < best[k][j]:
+                    best[k][j], cut[k][j] = c, i
+    k = min(range(1, max_groups + 1), key=lambda k: best[k][n] + (k - 1) * penalty)
+    if k == 1:
+        return [list(range(n))]
+    bounds, j = [], n
+    for kk in range(k, 0, -1):
+        bounds.append((cut[kk][j], j))
+        j = cut[kk][j]
+    return [sorted(order[i:j]) for i, j in reversed(bounds)]
+
+
+def _assemble_groups(parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]], groups: list[list[int]],
+                     inverse: list[int], room: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Groups prefilled apart (`parts`: per group its cache, (U_g, V) logits, (U_g, 1) next
+    positions, (U_g, w_g) host mask of real positions) as one growing cache of one row per
+    prompt (`inverse`: prompt -> unique row), each row right-aligned to the widest group's
+    width W, zeros before it, `room` spare positions after: (cache, (B, V) logits, (B, 1)
+    next positions, (B, W) host mask)."""
+    from transformers import DynamicCache
+
+    where = {u: (g, r) for g, rows in enumerate(groups) for r, u in enumerate(rows)}
+    B, W = len(inverse), max(mask.shape[1] for *_, mask in parts)
+    dst = [[b for b in range(B) if where[inverse[b]][0] == g] for g in range(len(groups))]  # batch rows of group g
+    src = [[where[inverse[b]][1] for b in rows] for rows in dst]  # their rows in the group's cache
+    part_blocks = []
+    for cache, *_ in parts:
+        if not all(_is_growing(layer) for layer in cache.layers):
+            cache.layers = _grow_layers(cache.layers, 0)
+        part_blocks.append(_blocks(cache))
+    device = parts[0][1].device
+    layers = []
+    for bi, ref in enumerate(part_blocks[0]):
+        Lb, two, _, KV, _, D = ref.buf.shape
+        buf = torch.empty((Lb, two, B, KV, W + room, D), dtype=ref.buf.dtype, device=device)  # (L, 2, B, KV, cap, D)
+        for g, blocks in enumerate(part_blocks):
+            if not dst[g]:
+                continue
+            w = parts[g][3].shape[1]
+            d, s = torch.tensor(dst[g]).to(device), torch.tensor(src[g]).to(device)
+            buf[:, :, :, :, : W - w].index_fill_(2, d, 0)  # padding: masked, but 0 * garbage could be NaN
+            buf[:, :, :, :, W - w : W].index_copy_(2, d, blocks[bi].buf[:, :, :, :, :w].index_select(2, s))
+        block = _KVBlock(buf, Lb)
+        block.dtype = ref.dtype
+        layers += [_new_growing(block, li, W) for li in range(Lb)]
+    cache = DynamicCache()
+    cache.layers = layers
+    offsets = [0]
+    for g in groups:
+        offsets.append(offsets[-1] + len(g))
+    pick = torch.tensor([offsets[where[u][0]] + where[u][1] for u in inverse])  # (B,) row in the stacked parts
+    pick_dev = pick.to(device)
+    logits = torch.cat([p[1] for p in parts])[pick_dev]  # (B, V)
+    next_pos = torch.cat([p[2] for p in parts])[pick_dev]  # (B, 1)
+    mask = torch.zeros((B, W), dtype=torch.long)  # (B, W)
+    for g, (*_, part_mask) in enumerate(parts):
+        if dst[g]:
+            mask[torch.tensor(dst[g]), W - part_mask.shape[1]:] = part_mask[torch.tensor(src[g])]
+    return cache, logits, next_pos, mask
