@@ -4,10 +4,10 @@ One call samples every prompt together: prompts are left-padded into one (B, T)
 batch, prefilled once, then decoded token by token with the KV cache. Rows that
 hit a stop id, or complete a stop string (`SamplingParams.stop`, the engine's `stop`
 from `inference.stop`; see `base.StopStrings`: the ids are kept as sampled up to and
-including the token that completes it), leave the batch (one copy of every layer's cache
-drops all the rows finished so far: on an accelerator once they are `compact_fraction` of
-the batch, on the CPU, where every row costs compute, at once), so short answers don't
-pay for long ones. The loop is ours rather than `model.generate` so that the
+including the token that completes it), leave the batch (the rows after them move up in
+the cache, in place on the CPU, one op per run of rows for all layers together:
+on an accelerator once they are `compact_fraction` of the batch, on the CPU, where every
+row costs compute, at once), so short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the
 raw-model logprob of each sampled id comes out of the same forward that sampled it,
 without storing (B, V) logits per step.
 
@@ -29,18 +29,27 @@ keyed by those ids. A later prompt that extends a kept sequence -- the same epis
 next turn: its previous context, the sampled turn, the observation delta -- prefills
 only the new tokens on top of the kept KV, instead of the whole conversation again.
 Entries are LRU-bounded (`prefix_cache_mb`), a row's newer entry replaces the one it
-extended, and the cache is dropped whenever the weights change (optimizer step,
+extended (only that one: a group member whose reply happens to be a prefix of another's
+keeps its entry), and the cache is dropped whenever the weights change (optimizer step,
 `load_state_dict`, `sync_weights`, adapters switched off or on: checked with
 `merged.weights_state_key`), so
 a sample never sees KV from other weights. A call of more prompts than one chunk holds
 groups them by the tokens each still has to prefill, so the ones the cache could not keep
 (a full cache evicts the oldest entries) share chunks instead of making every chunk
 prefill in full (measured, fp32 SmolLM2, 128 episodes x 4 turns with the cache full at the
-last turn: that turn 90.8 -> 56.3 s). Only models whose cache layers are plain
-full-attention `DynamicLayer`s use it (sliding-window models fall back to full prefill).
+last turn: that turn 90.8 -> 56.3 s). Inside a chunk, rows whose new-token counts differ a
+lot prefill in groups, each padded to its own longest (`kv_cache._prefill_groups`), and
+meet in one cache for decoding (a padded prefill costs rows x its longest row). Only
+models whose cache layers are plain full-attention `DynamicLayer`s use it
+(sliding-window models fall back to full prefill).
 
 Decoding appends each step's keys/values into preallocated room (`_GrowingLayerMixin`)
 instead of `DynamicLayer`'s `torch.cat`, which copied every layer's whole cache per step.
+All layers' keys and values live in one `kv_cache._KVBlock`; kept KV is placed into it with
+room for the prefill's new tokens and the decode steps, so a later turn's cache is written
+once (before: zeros, a copy, the prefill's `torch.cat`, a copy into room). In bf16 the
+decode step's attention reads fp32: the cache is widened once per turn (exact) instead of
+a `.float()` copy of every layer's whole cache per step.
 For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
 the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
 model's forward), on a thread count timed over the first steps (`decode_threads.py`):
@@ -52,6 +61,23 @@ Grouped-query attention: during the engine's forwards a model using transformers
 skips the copy without a mask, for CUDA kernels' sake). On CPU that copy of the whole
 KV cache, per layer and step, cost more than the matmuls (SmolLM2: 20 ms vs 2.7 ms per
 layer at 32 rows x 300 tokens).
+
+Where a later turn's time goes (profiled 2026-11-26 on a 2-core Intel Xeon with
+avx512f/avx512_bf16/amx_bf16, shared with other jobs (load 2.5-8.6), fp32 SmolLM2-135M,
+2 threads, benchmarks/engines.py's episodes (guess_number, 8 per group, 32 tokens per
+turn), 64 episodes x 4 turns, manual timers around the engine's parts; before these
+changes): turn 0 (context 86, one prompt shared by every row) 17.6 s: decode steps
+11.2 (attention 1.2), rows leaving 3.1, sampling 2.6, prefill 0.2. Turn 1 (context 134)
+75.7 s: prefill 40.2 (64 rows padded to 123 new tokens: two rows had lost their kept
+KV to a group member's longer entry), decode steps 19.8 (attention 6.0: every row reads
+its own context now), rows leaving 5.5 (copies of every layer's whole buffer), the kept
+KV's cache 4.4 plus its copy into room 4.0, sampling 1.3, prefix-cache lookups 0.01.
+After (same machine, load ~10): turn 1 51.6 s: prefill 19.4 (2944 padded tokens),
+decode steps 23.8 (attention 6.1), sampling 4.5, rows leaving 2.5, kept KV placed 0.3.
+What is left is mostly arithmetic: a later turn prefills each row's observation (~20-35
+tokens) besides decoding its reply, while turn 0 prefilled one shared prompt; at these
+sizes the prefill's matmuls cost about half a decode step's per token, so a later turn
+costs ~1.5-2x turn 0's per generated token at best in this benchmark.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are
