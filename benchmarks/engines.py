@@ -219,6 +219,28 @@ def run_backend(backend: str, args) -> dict:
     return entry
 
 
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cpu_flags() -> list[str]:
+    """The vector-instruction flags that decide fp32/bf16 speed (avx2, avx512*, amx*), from /proc/cpuinfo."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx2", "avx512", "amx")))
+    except OSError:
+        pass
+    return []
+
+
 def _strip_option(argv: list[str], name: str) -> list[str]:
     """argv without `name VALUE` / `name=VALUE`."""
     out, skip = [], False
@@ -334,7 +356,8 @@ def main() -> None:
                      "env": "guess_number low=1 high=1000000 max_steps=turns+1", "dtype": dtype_name,
                      "device": str(device),
                      "max_context_tokens": args.max_context, "hf_prefix_cache_mb": args.prefix_cache_mb},
-        "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads or torch.get_num_threads(),
+        "machine": {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "cpus": os.cpu_count(),
+                    "torch_threads": args.threads or torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                     "load_average_before": round(load_before[0], 2), "load_average_after": round(load_after[0], 2),
                     "platform": platform.platform(), "python": platform.python_version(),
