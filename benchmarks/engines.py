@@ -19,9 +19,16 @@ Reported per backend and mode: wall seconds, generated tokens, generated tokens/
 turns/s; per turn index (sync): seconds, generated tokens, mean context length
 (prompt tokens fed to the engine), tokens/s; engine start-up seconds (model load for
 hf; vLLM import + engine start + first weight sync for vllm); the engine's prefix
-cache hit rate (vllm). Results go to `benchmarks/results/engines.json`. The last line
+cache hit rate (vllm). Per turn (sync) also `seconds_per_token_vs_turn_0`: a later
+turn's seconds per generated token over turn 0's (1.0: as fast per token as the first).
+Results go to `benchmarks/results/engines.json`. The last line
 is the headline: generated tokens/s of vllm over hf, both in the lock-step
 `Rollout` ("HF batched"): `vllm vs hf: N.Nx`.
+
+Before/after: `--baseline-tree DIR` first runs the hf backend of another checkout
+(`DIR/benchmarks/engines.py`, e.g. a worktree of main) with the same arguments, in
+its own process, and reports it as backend `hf_baseline` (with that tree's commit)
+next to this tree's `hf`, run right after it on the same machine.
 """
 from __future__ import annotations
 
@@ -95,6 +102,8 @@ def run_mode(engine, mode: str, args, first_seed: int = 1000) -> dict:
             per_turn.append({"turn": k, "episodes": len(live), "seconds": round(secs, 3), "generated_tokens": tokens,
                              "mean_context_tokens": round(sum(context) / max(len(context), 1), 1),
                              "tokens_per_s": round(tokens / secs, 1)})
+        for row in per_turn:  # seconds per generated token, relative to turn 0's
+            row["seconds_per_token_vs_turn_0"] = round(per_turn[0]["tokens_per_s"] / row["tokens_per_s"], 2)
         batch = rollout.batch
     else:
         batch = rollout.run()
@@ -202,10 +211,47 @@ def run_backend(backend: str, args) -> dict:
               + f" (load {load:.1f})", flush=True)
         for row in r["per_turn"]:
             secs = row.get("seconds", row.get("span_seconds"))
+            rate = (f", {row['tokens_per_s']:.1f} tok/s ({row['seconds_per_token_vs_turn_0']:.2f}x turn 0's "
+                    f"s/token)" if "seconds_per_token_vs_turn_0" in row else "")
             print(f"    turn {row['turn']}: {secs:.2f}s, {row['generated_tokens']} tokens, "
-                  f"mean context {row['mean_context_tokens']:.0f}", flush=True)
+                  f"mean context {row['mean_context_tokens']:.0f}{rate}", flush=True)
     engine.close()
     return entry
+
+
+def _cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _cpu_flags() -> list[str]:
+    """The vector-instruction flags that decide fp32/bf16 speed (avx2, avx512*, amx*), from /proc/cpuinfo."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("flags"):
+                return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx2", "avx512", "amx")))
+    except OSError:
+        pass
+    return []
+
+
+def _strip_option(argv: list[str], name: str) -> list[str]:
+    """argv without `name VALUE` / `name=VALUE`."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out
 
 
 def main() -> None:
@@ -229,6 +275,9 @@ def main() -> None:
                     help="torch threads of the process, i.e. of hf generation (0: torch's default); with "
                          "OMP_WAIT_POLICY=PASSIVE 2 threads beat 1 by ~15%% for hf on 2 cores. vLLM generates "
                          "with its engine's own setting (generate_threads=1)")
+    ap.add_argument("--baseline-tree", default=None,
+                    help="another checkout (e.g. a worktree of main): its hf backend runs first, with the same "
+                         "arguments, reported as backend hf_baseline (before/after in one run)")
     ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--child", help=argparse.SUPPRESS)  # internal: run one backend, write JSON to --out
     args = ap.parse_args()
@@ -251,18 +300,30 @@ def main() -> None:
     print(f"{args.episodes} episodes x {args.turns} turns per backend; load average {load_before[0]:.1f} on "
           f"{os.cpu_count()} cores", flush=True)
     results: dict = {}
-    for backend in [b.strip() for b in args.backends.split(",") if b.strip()]:
+    runs = [(b.strip(), b.strip(), Path(__file__).resolve()) for b in args.backends.split(",") if b.strip()]
+    baseline_commit = None
+    if args.baseline_tree:
+        tree = Path(args.baseline_tree).resolve()
+        baseline_commit = subprocess.run(["git", "-C", str(tree), "rev-parse", "HEAD"], capture_output=True,
+                                         text=True).stdout.strip()
+        runs.insert(0, ("hf_baseline", "hf", tree / "benchmarks" / "engines.py"))
+    for label, backend, script in runs:
         # One process per backend: memory is returned in between, and vLLM's process-wide
         # settings (threads, NUMA binding) cannot touch the hf measurement.
         with tempfile.TemporaryDirectory() as tmp:
-            part = Path(tmp) / f"{backend}.json"
-            argv = [a for a in sys.argv[1:]]
-            cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--child", backend, "--out", str(part)]
-            done = subprocess.run(cmd)
+            part = Path(tmp) / f"{label}.json"
+            argv = _strip_option(sys.argv[1:], "--baseline-tree")
+            cmd = [sys.executable, str(script), *argv, "--child", backend, "--out", str(part)]
+            env = {**os.environ, "PYTHONPATH": str(script.parents[1])}  # that tree's workbench package
+            if label != backend:
+                print(f"[{label}] the hf backend of {script.parents[1]} (commit {baseline_commit})", flush=True)
+            done = subprocess.run(cmd, env=env)
             if done.returncode != 0 or not part.exists():
-                print(f"[{backend}] failed (exit code {done.returncode})", flush=True)
+                print(f"[{label}] failed (exit code {done.returncode})", flush=True)
                 continue
-            results[backend] = json.loads(part.read_text())
+            results[label] = json.loads(part.read_text())
+            if label != backend:
+                results[label]["tree"], results[label]["commit"] = str(script.parents[1]), baseline_commit
 
     load_after = os.getloadavg()
     ratios = {}
@@ -273,6 +334,11 @@ def main() -> None:
         if "async" in results["vllm"]["modes"] and "sync" in results["hf"]["modes"]:
             ratios["vllm_async_vs_hf_sync"] = (results["vllm"]["modes"]["async"]["tokens_per_s"]
                                                / results["hf"]["modes"]["sync"]["tokens_per_s"])
+    speedups = {}  # this tree's hf over the baseline tree's, per mode (tokens/s)
+    if "hf" in results and "hf_baseline" in results:
+        for mode, r in results["hf"]["modes"].items():
+            if mode in results["hf_baseline"]["modes"]:
+                speedups[mode] = r["tokens_per_s"] / results["hf_baseline"]["modes"][mode]["tokens_per_s"]
     rows = []
     for backend, entry in results.items():
         for mode, r in entry["modes"].items():
@@ -290,13 +356,15 @@ def main() -> None:
                      "env": "guess_number low=1 high=1000000 max_steps=turns+1", "dtype": dtype_name,
                      "device": str(device),
                      "max_context_tokens": args.max_context, "hf_prefix_cache_mb": args.prefix_cache_mb},
-        "machine": {"cpus": os.cpu_count(), "torch_threads": args.threads or torch.get_num_threads(),
+        "machine": {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "cpus": os.cpu_count(),
+                    "torch_threads": args.threads or torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                     "load_average_before": round(load_before[0], 2), "load_average_after": round(load_after[0], 2),
                     "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__},
         "results": results,
         "ratios_vllm_over_hf_tokens_per_s": {k: round(v, 2) for k, v in ratios.items()},
+        "ratios_hf_over_hf_baseline_tokens_per_s": {k: round(v, 2) for k, v in speedups.items()},
         "rows": rows,
     }
     try:
@@ -309,6 +377,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {out}")
+    for k, v in speedups.items():
+        print(f"hf vs hf_baseline ({k}): {v:.2f}x")
     for k, v in ratios.items():
         if k != "sync":
             print(f"vllm vs hf ({k}): {v:.1f}x")

@@ -4,10 +4,10 @@ One call samples every prompt together: prompts are left-padded into one (B, T)
 batch, prefilled once, then decoded token by token with the KV cache. Rows that
 hit a stop id, or complete a stop string (`SamplingParams.stop`, the engine's `stop`
 from `inference.stop`; see `base.StopStrings`: the ids are kept as sampled up to and
-including the token that completes it), leave the batch (one copy of every layer's cache
-drops all the rows finished so far: on an accelerator once they are `compact_fraction` of
-the batch, on the CPU, where every row costs compute, at once), so short answers don't
-pay for long ones. The loop is ours rather than `model.generate` so that the
+including the token that completes it), leave the batch (the rows after them move up in
+the cache, in place on the CPU, one op per run of rows for all layers together:
+on an accelerator once they are `compact_fraction` of the batch, on the CPU, where every
+row costs compute, at once), so short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the
 raw-model logprob of each sampled id comes out of the same forward that sampled it,
 without storing (B, V) logits per step.
 
@@ -29,18 +29,27 @@ keyed by those ids. A later prompt that extends a kept sequence -- the same epis
 next turn: its previous context, the sampled turn, the observation delta -- prefills
 only the new tokens on top of the kept KV, instead of the whole conversation again.
 Entries are LRU-bounded (`prefix_cache_mb`), a row's newer entry replaces the one it
-extended, and the cache is dropped whenever the weights change (optimizer step,
+extended (only that one: a group member whose reply happens to be a prefix of another's
+keeps its entry), and the cache is dropped whenever the weights change (optimizer step,
 `load_state_dict`, `sync_weights`, adapters switched off or on: checked with
 `merged.weights_state_key`), so
 a sample never sees KV from other weights. A call of more prompts than one chunk holds
 groups them by the tokens each still has to prefill, so the ones the cache could not keep
 (a full cache evicts the oldest entries) share chunks instead of making every chunk
 prefill in full (measured, fp32 SmolLM2, 128 episodes x 4 turns with the cache full at the
-last turn: that turn 90.8 -> 56.3 s). Only models whose cache layers are plain
-full-attention `DynamicLayer`s use it (sliding-window models fall back to full prefill).
+last turn: that turn 90.8 -> 56.3 s). Inside a chunk, rows whose new-token counts differ a
+lot prefill in groups, each padded to its own longest (`kv_cache._prefill_groups`), and
+meet in one cache for decoding (a padded prefill costs rows x its longest row). Only
+models whose cache layers are plain full-attention `DynamicLayer`s use it
+(sliding-window models fall back to full prefill).
 
 Decoding appends each step's keys/values into preallocated room (`_GrowingLayerMixin`)
 instead of `DynamicLayer`'s `torch.cat`, which copied every layer's whole cache per step.
+All layers' keys and values live in one `kv_cache._KVBlock`; kept KV is placed into it with
+room for the prefill's new tokens and the decode steps, so a later turn's cache is written
+once (before: zeros, a copy, the prefill's `torch.cat`, a copy into room). In bf16 the
+decode step's attention reads fp32: the cache is widened once per turn (exact) instead of
+a `.float()` copy of every layer's whole cache per step.
 For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
 the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
 model's forward), on a thread count timed over the first steps (`decode_threads.py`):
@@ -52,6 +61,23 @@ Grouped-query attention: during the engine's forwards a model using transformers
 skips the copy without a mask, for CUDA kernels' sake). On CPU that copy of the whole
 KV cache, per layer and step, cost more than the matmuls (SmolLM2: 20 ms vs 2.7 ms per
 layer at 32 rows x 300 tokens).
+
+Where a later turn's time goes (profiled 2026-11-26 on a 2-core Intel Xeon with
+avx512f/avx512_bf16/amx_bf16, shared with other jobs (load 2.5-8.6), fp32 SmolLM2-135M,
+2 threads, benchmarks/engines.py's episodes (guess_number, 8 per group, 32 tokens per
+turn), 64 episodes x 4 turns, manual timers around the engine's parts; before these
+changes): turn 0 (context 86, one prompt shared by every row) 17.6 s: decode steps
+11.2 (attention 1.2), rows leaving 3.1, sampling 2.6, prefill 0.2. Turn 1 (context 134)
+75.7 s: prefill 40.2 (64 rows padded to 123 new tokens: two rows had lost their kept
+KV to a group member's longer entry), decode steps 19.8 (attention 6.0: every row reads
+its own context now), rows leaving 5.5 (copies of every layer's whole buffer), the kept
+KV's cache 4.4 plus its copy into room 4.0, sampling 1.3, prefix-cache lookups 0.01.
+After (same machine, load ~10): turn 1 51.6 s: prefill 19.4 (2944 padded tokens),
+decode steps 23.8 (attention 6.1), sampling 4.5, rows leaving 2.5, kept KV placed 0.3.
+What is left is mostly arithmetic: a later turn prefills each row's observation (~20-35
+tokens) besides decoding its reply, while turn 0 prefilled one shared prompt; at these
+sizes the prefill's matmuls cost about half a decode step's per token, so a later turn
+costs ~1.5-2x turn 0's per generated token at best in this benchmark.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are
@@ -72,8 +98,9 @@ from workbench.engines.base import GenerationEngine, GenerationResult, SamplingP
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
-from workbench.engines.kv_cache import (_build_cache, _GrowingLayer, _plain_layers, _PrefixCache,  # noqa: F401
-                                        _row_kv, _select_rows)
+from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
+                                        _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
+                                        _prefill_groups, _assemble_groups, _select_rows)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
@@ -101,6 +128,7 @@ class HFEngine(GenerationEngine):
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
         self._prefills: dict[int, DecodeThreads] = {}  # prefill size (new tokens, a power of two) -> its choice
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
+        self._plain_prefill = False  # a prefill gave plain full-attention cache layers (groups can meet)
         self.compact_fraction = compact_fraction
         self._merged = merged_copy(model) if merge_lora else None  # see merged.py
         self.max_batch_size = max_batch_size
@@ -231,18 +259,14 @@ class HFEngine(GenerationEngine):
         with gqa_attention(model), dense_head_input(model):
             return self._decode_chunk(model, prompts, params, gen)
 
-    def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
-                      gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+    def _prefill(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
+                 room: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One padded prefill of `uprompts` over their kept KV (`hits`): the cache (kept KV
+        right-aligned at C, then the (U, S) new tokens, left-padded, then `room`), the (U, V)
+        fp32 logits of each last position, the (U, 1) next positions on the device, and the
+        (U, C + S) host mask of real cache positions."""
         device = self.device
-        B = len(prompts)
-        # Identical prompts (a GRPO group's opening turn, greedy episodes that agree so
-        # far) are prefilled once; their cache rows are copied before sampling.
-        unique: dict[tuple[int, ...], int] = {}
-        inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
-        uprompts = [list(p) for p in unique]
         U = len(uprompts)
-        # Prefix cache: row u reuses the kept KV of its first `kept[u]` tokens.
-        hits = [self.prefix_cache.lookup(p) if self.prefix_cache is not None else (0, None) for p in uprompts]
         kept = [n for n, _ in hits]
         C = max(kept)  # (U, C) kept KV, right-aligned, then (U, S) new tokens, right-aligned
         S = max(len(p) - n for p, n in zip(uprompts, kept))
@@ -258,38 +282,67 @@ class HFEngine(GenerationEngine):
         attn_host = attention  # (U, C + S) on the host: which cache positions of a row are real
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         past = None
-        if C > 0:
-            past = _build_cache([layers for _, layers in hits], kept, C, device)
-        self._prompt_tokens += sum(len(p) for p in prompts)
-
+        if C > 0:  # kept KV in place, with room for the S new tokens (and `room`)
+            past = _build_cache([kv for _, kv in hits], kept, C, S + room, device)
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
         with self._prefill_threads(input_ids.numel()):
             out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                         past_key_values=past, logits_to_keep=1)
-        cache = out.past_key_values
-        plain = _plain_layers(cache)
-        if self.prefix_cache is not None and not plain:
-            self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
-        if plain and params.max_tokens > 1:  # room for the new tokens: no torch.cat per step
-            cache.layers = [_GrowingLayer(layer, params.max_tokens - 1) for layer in cache.layers]
-        logits = out.logits[:, -1, :].float()  # (U, V)
-        next_pos = positions[:, -1:] + 1  # (U, 1)
-        if U < B:  # expand the unique rows back to one row per prompt
-            inv = torch.tensor(inverse, dtype=torch.long)  # (B,)
-            inv_dev = inv.to(device, non_blocking=True)
-            cache = _select_rows(cache, inv_dev)
-            logits, next_pos, attention = logits[inv_dev], next_pos[inv_dev], attention[inv_dev]  # (B, ...)
-            attn_host = attn_host[inv]
-        state = _DecodeState(self, prompts, params, gen, attn_host, device)
+        return out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1, attn_host
+
+    def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
+                      gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+        device = self.device
+        B = len(prompts)
+        # Identical prompts (a GRPO group's opening turn, greedy episodes that agree so
+        # far) are prefilled once; their cache rows are copied before sampling.
+        unique: dict[tuple[int, ...], int] = {}
+        inverse = [unique.setdefault(tuple(p), len(unique)) for p in prompts]
+        uprompts = [list(p) for p in unique]
+        U = len(uprompts)
+        # Prefix cache: row u reuses the kept KV of its first `kept[u]` tokens.
+        hits = [self.prefix_cache.lookup(p) if self.prefix_cache is not None else (0, None) for p in uprompts]
+        kept = [n for n, _ in hits]
+        self._prompt_tokens += sum(len(p) for p in prompts)
+        room = max(params.max_tokens - 1, 0)  # decode steps' positions after the prompt
+        # Rows whose new-token counts differ a lot (the next turns of kept episodes and
+        # prompts the cache lost) prefill in groups, each padded to its own longest
+        # (`_prefill_groups`), then meet in one cache; once the cache layers are known plain.
+        groups = [list(range(U))]
+        if self._plain_prefill and U > 1:
+            groups = _prefill_groups([len(p) - n for p, n in zip(uprompts, kept)])
+        if len(groups) == 1:
+            cache, logits, next_pos, attn_host = self._prefill(model, uprompts, hits, room)
+            plain = _plain_layers(cache)
+            self._plain_prefill = plain
+            if self.prefix_cache is not None and not plain:
+                self.prefix_cache = None  # e.g. sliding-window layers: keep nothing
+            if plain and params.max_tokens > 1 and not _is_growing(cache.layers[0]):  # room: no torch.cat per step
+                cache.layers = _grow_layers(cache.layers, room)
+            if U < B:  # expand the unique rows back to one row per prompt
+                inv = torch.tensor(inverse, dtype=torch.long)  # (B,)
+                inv_dev = inv.to(device, non_blocking=True)
+                cache = _select_rows(cache, inv_dev)
+                logits, next_pos = logits[inv_dev], next_pos[inv_dev]  # (B, ...)
+                attn_host = attn_host[inv]
+        else:
+            parts = [self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], 0) for g in groups]
+            cache, logits, next_pos, attn_host = _assemble_groups(parts, groups, inverse, room)
+            plain = True
+        attention = attn_host.to(device, non_blocking=True)  # (B, T) 1 at real cache positions
+        cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
+        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached)
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
         # adapters switched off; None: the model's forward decodes.
         fast = None
         if self.fast_decode and plain and params.max_tokens > 1:
             fast = self._decode_step = DecodeStep.build(model, self._decode_step)
+        if fast is not None and device.type == "cpu":  # its attention reads fp32: widen the cache once, not per step
+            _decode_in_fp32(cache)
         path = "fast" if fast is not None else "model"
         # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
         # the same keys in every row, and the decode step reads them once (decode_step.py).
-        shared = C + S if U == 1 and B > 1 else 0
+        shared = attn_host.shape[1] if U == 1 and B > 1 else 0
         if self.decode_threads is None:
             self.decode_threads = DecodeThreads(device, split=fast is not None)
             if SPLIT in self.decode_threads.candidates:
@@ -299,15 +352,16 @@ class HFEngine(GenerationEngine):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
                 if not state.live.any() or step == params.max_tokens - 1:
                     break
-                keep = state.compact(cache)  # (B'',) rows kept, on the device; None: no compaction this step
-                if keep is not None:
-                    cache = _select_rows(cache, keep)
+                kept_rows = state.compact(cache)  # rows kept (device, host); None: no compaction this step
+                if kept_rows is not None:
+                    keep, keep_host = kept_rows  # (B'',) each
+                    cache = _select_rows(cache, keep, keep_host)
                     tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
                 attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
                 with stepper.step():
                     if fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
-                        logits = fast(tokens, attention, next_pos, cache, shared, split)  # (B', V), cache grown in place
+                        logits = fast(tokens, attention, next_pos, cache, shared, split)  # (B', V), cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)
@@ -315,7 +369,7 @@ class HFEngine(GenerationEngine):
                         logits = out.logits[:, -1, :].float()  # (B', V)
                 self.decode_steps[path] += 1
                 next_pos = next_pos + 1
-        return state.finish(cache, [kept[inverse[b]] for b in range(B)])
+        return state.finish(cache)
 
 
 #: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
@@ -335,8 +389,10 @@ class _DecodeState:
     """
 
     def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
-                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device):
+                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
+                 cached: list[int]):
         B, T = len(prompts), params.max_tokens
+        self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
         self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
         self.stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long).to(device)  # (K,)
         self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
@@ -385,9 +441,9 @@ class _DecodeState:
         live &= ~done
         return tokens
 
-    def compact(self, cache: Any) -> torch.Tensor | None:
+    def compact(self, cache: Any) -> tuple[torch.Tensor, list[int]] | None:
         """Drop finished rows once they are `compact_fraction` of the batch: the kept rows'
-        index on the device (their KV stored in the prefix cache first), else None."""
+        index on the device and on the host (their KV stored in the prefix cache first), else None."""
         n = len(self.live)
         dead = n - int(self.live.sum())
         fraction = self.engine.compact_fraction
@@ -400,7 +456,7 @@ class _DecodeState:
         keep_dev = keep.to(self.device, non_blocking=True)
         self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
         self.attn_host = self.attn_host[keep]
-        return keep_dev
+        return keep_dev, keep.tolist()
 
     def _store(self, cache: Any, batch_rows: torch.Tensor) -> None:
         """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache."""
@@ -411,15 +467,15 @@ class _DecodeState:
             r, n = int(self.rows[j]), int(self.length[self.rows[j]])
             where = torch.cat([self.attn_host[j].nonzero().flatten(),
                                torch.arange(self.prefill_len, self.prefill_len + n - 1)])  # (n_real,)
-            layers = _row_kv(cache, j, where.to(self.device, non_blocking=True))
-            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), layers)
+            kv = _row_kv(cache, j, where.to(self.device, non_blocking=True))
+            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), kv, extends=self.cached[r])
 
-    def finish(self, cache: Any, cached_tokens: list[int]) -> list[GenerationResult]:
+    def finish(self, cache: Any) -> list[GenerationResult]:
         """The turn ended: keep the remaining rows' KV, read the logprobs once, build results."""
         self._store(cache, torch.arange(len(self.rows)))
         logprobs = self.logprobs.cpu()  # (T, B)
         self.engine._generated += int(self.length.sum())
         return [GenerationResult(token_ids=self.ids[b, :n].tolist(), logprobs=logprobs[:n, b].tolist(),
                                  finish_reason="stop" if self.stopped[b] else "length",  # type: ignore[arg-type]
-                                 num_cached_tokens=cached_tokens[b])
+                                 num_cached_tokens=self.cached[b])
                 for b, n in enumerate(self.length.tolist())]

@@ -2,11 +2,12 @@
 
 * `_GrowingLayer`: a full-attention cache layer that appends each decode step's
   keys/values into preallocated room (`DynamicLayer.update` concatenates, copying the
-  layer's whole cache per step).
+  layer's whole cache per step). A cache's layers share one `_KVBlock` buffer.
 * `_PrefixCache`: finished rows' KV keyed by their token ids (prompt + sampled ids but
   the last), so the same episode's next turn prefills only its new tokens (see hf.py).
-* `_build_cache`, `_select_rows`, `_row_kv`: a cache from kept rows, a cache's rows
-  kept in place (finished rows leaving the batch), one row's KV copied out.
+* `_build_cache`, `_select_rows`, `_row_kv`: a cache from kept rows (with room for the
+  new tokens and the decode steps), a cache's rows kept (finished rows leaving the batch:
+  moved in place on the CPU), one row's KV copied out.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ class _PrefixCache:
 
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.entries: OrderedDict[tuple[int, ...], tuple[list[tuple[torch.Tensor, torch.Tensor]], int]] = OrderedDict()
+        # key -> (the row's KV: one (L_b, 2, KV, n, D) tensor per block (`_row_kv`), bytes)
+        self.entries: OrderedDict[tuple[int, ...], tuple[list[torch.Tensor], int]] = OrderedDict()
         self.bytes = 0
         self.hits = self.misses = self.reused_tokens = 0
         self.lock = threading.Lock()
@@ -31,8 +33,8 @@ class _PrefixCache:
         """The key of the longest kept proper prefix of `p` (call with the lock held)."""
         return max((k for k in self.entries if len(k) < len(p) and p[: len(k)] == k), key=len, default=None)
 
-    def lookup(self, prompt: list[int]) -> tuple[int, list[tuple[torch.Tensor, torch.Tensor]] | None]:
-        """(n, per-layer (keys, values)) of the longest kept proper prefix of `prompt`, or (0, None)."""
+    def lookup(self, prompt: list[int]) -> tuple[int, list[torch.Tensor] | None]:
+        """(n, the kept KV) of the longest kept proper prefix of `prompt`, or (0, None)."""
         p = tuple(prompt)
         with self.lock:
             best = self._longest_kept(p)
@@ -50,15 +52,21 @@ class _PrefixCache:
             best = self._longest_kept(tuple(prompt))
             return len(best) if best is not None else 0
 
-    def store(self, key: tuple[int, ...], layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+    def store(self, key: tuple[int, ...], kv: list[torch.Tensor], extends: int = 0) -> None:
+        """Keep `kv` under `key`. `extends`: the length of the entry this row's prompt reused
+        (0: none); that entry, the row's previous turn, is superseded and dropped. Only that
+        one: another entry that happens to be a prefix of `key` is another row's (a group
+        member that sampled the first ids of this row's reply and stopped), still wanted."""
+        nbytes = sum(t.numel() * t.element_size() for t in kv)
         if not key or nbytes > self.max_bytes:
             return
         with self.lock:
-            # The row's earlier entry (a prefix of this one) is superseded.
-            for old in [k for k in self.entries if len(k) <= len(key) and key[: len(k)] == k]:
+            old = key[:extends] if 0 < extends < len(key) else None
+            if old in self.entries:
                 self.bytes -= self.entries.pop(old)[1]
-            self.entries[key] = (layers, nbytes)
+            if key in self.entries:
+                self.bytes -= self.entries.pop(key)[1]
+            self.entries[key] = (kv, nbytes)
             self.bytes += nbytes
             while self.bytes > self.max_bytes:
                 self.bytes -= self.entries.popitem(last=False)[1][1]
@@ -80,94 +88,211 @@ def _dynamic_layer_class() -> type:
     return DynamicLayer
 
 
+class _KVBlock:
+    """Keys and values of several same-shaped cache layers in one buffer: (L, 2, B, KV, cap, D).
+
+    `buf[l, 0]` / `buf[l, 1]` are layer l's keys / values with the strides a per-layer
+    (B, KV, cap, D) buffer has, so attention reads the same layout. One buffer makes a row's
+    KV one op to keep (`_row_kv`) and to place (`_build_cache`), and rows leaving the batch
+    one op per run of rows (`keep_rows`) instead of a copy of each layer's whole buffer.
+    """
+
+    def __init__(self, buf: torch.Tensor, layers: int):
+        self.buf = buf  # (L, 2, B, KV, cap, D)
+        self.layers = layers
+        self.dtype = buf.dtype  # the model's: what rows are kept in (`_row_kv`), even while decoding in fp32
+
+    def keep_rows(self, index: torch.Tensor, keep: list[int] | None, length: int) -> None:
+        """Keep rows `index` (on the buffer's device; `keep`: the same on the host, or None).
+
+        On the CPU with `keep` ascending and distinct (rows leaving the batch), kept rows
+        move up in place, only their first `length` positions, in runs of rows with the
+        same shift: no new buffer (fresh pages cost page faults on a CPU) and no copy of the
+        rows before the first gap or of the spare room. Otherwise one `index_select`."""
+        in_place = (keep is not None and self.buf.device.type == "cpu"
+                    and all(a < b for a, b in zip(keep, keep[1:])))
+        if not in_place:
+            self.buf = self.buf.index_select(2, index)
+            return
+        buf, i, n = self.buf, 0, len(keep)
+        while i < n:
+            d = keep[i] - i  # shift of the run starting at i
+            j = i + 1
+            while j < n and keep[j] - j == d:
+                j += 1
+            if d:  # rows keep[i..j) -> i..j, in pieces of d rows so source and target never overlap
+                for s in range(i, j, d):
+                    e = min(s + d, j)
+                    buf[:, :, s:e, :, :length].copy_(buf[:, :, s + d:e + d, :, :length])
+            i = j
+        self.buf = buf[:, :, :n]
+
+
 class _GrowingLayerMixin:
     """A full-attention cache layer that appends into preallocated room instead of `torch.cat`.
 
     `DynamicLayer.update` concatenates, copying the layer's whole cache every decode
-    step; here the keys/values live in a buffer with spare room and `keys`/`values` are
-    views of its filled part. Falls back to reallocating (doubling) when the room is used up.
+    step; here the keys/values live in a `_KVBlock` with spare room (shared by all the
+    cache's layers) and `keys`/`values` are views of its filled part. Falls back to a
+    buffer of its own (doubled) when the room is used up.
     """
 
-    def _init_from(self, layer: Any, room: int) -> None:
-        keys, values = layer.keys, layer.values  # (B, H, T, D)
-        self.dtype, self.device, self.is_initialized = keys.dtype, keys.device, True
-        self._length = keys.shape[-2]
-        self._kbuf = keys.new_empty((*keys.shape[:2], self._length + room, keys.shape[-1]))
-        self._vbuf = values.new_empty((*values.shape[:2], self._length + room, values.shape[-1]))
-        self._kbuf[:, :, : self._length] = keys
-        self._vbuf[:, :, : self._length] = values
+    def _attach(self, block: _KVBlock, index: int, length: int) -> None:
+        buf = block.buf
+        self.dtype, self.device, self.is_initialized = buf.dtype, buf.device, True
+        self._block, self._index, self._length = block, index, length
         self._views()
 
     def _views(self) -> None:
+        self._kbuf = self._block.buf[self._index, 0]  # (B, KV, cap, D)
+        self._vbuf = self._block.buf[self._index, 1]
         self.keys = self._kbuf[:, :, : self._length]
         self.values = self._vbuf[:, :, : self._length]
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
         n = key_states.shape[-2]
-        if self._length + n > self._kbuf.shape[-2]:
-            extra = max(n, self._kbuf.shape[-2])
-            self._kbuf = torch.cat([self._kbuf, self._kbuf.new_empty((*self._kbuf.shape[:2], extra, self._kbuf.shape[-1]))], -2)
-            self._vbuf = torch.cat([self._vbuf, self._vbuf.new_empty((*self._vbuf.shape[:2], extra, self._vbuf.shape[-1]))], -2)
+        if self._length + n > self._kbuf.shape[-2]:  # room used up: a block of its own, twice the size
+            cap = self._kbuf.shape[-2] + max(n, self._kbuf.shape[-2])
+            buf = self._kbuf.new_empty((1, 2, *self._kbuf.shape[:2], cap, self._kbuf.shape[-1]))
+            buf[0, 0, :, :, : self._length] = self.keys
+            buf[0, 1, :, :, : self._length] = self.values
+            dtype = self._block.dtype
+            self._block, self._index = _KVBlock(buf, 1), 0
+            self._block.dtype = dtype
+            self._views()
         self._kbuf[:, :, self._length : self._length + n] = key_states
         self._vbuf[:, :, self._length : self._length + n] = value_states
         self._length += n
-        self._views()
+        self.keys = self._kbuf[:, :, : self._length]
+        self.values = self._vbuf[:, :, : self._length]
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self._kbuf, self._vbuf = self._kbuf[indices], self._vbuf[indices]
+        self._block.keep_rows(indices, None, self._length)
         self._views()
 
 
 _growing_class: type | None = None
 
 
-def _GrowingLayer(layer: Any, room: int) -> Any:
-    """`layer`'s contents in a `_GrowingLayerMixin` + DynamicLayer with `room` spare positions."""
+def _new_growing(block: _KVBlock, index: int, length: int) -> Any:
     global _growing_class
     if _growing_class is None:
         _growing_class = type("GrowingLayer", (_GrowingLayerMixin, _dynamic_layer_class()), {})
     new = _growing_class()
-    new._init_from(layer, room)
+    new._attach(block, index, length)
     return new
 
 
+def _grow_layers(layers: list[Any], room: int) -> list[Any]:
+    """Plain layers' contents in growing layers with `room` spare positions: one `_KVBlock`
+    for all of them when they share shape and dtype, else one each."""
+    if len({(layer.keys.shape, layer.keys.dtype) for layer in layers}) > 1:
+        return [_grow_layers([layer], room)[0] for layer in layers]
+    B, KV, T, D = layers[0].keys.shape
+    buf = layers[0].keys.new_empty((len(layers), 2, B, KV, T + room, D))  # (L, 2, B, KV, T + room, D)
+    for li, layer in enumerate(layers):
+        buf[li, 0, :, :, :T] = layer.keys
+        buf[li, 1, :, :, :T] = layer.values
+    block = _KVBlock(buf, len(layers))
+    return [_new_growing(block, li, T) for li in range(len(layers))]
+
+
+def _GrowingLayer(layer: Any, room: int) -> Any:
+    """`layer`'s contents in a `_GrowingLayerMixin` + DynamicLayer with `room` spare positions."""
+    return _grow_layers([layer], room)[0]
+
+
+def _is_growing(layer: Any) -> bool:
+    return isinstance(layer, _GrowingLayerMixin)
+
+
+def _blocks(cache: Any) -> list[_KVBlock] | None:
+    """The distinct blocks under a cache of growing layers, in layer order; None otherwise."""
+    layers = getattr(cache, "layers", None)
+    if not layers or not all(_is_growing(layer) for layer in layers):
+        return None
+    out: dict[int, _KVBlock] = {}
+    for layer in layers:
+        out.setdefault(id(layer._block), layer._block)
+    return list(out.values())
+
+
 def _plain_layers(cache: Any) -> bool:
-    """True when every cache layer is a plain full-attention DynamicLayer (safe to slice and rebuild)."""
+    """True when every cache layer is a plain full-attention DynamicLayer, or our growing
+    version of one, with keys and values of one shape (safe to slice, stack and rebuild)."""
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    return bool(layers) and all(_is_growing(layer) or (type(layer) is DynamicLayer and layer.is_initialized
+                                                       and layer.keys.shape == layer.values.shape)
+                                for layer in layers)
 
 
-def _row_kv(cache: Any, j: int, positions: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _row_kv(cache: Any, j: int, positions: torch.Tensor) -> list[torch.Tensor]:
     """Row j's keys/values at cache `positions` (its real, non-padding ones, a (n,) index
-    built on the host and uploaded without waiting): per layer (H, n, D) copies."""
-    return [(layer.keys[j].index_select(1, positions), layer.values[j].index_select(1, positions))
+    built on the host and uploaded without waiting): one (L_b, 2, KV, n, D) copy per block
+    of a growing cache (per layer (1, 2, KV, n, D) for a plain one)."""
+    blocks = _blocks(cache)
+    if blocks is not None and sum(b.layers for b in blocks) == len(cache.layers):
+        return [b.buf[:, :, j].index_select(3, positions).to(b.dtype) for b in blocks]
+    return [torch.stack([layer.keys[j].index_select(1, positions), layer.values[j].index_select(1, positions)])[None]
             for layer in cache.layers]
 
 
-def _build_cache(rows: list[list[tuple[torch.Tensor, torch.Tensor]] | None], kept: list[int], C: int,
+def _build_cache(rows: list[list[torch.Tensor] | None], kept: list[int], C: int, room: int,
                  device: torch.device) -> Any:
-    """A DynamicCache of length C holding each row's kept KV right-aligned (zeros before it)."""
+    """A DynamicCache of growing layers, length C, holding each row's kept KV (`_row_kv`'s
+    blocks) right-aligned, zeros before it, and `room` spare positions after it (for the
+    prefill's new tokens and the decode steps: no copy of the cache until the turn ends)."""
     from transformers import DynamicCache
 
     ref = next(r for r in rows if r is not None)
-    data = []
-    for li, (k0, v0) in enumerate(ref):
-        H, _, D = k0.shape
-        keys = torch.zeros((len(rows), H, C, D), dtype=k0.dtype, device=device)  # (U, H, C, D)
-        values = torch.zeros((len(rows), v0.shape[0], C, v0.shape[2]), dtype=v0.dtype, device=device)
+    layers = []
+    for bi, part in enumerate(ref):
+        Lb, two, KV, _, D = part.shape
+        # (L_b, 2, U, KV, C + room, D)
+        buf = torch.empty((Lb, two, len(rows), KV, C + room, D), dtype=part.dtype, device=device)
         for b, (r, n) in enumerate(zip(rows, kept)):
+            buf[:, :, b, :, : C - n].zero_()  # padding: masked, but 0 * garbage could be NaN
             if r is not None and n:
-                keys[b, :, C - n:] = r[li][0]
-                values[b, :, C - n:] = r[li][1]
-        data.append((keys, values))
-    return DynamicCache(data)
+                buf[:, :, b, :, C - n : C] = r[bi]
+        block = _KVBlock(buf, Lb)
+        layers += [_new_growing(block, li, C) for li in range(Lb)]
+    cache = DynamicCache()
+    cache.layers = layers
+    return cache
 
 
-def _select_rows(cache: Any, idx: torch.Tensor) -> Any:
-    """Keep only rows `idx` of a KV cache (finished rows leave the batch)."""
+def _decode_in_fp32(cache: Any) -> bool:
+    """Widen a growing cache's blocks to fp32 for the rest of the turn (exact: every bf16 or
+    fp16 value is an fp32 one); the decode step's attention then reads them without its
+    per-step `.float()` copy of every layer's whole cache (`decode_step.py`). Rows are
+    still kept in the model's dtype (`_row_kv`). False (nothing changed) for other caches."""
+    blocks = _blocks(cache)
+    if blocks is None:
+        return False
+    for block in blocks:
+        if block.buf.dtype in (torch.bfloat16, torch.float16):
+            block.buf = block.buf.float()
+    for layer in cache.layers:
+        layer._views()
+        layer.dtype = layer._block.buf.dtype
+    return True
+
+
+def _select_rows(cache: Any, idx: torch.Tensor, keep: list[int] | None = None) -> Any:
+    """Keep only rows `idx` of a KV cache (finished rows leave the batch, or unique rows are
+    expanded); `keep`: `idx` on the host, which lets a growing cache on the CPU move its
+    kept rows in place (`_KVBlock.keep_rows`)."""
+    blocks = _blocks(cache)
+    if blocks is not None:
+        length = max(layer._length for layer in cache.layers)
+        for block in blocks:
+            block.keep_rows(idx, keep, length)
+        for layer in cache.layers:
+            layer._views()
+        return cache
     if hasattr(cache, "batch_select_indices"):
         cache.batch_select_indices(idx)
         return cache
@@ -177,3 +302,86 @@ def _select_rows(cache: Any, idx: torch.Tensor) -> Any:
             layer.values = layer.values[idx]
         return cache
     raise TypeError(f"cannot select rows of cache type {type(cache).__name__}")
+
+
+def _prefill_groups(new: list[int], max_groups: int = 4) -> list[list[int]]:
+    """Rows (indices into `new`, each row's tokens to prefill) in groups prefilled apart.
+
+    A padded prefill costs rows x its longest row: the next turns of kept episodes (tens of
+    new tokens) padded to a prompt the prefix cache lost (hundreds) cost many times their
+    tokens. Groups are runs of rows sorted by new tokens, the split that minimises padded
+    tokens plus, per group after the first, 1/16 of the unsplit prefill's (the groups'
+    caches are then copied into one, and each forward has its own fixed cost); at most
+    `max_groups`. One group (all rows, in order) when splitting saves less."""
+    order = sorted(range(len(new)), key=lambda u: (new[u], u))
+    vals = [new[u] for u in order]  # ascending
+    n = len(vals)
+    penalty = n * vals[-1] / 16
+    # best[k][j]: least cost of the first j sorted rows in k groups (a group's cost: rows x its last value)
+    inf = float("inf")
+    best = [[inf] * (n + 1) for _ in range(max_groups + 1)]
+    cut = [[0] * (n + 1) for _ in range(max_groups + 1)]
+    best[0][0] = 0.0
+    for k in range(1, max_groups + 1):
+        for j in range(1, n + 1):
+            for i in range(k - 1, j):
+                c = best[k - 1][i] + (j - i) * vals[j - 1]
+                if c < best[k][j]:
+                    best[k][j], cut[k][j] = c, i
+    k = min(range(1, max_groups + 1), key=lambda k: best[k][n] + (k - 1) * penalty)
+    if k == 1:
+        return [list(range(n))]
+    bounds, j = [], n
+    for kk in range(k, 0, -1):
+        bounds.append((cut[kk][j], j))
+        j = cut[kk][j]
+    return [sorted(order[i:j]) for i, j in reversed(bounds)]
+
+
+def _assemble_groups(parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]], groups: list[list[int]],
+                     inverse: list[int], room: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Groups prefilled apart (`parts`: per group its cache, (U_g, V) logits, (U_g, 1) next
+    positions, (U_g, w_g) host mask of real positions) as one growing cache of one row per
+    prompt (`inverse`: prompt -> unique row), each row right-aligned to the widest group's
+    width W, zeros before it, `room` spare positions after: (cache, (B, V) logits, (B, 1)
+    next positions, (B, W) host mask)."""
+    from transformers import DynamicCache
+
+    where = {u: (g, r) for g, rows in enumerate(groups) for r, u in enumerate(rows)}
+    B, W = len(inverse), max(mask.shape[1] for *_, mask in parts)
+    dst = [[b for b in range(B) if where[inverse[b]][0] == g] for g in range(len(groups))]  # batch rows of group g
+    src = [[where[inverse[b]][1] for b in rows] for rows in dst]  # their rows in the group's cache
+    part_blocks = []
+    for cache, *_ in parts:
+        if not all(_is_growing(layer) for layer in cache.layers):
+            cache.layers = _grow_layers(cache.layers, 0)
+        part_blocks.append(_blocks(cache))
+    device = parts[0][1].device
+    layers = []
+    for bi, ref in enumerate(part_blocks[0]):
+        Lb, two, _, KV, _, D = ref.buf.shape
+        buf = torch.empty((Lb, two, B, KV, W + room, D), dtype=ref.buf.dtype, device=device)  # (L, 2, B, KV, cap, D)
+        for g, blocks in enumerate(part_blocks):
+            if not dst[g]:
+                continue
+            w = parts[g][3].shape[1]
+            d, s = torch.tensor(dst[g]).to(device), torch.tensor(src[g]).to(device)
+            buf[:, :, :, :, : W - w].index_fill_(2, d, 0)  # padding: masked, but 0 * garbage could be NaN
+            buf[:, :, :, :, W - w : W].index_copy_(2, d, blocks[bi].buf[:, :, :, :, :w].index_select(2, s))
+        block = _KVBlock(buf, Lb)
+        block.dtype = ref.dtype
+        layers += [_new_growing(block, li, W) for li in range(Lb)]
+    cache = DynamicCache()
+    cache.layers = layers
+    offsets = [0]
+    for g in groups:
+        offsets.append(offsets[-1] + len(g))
+    pick = torch.tensor([offsets[where[u][0]] + where[u][1] for u in inverse])  # (B,) row in the stacked parts
+    pick_dev = pick.to(device)
+    logits = torch.cat([p[1] for p in parts])[pick_dev]  # (B, V)
+    next_pos = torch.cat([p[2] for p in parts])[pick_dev]  # (B, 1)
+    mask = torch.zeros((B, W), dtype=torch.long)  # (B, W)
+    for g, (*_, part_mask) in enumerate(parts):
+        if dst[g]:
+            mask[torch.tensor(dst[g]), W - part_mask.shape[1]:] = part_mask[torch.tensor(src[g])]
+    return cache, logits, next_pos, mask
