@@ -190,7 +190,7 @@ class Trainer:
         `sampling_seed` defaults to the current step's (`sampling_seed(global_step)`)."""
         if sampling_seed == "step":
             sampling_seed = self.sampling_seed(self.global_step)
-        if self.ahead is not None:  # e.g. evaluate in a fit callback: the engine is free, with today's weights
+        if self.ahead is not None:  # e.g. evaluate in a fit callback: the engine is free, with the current weights
             self.ahead.settle()
         rollout = LocalStages().make_rollout(self, seeds, group_size, temperature, sampling_seed)
         rollout.progress_leave = not getattr(self, "_fitting", False)  # fit's own bar stays, step bars go
