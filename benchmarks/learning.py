@@ -36,7 +36,8 @@ Results: `benchmarks/results/learning.json` (a list with one record per env, alg
 `max_staleness` and training seed; a run replaces only its own record; `--out` writes
 elsewhere) and a plot of the env's records next to it:
 `benchmarks/results/learning.png` for guess_number, `learning_<env>.png` for the others
-(held-out success and train reward vs step, one line per algo; dashed: held-out tool use).
+(held-out success and train reward vs step, one line per record; dashed with crosses:
+held-out tool use; dashed with squares: held-out success of a `max_staleness=1` run).
 """
 from __future__ import annotations
 
@@ -373,8 +374,8 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
             label += f", staleness {r['max_staleness']}"
         if len({record_key(x)[3] for x in records}) > 1:
             label += f", seed {record_key(r)[3]}"
-        line, = ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], marker="o",
-                         label=label)
+        stale = {"linestyle": "--", "marker": "s"} if r.get("max_staleness") else {"marker": "o"}
+        line, = ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], label=label, **stale)
         if "tool_use" in r["curve"][0]:
             ax1.plot([c["step"] for c in r["curve"]], [c["tool_use"] for c in r["curve"]], marker="x",
                      linestyle="--", color=line.get_color(), label=f"{label}: tool use")
