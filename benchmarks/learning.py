@@ -8,8 +8,11 @@
 
 For each algorithm: build a `Trainer` on the embedded model (SmolLM2-135M-Instruct,
 LoRA r=16 on all linear layers), evaluate on held-out seeds, call
-`trainer.train_step()` until the training time budget (or `--max-steps`) is used up,
-evaluating every `--eval-every` steps for the curve, and evaluate again at the end.
+`trainer.fit()` until the training time budget (or `--max-steps`) is used up,
+evaluating every `--eval-every` steps for the curve (in a `fit` callback), and evaluate
+again at the end. `--max-staleness 1` sets `training.max_staleness=1`: `fit` samples
+the next step's batch on a thread while this step's update runs, and the update
+corrects for it (truncated IS against the engine's logprobs, `training.rollout_is`).
 
 Held-out evaluation: `--eval-episodes` (default 64) environment seeds 10_000,
 10_001, ..., one episode each, greedy decoding (temperature 0), so "before" and
@@ -17,7 +20,7 @@ Held-out evaluation: `--eval-episodes` (default 64) environment seeds 10_000,
 `training.seed` counting up (0, 1, 2, ... as `Trainer._step_seeds` draws them), far
 below 10_000, so no evaluation secret is trained on.
 
-"minutes" in the results is wall time spent inside `train_step()` (rollout + update),
+"minutes" in the results is wall time spent in the training steps (rollout + update),
 the budget the issue sets; evaluations are timed separately (`eval_seconds`), and the
 load average is recorded next to every timing because the machine is shared.
 
@@ -29,10 +32,12 @@ at least one calculator call through the parser that ran without error, so the r
 shows whether the answers came through the tool. Such records also keep transcripts of
 the first 4 held-out episodes before and after training.
 
-Results: `benchmarks/results/learning.json` (a list with one record per env/algo;
-running one algo replaces only its own record) and a plot of the env's records:
+Results: `benchmarks/results/learning.json` (a list with one record per env, algo,
+`max_staleness` and training seed; a run replaces only its own record; `--out` writes
+elsewhere) and a plot of the env's records next to it:
 `benchmarks/results/learning.png` for guess_number, `learning_<env>.png` for the others
-(held-out success and train reward vs step, one line per algo; dashed: held-out tool use).
+(held-out success and train reward vs step, one line per record; dashed with crosses:
+held-out tool use; dashed with squares: held-out success of a `max_staleness=1` run).
 """
 from __future__ import annotations
 
@@ -49,6 +54,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 # glibc reads this only at start-up, so the script re-executes itself once (see main).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -119,6 +125,11 @@ ALGOS: dict[str, dict[str, Any]] = {
 }
 
 
+#: The asynchronous loop's metrics kept per step (present with training.max_staleness=1).
+ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/overlap_seconds",
+                 "rollout_corr/clipped_fraction", "rollout_corr/log_ratio_abs_mean")
+
+
 def load() -> float:
     return round(os.getloadavg()[0], 2)
 
@@ -141,6 +152,13 @@ def build_trainer(env_name: str, algo: str, args: argparse.Namespace):
     cfg.training.use_kl_in_reward = False
     cfg.training.seed = args.seed
     cfg.training.autocast_bf16 = args.bf16
+    cfg.training.max_staleness = args.max_staleness  # read by fit (workbench.training.async_fit)
+    # fit's run folder: no checkpoints, step files or resume; metrics.jsonl only.
+    cfg.checkpoint.output_dir = tempfile.mkdtemp(prefix="wb-learning-")
+    cfg.checkpoint.save_interval = 0
+    cfg.checkpoint.resume = False
+    cfg.training.save_rollouts_every = 0
+    cfg.training.progress = False
     if args.lr:
         cfg.training.learning_rate = args.lr
     if args.batch_size:
@@ -227,39 +245,55 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     train_seconds = 0.0
     eval_seconds = before["eval_seconds"]
     wall0 = time.perf_counter()
+    target = args.max_steps if args.max_steps is not None else 10**9
+
     def next_step_fits() -> bool:
         # Stay inside the budget: start a step only if a typical recent step still fits.
         recent = sorted(s["seconds"] for s in steps[-5:])
         return train_seconds + (recent[len(recent) // 2] if recent else 0.0) <= budget
 
-    while next_step_fits() and (args.max_steps is None or trainer.global_step < args.max_steps):
-        load0 = load()
-        t0 = time.perf_counter()
-        m = trainer.train_step()
-        dt = time.perf_counter() - t0
+    mark = {"t": time.perf_counter(), "load": load()}  # when (and at what load) the step began
+
+    def on_step(tr, m: dict[str, Any]) -> None:
+        """`fit`'s callback after every step: the step's row, the curve's evaluations,
+        and the time budget (a step's time is from the end of the previous callback to
+        this one, so evaluations are not counted in it)."""
+        nonlocal train_seconds, eval_seconds
+        dt = time.perf_counter() - mark["t"]
         train_seconds += dt
-        row = {"step": trainer.global_step, "seconds": dt, "load": (load0 + load()) / 2,
+        row = {"step": tr.global_step, "seconds": dt, "load": (mark["load"] + load()) / 2,
                "reward": m["reward/mean"], "reward_std": m["reward/std"], "success": m["env/success_rate"],
                "turns": m["env/turns_mean"], "response_length": m["rollout/response_length_mean"],
                "rollout_seconds": m["perf/rollout_seconds"], "update_seconds": m["perf/update_seconds"],
                "entropy": m.get("actor/entropy"), "grad_norm": m.get("actor/grad_norm"),
-               "value_loss": m.get("critic/vf_loss")}
+               "value_loss": m.get("critic/vf_loss"),
+               **{k: m[k] for k in ASYNC_METRICS if k in m}}
         if tooled:
-            row["tool_use"] = tool_use_rate(trainer.last_batch)
+            row["tool_use"] = tool_use_rate(tr.last_batch)
         steps.append(row)
+        stale = f"staleness {row['async/staleness_mean']:.1f} " if "async/staleness_mean" in row else ""
         print(f"[{algo}] step {row['step']:3d} {dt:5.0f}s (rollout {row['rollout_seconds']:.0f}s, update "
               f"{row['update_seconds']:.0f}s, load {row['load']:.1f}) reward {row['reward']:+.3f} "
-              f"success {row['success']:.2f} {tool_text(row.get('tool_use'))}"
+              f"success {row['success']:.2f} {tool_text(row.get('tool_use'))}{stale}"
               f"turns {row['turns']:.2f} len {row['response_length']:.1f} "
               f"| {train_seconds / 60:.1f}/{args.minutes} min", flush=True)
-        last = not next_step_fits() or (args.max_steps is not None and trainer.global_step >= args.max_steps)
-        if not last and args.eval_every and trainer.global_step % args.eval_every == 0:
-            ev = evaluate(trainer, args.eval_episodes)
+        if not next_step_fits():
+            tr.stop_reason = f"time budget of {args.minutes} min used"  # fit stops after this step
+        last = tr.stop_reason is not None or tr.global_step >= target
+        if not last and args.eval_every and tr.global_step % args.eval_every == 0:
+            # With max_staleness=1 the evaluation first waits for the batch sampled ahead
+            # (which keeps its weight version), so that wait counts as evaluation time.
+            ev = evaluate(tr, args.eval_episodes)
             eval_seconds += ev["eval_seconds"]
             curve.append(curve_point(ev, train_seconds / 60))
-            print(f"[{algo}]   eval @ {trainer.global_step}: success {ev['eval/success_rate']:.3f} "
+            print(f"[{algo}]   eval @ {tr.global_step}: success {ev['eval/success_rate']:.3f} "
                   f"{tool_text(ev['tool_use'])}"
                   f"({ev['eval_seconds']:.0f}s) e.g. {ev['first_actions'][:2]}", flush=True)
+        mark["t"], mark["load"] = time.perf_counter(), load()
+
+    # fit runs the loop the config describes: with training.max_staleness=1 the next
+    # step's batch is sampled on a thread while this step's update runs.
+    trainer.fit(until_step=target, callbacks=[on_step])
     after = evaluate(trainer, args.eval_episodes)
     eval_seconds += after["eval_seconds"]
     curve.append(curve_point(after, train_seconds / 60))
@@ -269,7 +303,7 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
           f"{tool_change}"
           f"e.g. {after['first_actions'][:2]}", flush=True)
     rec = {
-        "env": env_name, "algo": algo,
+        "env": env_name, "algo": algo, "max_staleness": cfg.training.max_staleness,
         "success_before": before["eval/success_rate"], "success_after": after["eval/success_rate"],
         "minutes": round(train_seconds / 60, 2), "steps": trainer.global_step,
         "reward_before": before["eval/reward_mean"], "reward_after": after["eval/reward_mean"],
@@ -292,7 +326,8 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
                    "training": {k: getattr(cfg.training, k) for k in (
                        "adv_estimator", "learning_rate", "critic_learning_rate", "batch_size", "group_size",
                        "micro_batch_size", "loss_agg_mode", "use_kl_loss", "use_kl_in_reward", "autocast_bf16",
-                       "clip_ratio", "gamma", "lam", "seed")},
+                       "clip_ratio", "gamma", "lam", "seed", "max_staleness", "rollout_is",
+                       "rollout_is_threshold", "async_rollout_threads")},
                    "model": {"name": cfg.model.model_name, "device": str(cfg.model.resolved_device()),
                              "dtype": str(cfg.model.resolved_dtype()).removeprefix("torch."),
                              "lora_rank": cfg.model.lora_rank,
@@ -303,16 +338,24 @@ def run(env_name: str, algo: str, args: argparse.Namespace) -> dict[str, Any]:
     return rec
 
 
+def record_key(r: dict[str, Any]) -> tuple:
+    """What a record measured: env, algo, max_staleness (0 in records made before the
+    field existed) and training seed."""
+    return (r.get("env"), r.get("algo"), r.get("max_staleness", 0),
+            r.get("config", {}).get("training", {}).get("seed", 0))
+
+
 def save(records: list[dict[str, Any]], path: Path) -> list[dict[str, Any]]:
-    """Merge `records` into the JSON list at `path` (same env+algo replaced)."""
+    """Merge `records` into the JSON list at `path` (a record of the same env, algo,
+    max_staleness and training seed is replaced)."""
     old: list[dict[str, Any]] = []
     if path.exists():
         try:
             old = json.loads(path.read_text())
         except json.JSONDecodeError:
             old = []
-    keys = {(r["env"], r["algo"]) for r in records}
-    merged = [r for r in old if (r.get("env"), r.get("algo")) not in keys] + records
+    keys = {record_key(r) for r in records}
+    merged = [r for r in old if record_key(r) not in keys] + records
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(merged, indent=1))
     return merged
@@ -327,8 +370,12 @@ def plot(records: list[dict[str, Any]], path: Path) -> None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for r in records:
         label = f"{r['algo']} ({r['env']})"
-        line, = ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], marker="o",
-                         label=label)
+        if r.get("max_staleness"):
+            label += f", staleness {r['max_staleness']}"
+        if len({record_key(x)[3] for x in records}) > 1:
+            label += f", seed {record_key(r)[3]}"
+        stale = {"linestyle": "--", "marker": "s"} if r.get("max_staleness") else {"marker": "o"}
+        line, = ax1.plot([c["step"] for c in r["curve"]], [c["success"] for c in r["curve"]], label=label, **stale)
         if "tool_use" in r["curve"][0]:
             ax1.plot([c["step"] for c in r["curve"]], [c["tool_use"] for c in r["curve"]], marker="x",
                      linestyle="--", color=line.get_color(), label=f"{label}: tool use")
@@ -363,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="training.autocast_bf16=True")
+    p.add_argument("--max-staleness", type=int, default=0, choices=[0, 1],
+                   help="training.max_staleness: 0 synchronous, 1 the next batch sampled while this one trains")
     p.add_argument("--device", default="auto", help='model.device: "auto" (CUDA when available, else CPU), "cpu", ...')
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help='model.dtype: "auto" is bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')

@@ -186,6 +186,84 @@ nodes2.validate()
 changes(node8, nodes2)
 
 # %% [markdown]
+# ## Asynchronous training: the next batch is sampled while this one trains
+#
+# With `training.max_staleness = 1`, `fit` samples the batch of step n+1 on a thread (with
+# `training.async_rollout_threads` torch threads, 1 by default) while the update of step n runs on
+# the others. Step n+1 then trains on episodes sampled with the weights of step n, one update old;
+# the update weights each token's loss by the ratio of the trainer's to the engine's probability
+# of it, capped at `training.rollout_is_threshold` (truncated importance sampling against the
+# logprobs the engine recorded). The first step has no batch sampled ahead, so it samples its own.
+#
+# The same short run twice below, from the same weights and the same environment seeds:
+# synchronously and with staleness 1. Each step's wall time is `perf/step_seconds`, from the
+# step's start (waiting for a batch sampled ahead included) to the end of its update.
+
+# %%
+ASYNC_STEPS = 3 if SMOKE else 8
+
+
+def short_run(max_staleness):
+    """`ASYNC_STEPS` GRPO steps on guess_number 1..8 (the learning benchmark's game) with
+    `training.max_staleness = max_staleness`; returns fit's metrics, one dict per step."""
+    c = ConfigStore.from_dict(cpu.to_dict())
+    c.training.max_staleness = max_staleness
+    c.training.batch_size, c.training.group_size = (4, 2) if SMOKE else (16, 8)
+    c.training.micro_batch_size = c.training.batch_size
+    c.training.learning_rate = 5e-4
+    c.inference.max_tokens, c.inference.max_turns = 8, (2 if SMOKE else 4)
+    c.checkpoint.output_dir = tempfile.mkdtemp()
+    c.checkpoint.save_interval = 0
+    c.training.progress = False
+    env = make_env("guess_number", low=1, high=8, max_steps=4,
+                   system_prompt="Guess my secret number from 1 to 8. Answer with just the number.")
+    run = Trainer(c, environment=env)
+    history = run.fit(steps=ASYNC_STEPS)
+    run.cleanup()
+    return history
+
+
+runs = {"synchronous": short_run(0), "staleness 1": short_run(1)}
+for name, history in runs.items():
+    print(f"{name:12s} step seconds:", [round(m["perf/step_seconds"], 1) for m in history],
+          "| staleness:", [m.get("async/staleness_mean", 0.0) for m in history])
+
+# %%
+from plotly.subplots import make_subplots
+
+fig = make_subplots(rows=1, cols=2, subplot_titles=("training reward (mean of the batch)", "step wall time (s)"))
+for (name, history), color in zip(runs.items(), ("#1f77b4", "#d62728")):
+    steps = [m["step"] + 1 for m in history]
+    fig.add_scatter(x=steps, y=[m["reward/mean"] for m in history], name=name, line=dict(color=color),
+                    row=1, col=1)
+    fig.add_bar(x=steps, y=[m["perf/step_seconds"] for m in history], name=f"{name}: seconds",
+                marker_color=color, row=1, col=2)
+fig.update_xaxes(title_text="step")
+fig.update_layout(height=320, template="plotly_white", barmode="group", margin=dict(l=50, r=10, t=40, b=40))
+fig
+
+# %%
+import statistics
+
+sync_s = statistics.median(m["perf/step_seconds"] for m in runs["synchronous"][1:])
+async_s = statistics.median(m["perf/step_seconds"] for m in runs["staleness 1"][1:])
+print(f"median step time after the first step: synchronous {sync_s:.1f} s, staleness 1 {async_s:.1f} s "
+      f"({async_s / sync_s:.2f}x)")
+late = runs["staleness 1"][1:]
+print("staleness 1, steps 2 on: episodes one update old in every step:",
+      all(m["async/staleness_mean"] == 1.0 for m in late),
+      "| share of tokens cut at the cap per step:", [round(m["rollout_corr/clipped_fraction"], 3) for m in late])
+print("final training reward: synchronous {:+.2f}, staleness 1 {:+.2f}".format(
+    runs["synchronous"][-1]["reward/mean"], runs["staleness 1"][-1]["reward/mean"]))
+
+# %% [markdown]
+# A few steps of small batches show the mechanics (which weights sampled each batch, the
+# correction's clipped share, how long each step took here), not whether staleness changed what
+# was learned: that needs held-out success after longer runs and the spread between seeds. The
+# step times depend on the machine and on what else runs on it. For both, see the README's
+# "Asynchronous training" section (`python benchmarks/learning.py --max-staleness 1`).
+
+# %% [markdown]
 # ## Save it, run it from the command line
 #
 # A config is a YAML file; `python -m workbench train --config run.yaml` runs the same training
