@@ -3,9 +3,10 @@
     python benchmarks/async.py                      # both settings, 2 rounds x 4 steps per side
     python benchmarks/async.py --settings slow_env --rounds 3 --steps 5
 
-Both sides train the embedded model (SmolLM2-135M-Instruct) with the demo's settings
-(`workbench.cli.demo.demo_config`: LoRA GRPO on guess_number, 1..8, 4 turns of at most 8
-tokens, batch 16 in groups of 8, lr 5e-4, dtype "auto") through `Trainer.fit`, in two settings:
+Both sides train the embedded model (SmolLM2-135M-Instruct) with the demo's GRPO settings
+(`workbench.cli.demo.demo_config` without its SFT warm-up and strict format: LoRA GRPO on
+guess_number, 1..8, 4 turns of at most 8 tokens, batch 16 in groups of 8, lr 5e-4, dtype
+"auto") through `Trainer.fit`, in two settings:
 
   * demo: the demo's environment as it is (its `step` takes microseconds).
   * slow_env: the same environment whose `step` first sleeps 0.3 s, as a remote sandbox,
@@ -93,6 +94,10 @@ def cpu() -> str:
 def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespace) -> Trainer:
     ns = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
     cfg = demo_config(ns, out)
+    # GRPO steps only: without the demo's SFT warm-up (its steps sample nothing) and strict format,
+    # so every timed step is a rollout + update of the same kind on both sides.
+    cfg.environment.strict_format = False
+    cfg.sft.steps = 0
     cfg.checkpoint.save_interval = 0
     cfg.training.progress = False
     cfg.training.max_staleness = staleness
