@@ -1,7 +1,8 @@
-"""GRPO step wall time, synchronous vs `training.max_staleness=1`, in one process.
+"""GRPO step wall time, synchronous vs `training.max_staleness=1`, in one process or on Ray.
 
     python benchmarks/async.py                      # both settings, 2 rounds x 4 steps per side
     python benchmarks/async.py --settings slow_env --rounds 3 --steps 5
+    python benchmarks/async.py --ray                # 1 rollout worker + 1 learner (Ray, local)
 
 Both sides train the embedded model (SmolLM2-135M-Instruct) with the demo's GRPO settings
 (`workbench.cli.demo.demo_config` without its SFT warm-up and strict format: LoRA GRPO on
@@ -17,7 +18,10 @@ guess_number, 1..8, 4 turns of at most 8 tokens, batch 16 in groups of 8, lr 5e-
     environment steps wait side by side, as against a server with room for all of them).
 
 The sides alternate, `--rounds` times each, in one process: sync `fit(steps)`, then
-staleness-1 `fit(steps)` (two trainers with the same initial weights). A step's wall time
+staleness-1 `fit(steps)` (two trainers with the same initial weights). With `--ray`
+(`ray.use_ray`, 1 rollout worker + 1 learner on a local Ray cluster, with Ray's CPU
+reservations at their defaults, `ray.num_cpus_per_actor`) each round builds the side's trainer, fits and shuts its Ray actors
+down again, so only one side's actors hold the cores at a time. A step's wall time
 is the time between the ends of consecutive steps (a `fit` callback), so for the async
 side it includes waiting for the batch sampled ahead; the first step of every `fit` is
 left out of the medians (the async side samples it synchronously). Reported per setting:
@@ -92,6 +96,7 @@ def cpu() -> str:
 
 
 def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespace) -> Trainer:
+    """The side's trainer: the demo's GRPO settings, `staleness`, in `setting`."""
     ns = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
     cfg = demo_config(ns, out)
     # GRPO steps only: without the demo's SFT warm-up (its steps sample nothing) and strict format,
@@ -102,6 +107,8 @@ def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespa
     cfg.training.progress = False
     cfg.training.max_staleness = staleness
     cfg.training.save_rollouts_every = 0
+    if args.ray:
+        cfg.ray.use_ray, cfg.ray.num_actors, cfg.ray.num_learners = True, 1, 1
     env = None
     if setting == "slow_env":
         cfg.inference.async_rollout = args.env_async_rollout
@@ -128,13 +135,18 @@ def timed_fit(trainer: Trainer, steps: int) -> tuple[list[float], list[float], l
 def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     before = load()
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {k: make_trainer(setting, k, Path(tmp) / f"s{k}", args) for k in (0, 1)}
+        # One process: both trainers live through all rounds. Ray: a side's trainer (and its
+        # actors) exists only for its own fit, so the two sides' actors never share the cores.
+        sides = {k: None if args.ray else make_trainer(setting, k, Path(tmp) / f"s{k}", args) for k in (0, 1)}
         walls: dict[int, list[float]] = {0: [], 1: []}
         shares: list[float] = []
         stages: dict[int, dict[str, list[float]]] = {k: {"rollout": [], "update": []} for k in sides}
         for r in range(args.rounds):
-            for k, trainer in sides.items():
+            for k in sides:
+                trainer = sides[k] or make_trainer(setting, k, Path(tmp) / f"s{k}_r{r}", args)
                 w, o, rows = timed_fit(trainer, args.steps)
+                if sides[k] is None:
+                    trainer.cleanup()
                 walls[k] += w
                 stages[k]["rollout"] += [m["perf/rollout_seconds"] for m in rows]
                 stages[k]["update"] += [m.get("perf/update_seconds", 0.0) for m in rows]
@@ -142,7 +154,8 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
                     shares += o
                 print(f"  {setting} round {r} staleness {k}: steps {[round(x, 2) for x in w]}", flush=True)
         for trainer in sides.values():
-            trainer.cleanup()
+            if trainer is not None:
+                trainer.cleanup()
     sync, asy = statistics.median(walls[0]), statistics.median(walls[1])
     return {"setting": setting, "sync_step_s": sync, "async_step_s": asy, "ratio": asy / sync,
             "speedup": sync / asy, "overlap_share": statistics.median(shares),
@@ -161,11 +174,17 @@ def main() -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--env-async-rollout", action="store_true",
                    help="slow_env with inference.async_rollout=True (environment waits side by side)")
-    p.add_argument("--out", default=str(RESULTS / "async.json"))
+    p.add_argument("--ray", action="store_true",
+                   help="ray.use_ray: 1 rollout worker + 1 learner on a local Ray cluster (default: one process)")
+    p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/async.json, "
+                                               "async_ray.json with --ray)")
     args = p.parse_args()
+    if args.out is None:
+        args.out = str(RESULTS / ("async_ray.json" if args.ray else "async.json"))
     record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu(),
               "torch_threads": torch.get_num_threads(), "dtype": args.dtype,
               "env_async_rollout": args.env_async_rollout,
+              "path": "ray: 1 rollout worker + 1 learner" if args.ray else "one process",
               "command": "python benchmarks/async.py " + " ".join(sys.argv[1:]), "results": []}
     print(f"{record['date']}  {record['machine']}  torch threads {record['torch_threads']}", flush=True)
     for setting in args.settings.split(","):
@@ -177,7 +196,7 @@ def main() -> int:
               f"{res['update_s'][1]:.1f} s (sync / async); "
               f"load {res['load_before'].split('load average:')[-1].strip()} -> "
               f"{res['load_after'].split('load average:')[-1].strip()}", flush=True)
-        print(f"{setting}: speedup vs sync: {res['speedup']:.1f}x", flush=True)
+        print(f"{setting} ({record['path']}): speedup vs sync: {res['speedup']:.1f}x", flush=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     return 0
 
