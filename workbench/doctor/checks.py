@@ -19,7 +19,7 @@ from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
-from workbench.doctor.findings import BatchStats, DoctorConfig, Finding, History, model_turns
+from workbench.doctor.findings import BatchStats, DoctorConfig, Evidence, Finding, History, model_turns
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -380,6 +380,27 @@ def check_tokenization_mismatch(h: History, cfg: DoctorConfig) -> Finding | None
             for ep in bad], cfg)
 
 
+def _largest_gap_evidence(h: History, versions: bool) -> list[Evidence]:
+    """The current batch's episodes by mean |trainer - engine| logprob gap of their trained
+    tokens, largest first, each at its first model turn (with its weight version and gap
+    when `versions`); [] when the batch has no engine logprobs."""
+    b = h.batch
+    gap = b.engine_logprob_gap() if b is not None else None
+    if gap is None:
+        return []
+    diff, mask = gap  # (B, T) each
+    per_episode = diff.sum(1) / mask.sum(1).clamp(min=1)  # (B,)
+    ev = []
+    for i in per_episode.argsort(descending=True).tolist():
+        ep = b.episodes[i]
+        turns = [t for t in ep.turns if t.source == "model"]
+        if mask[i].any() and turns:
+            text = (f"weight version {ep.weight_version}, mean gap {float(per_episode[i]):.3g} nats"
+                    if versions else None)
+            ev.append(h.evidence(ep, turns[0], text=text))
+    return ev
+
+
 def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
     """`actor/rollout_logprob_diff` (recorded by the update): the sampling engine's
     logprobs of the trained tokens far from the trainer's, at the worst step. Then the
@@ -394,23 +415,13 @@ def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
     if not rows:
         return None
     step, worst = max(rows, key=lambda r: r[1])
-    ev = []
-    b = h.batch
-    gap = b.engine_logprob_gap() if b is not None else None
-    if gap is not None:
-        diff, mask = gap  # (B, T) each
-        per_episode = diff.sum(1) / mask.sum(1).clamp(min=1)  # (B,)
-        for i in per_episode.argsort(descending=True).tolist():
-            turns = [t for t in b.episodes[i].turns if t.source == "model"]
-            if mask[i].any() and turns:
-                ev.append(h.evidence(b.episodes[i], turns[0]))
     return _finding(
         "engine-trainer-gap", "error", worst, cfg.engine_logprob_gap, worst >= cfg.engine_logprob_gap,
         f"at step {step} the engine's logprobs of the sampled tokens differ from the trainer's by {worst:.3g} "
         "nats on average: the engine did not sample from the weights the trainer holds",
         "Check that the engine gets the trainer's weights after every update (sync_weights; a vLLM or server "
         "engine's weight sync) and uses the same model, dtype and chat template; bf16 rounding alone gives a few "
-        "hundredths.", h, ev, cfg, step=step)
+        "hundredths.", h, _largest_gap_evidence(h, versions=False), cfg, step=step)
 
 
 def check_off_policy_clipped(h: History, cfg: DoctorConfig) -> Finding | None:
@@ -426,25 +437,14 @@ def check_off_policy_clipped(h: History, cfg: DoctorConfig) -> Finding | None:
     if not rows:
         return None
     step, worst, stale = max(rows, key=lambda r: r[1])
-    ev = []
-    b = h.batch
-    gap = b.engine_logprob_gap() if b is not None else None
-    if gap is not None:
-        diff, mask = gap  # (B, T) each
-        per_episode = diff.sum(1) / mask.sum(1).clamp(min=1)  # (B,)
-        for i in per_episode.argsort(descending=True).tolist():
-            ep = b.episodes[i]
-            turns = [t for t in ep.turns if t.source == "model"]
-            if mask[i].any() and turns:
-                ev.append(h.evidence(ep, turns[0], text=f"weight version {ep.weight_version}, mean gap "
-                                                         f"{float(per_episode[i]):.3g} nats"))
     return _finding(
         "off-policy-clipped", "warning", worst, cfg.off_policy_clipped_share, worst >= cfg.off_policy_clipped_share,
         f"at step {step} the importance weights of {worst:.0%} of the trained tokens were cut at the cap "
         f"(staleness up to {stale if stale is not None else '?'}): the episodes were sampled by weights far "
         "from the trainer's",
         "Lower training.max_staleness (0 = synchronous), lower the learning rate, or raise "
-        "training.rollout_is_threshold if the clipped tokens are harmless.", h, ev, cfg, step=step)
+        "training.rollout_is_threshold if the clipped tokens are harmless.", h,
+        _largest_gap_evidence(h, versions=True), cfg, step=step)
 
 
 #: Every check by name, in report order.
