@@ -98,11 +98,9 @@ def cpu() -> str:
 def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespace) -> Trainer:
     """The side's trainer: the demo's GRPO settings, `staleness`, in `setting`."""
     ns = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
-    cfg = demo_config(ns, out)
     # GRPO steps only: without the demo's SFT warm-up (its steps sample nothing) and strict format,
     # so every timed step is a rollout + update of the same kind on both sides.
-    cfg.environment.strict_format = False
-    cfg.sft.steps = 0
+    cfg = demo_config(ns, out, remedies=False)
     cfg.checkpoint.save_interval = 0
     cfg.training.progress = False
     cfg.training.max_staleness = staleness

@@ -140,9 +140,7 @@ def base_config(args: argparse.Namespace, seed: int, out: Path):
 
     n = counts()
     demo_args = argparse.Namespace(model=args.model, device=args.device, dtype=args.dtype)
-    cfg = demo_config(demo_args, out)
-    cfg.environment.strict_format = False
-    cfg.update("sft", {"steps": 0, "learning_rate": None})  # an arm's SFT steps run at training.learning_rate
+    cfg = demo_config(demo_args, out, remedies=False)  # an arm's SFT steps run at training.learning_rate
     cfg.update("training", {"batch_size": n["batch_size"], "group_size": n["group_size"],
                             "micro_batch_size": n["batch_size"], "num_iters_per_epoch": args.rl_steps,
                             "seed": seed})

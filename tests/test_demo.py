@@ -7,7 +7,7 @@ import json
 import pytest
 
 from workbench.cli import build_config, main, parse_args
-from workbench.cli.demo import (GUESS_TURNS, SFT_LEARNING_RATE, counts, demo_config, guessing_summary,
+from workbench.cli.demo import (GUESS_TURNS, SFT_LEARNING_RATE, counts, demo_config, guessing_summary, part_two,
                                 learned_line, showcase_index, side_by_side)
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
@@ -30,6 +30,8 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path, smoke
     learned = next(line for line in lines if line.startswith("what it learned:"))
     assert learned.endswith(f"wins {round(evals[2]['eval/success_rate'] * 4)} of 4 unseen games")
     assert any(line.startswith("doctor: ") for line in lines)
+    # one doctor verdict at the end (the runner's findings table is not printed again before it)
+    assert sum(line.startswith("doctor: no findings") for line in lines) <= 1
     transcript = (tmp_path / "train" / "transcript.md").read_text()
     assert "## Held-out episode, seed 1000" in transcript and "before: model" in transcript
     # the prompt the model saw states the 4 guesses the rollout allows
@@ -52,6 +54,25 @@ def test_demo_config_takes_device_and_dtype(flag, value, tmp_path):
     # the remedies the demo trains with: the strict format and the SFT warm-up on the expert
     assert cfg.environment.strict_format is True and cfg.sft.steps == counts()["sft_steps"] >= 1
     assert cfg.sft.episodes == counts()["sft_episodes"] and cfg.sft.learning_rate == SFT_LEARNING_RATE
+
+
+def test_demo_takes_config_flags_for_its_training_part(tmp_path):
+    args = parse_args(["demo", "--output", str(tmp_path), "--training.max_staleness", "1", "--training.seed", "3",
+                       "--training.num_iters_per_epoch", "5", "--sft.steps", "0"])
+    cfg = demo_config(args, tmp_path)
+    assert (cfg.training.max_staleness, cfg.training.seed, cfg.sft.steps) == (1, 3, 0)
+    assert cfg.checkpoint.save_interval == 5  # the one checkpoint lands on the run's last step
+    assert "max_staleness 1" in part_two(cfg, 4) and "SFT" not in part_two(cfg, 4)
+    given = demo_config(parse_args(["demo", "--checkpoint.save_interval", "2"]), tmp_path)
+    assert given.checkpoint.save_interval == 2
+
+
+def test_demo_config_without_remedies_is_plain_grpo(tmp_path):
+    args = parse_args(["demo", "--output", str(tmp_path)])
+    with_remedies, plain = demo_config(args, tmp_path), demo_config(args, tmp_path, remedies=False)
+    assert plain.environment.strict_format is False and plain.sft.steps == 0 and plain.sft.learning_rate is None
+    assert plain.training == with_remedies.training  # the GRPO part is the same
+    assert plain.checkpoint.save_interval == counts()["steps"]
 
 
 def _episode(seed: int, actions: list[str], observations: list[str], success: bool, reward: float) -> Episode:

@@ -275,13 +275,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help=_help("train", "loggers", "comma-separated: jsonl, tensorboard, trackio, wandb (offline); "
                               "jsonl is always added"))
     d = sub.add_parser("demo", help="what `make demo` runs: rollouts on two envs, then a short GRPO run "
-                                    "with held-out success before and after")
+                                    "with held-out success before and after",
+                       usage="python -m workbench demo [options] [--SECTION.FIELD VALUE ...]",
+                       description="--SECTION.FIELD VALUE flags change the training part's config (e.g. "
+                                   "--training.max_staleness 1, --training.seed 1, --sft.steps 0); the rollout "
+                                   "part keeps its own.")
     d.add_argument("--model", default=EMBEDDED_MODEL)
     d.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     d.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
     d.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS['demo']})")
     d.add_argument("--minutes", type=float, default=6,
                    help="stop training after the step that ends past this many minutes (default 6)")
+    add_config_flags(d)
     x = sub.add_parser("export-verl", help="write what verl's multi-turn agent loop needs to run an environment "
                                            "and its tools (workbench.compat.verl_export)")
     x.add_argument("--env", help="environment: a registered name, module:Class, textarena:<id> or "

@@ -60,9 +60,16 @@ def counts() -> dict[str, int]:
     return SMOKE if os.environ.get("WORKBENCH_SMOKE") == "1" else FULL
 
 
-def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
+def demo_config(args: argparse.Namespace, out: Path, remedies: bool = True) -> ConfigStore:
     """The training part's config: guess_number in the strict format, an SFT warm-up on the
-    scripted expert's games, then LoRA GRPO with the learning benchmark's settings."""
+    scripted expert's games, then LoRA GRPO with the learning benchmark's settings.
+
+    `remedies=False`: the same GRPO run without the strict format and the SFT warm-up (the
+    benchmarks that time or diagnose plain GRPO steps start from it). `--SECTION.FIELD VALUE`
+    flags given to `python -m workbench demo` (in `args`) are applied last, and the one
+    checkpoint is written at the step the run ends on."""
+    from workbench.config.flags import apply_config_flags, given_config_flags
+
     n = counts()
     cfg = ConfigStore()
     cfg.model.model_name = args.model
@@ -71,8 +78,10 @@ def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
     cfg.environment.params = dict(GUESS_PARAMS)
     cfg.environment.max_steps = GUESS_TURNS
     cfg.environment.system_prompt = GUESS_PROMPT
-    cfg.environment.strict_format = True  # a number inside a sentence is a format error
-    cfg.update("sft", {"steps": n["sft_steps"], "episodes": n["sft_episodes"], "learning_rate": SFT_LEARNING_RATE})
+    if remedies:
+        cfg.environment.strict_format = True  # a number inside a sentence is a format error
+        cfg.update("sft", {"steps": n["sft_steps"], "episodes": n["sft_episodes"],
+                           "learning_rate": SFT_LEARNING_RATE})
     cfg.update("inference", {"max_tokens": 8, "max_turns": GUESS_TURNS, "temperature": 1.0})
     cfg.update("training", {"adv_estimator": "grpo", "learning_rate": 5e-4, "batch_size": n["batch_size"],
                             "group_size": n["group_size"], "micro_batch_size": n["batch_size"],
@@ -82,7 +91,9 @@ def demo_config(args: argparse.Namespace, out: Path) -> ConfigStore:
     # checkpoint (that would train 0 steps), one checkpoint at the end.
     cfg.checkpoint.output_dir = str(out / "checkpoints")
     cfg.checkpoint.resume = False
-    cfg.checkpoint.save_interval = n["sft_steps"] + n["steps"]
+    apply_config_flags(cfg, args)  # e.g. --training.max_staleness 1
+    if "save_interval" not in given_config_flags(args).get("checkpoint", {}):
+        cfg.checkpoint.save_interval = cfg.sft.steps + cfg.training.num_epochs * cfg.training.num_iters_per_epoch
     return cfg.validate()
 
 
@@ -211,6 +222,20 @@ def learned_line(batch: TrajectoryBatch) -> str:
             f"and it wins {c['won']} of {c['games']} unseen games")
 
 
+def part_two(config: ConfigStore, eval_episodes: int) -> str:
+    """The training part's heading, from the config that runs."""
+    e, t = config.environment, config.training
+    form = ("strict format: the reply must be a bare number" if e.strict_format
+            else "lenient format: the first number in the reply counts")
+    grpo = t.num_epochs * t.num_iters_per_epoch
+    sft = (f"{_steps(config.sft.steps, 'SFT')} on {config.sft.episodes} games of a scripted expert, then "
+           if config.sft.steps else "")
+    evals = "before, after SFT and after RL" if config.sft.steps else "before and after RL"
+    stale = f", max_staleness {t.max_staleness}" if t.max_staleness else ""
+    return (f"guess_number ({e.params.get('low')}..{e.params.get('high')}, {e.max_steps} guesses, {form}): "
+            f"{sft}{grpo} LoRA GRPO steps{stale}; held-out success on {eval_episodes} unseen secrets {evals}")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Part 1: rollouts of the untrained model; part 2: a short GRPO run that learns."""
     from workbench.cli.runner import rollout_and_report, train_and_report
@@ -219,19 +244,17 @@ def run_demo(args: argparse.Namespace) -> int:
     out = Path(args.output)
     print("== 1/2: the untrained model plays guess_number and grid ==", flush=True)
     rollout_and_report(rollout_config(args), out / "rollout", n["rollout_episodes"])
-    print(f"\n== 2/2: guess_number (1..8, {GUESS_TURNS} guesses, strict format: the reply must be a bare number): "
-          f"{_steps(n['sft_steps'], 'SFT')} on {n['sft_episodes']} games of a scripted expert, then {n['steps']} LoRA "
-          f"GRPO steps; held-out success on {n['eval_episodes']} unseen secrets before, after SFT and after RL ==",
-          flush=True)
     train_out = out / "train"
     config = demo_config(args, train_out)
+    print(f"\n== 2/2: {part_two(config, n['eval_episodes'])} ==", flush=True)
     report = train_and_report(config, train_out, n["eval_episodes"], args.minutes,
-                              transcript=lambda r: write_demo_transcript(r, train_out / "transcript.md"))
+                              transcript=lambda r: write_demo_transcript(r, train_out / "transcript.md"),
+                              print_findings=False)  # its doctor line comes at the end
     evals, trainer = report["evals"], report["trainer"]
     rl_steps = trainer.global_step - sum("sft/nll" in m for m in trainer.metrics_history)
     stages = [f"{evals[0]['eval/success_rate']:.2f} before training"]
     if report["after_sft"] is not None:
-        stages.append(f"{evals[1]['eval/success_rate']:.2f} after {_steps(n['sft_steps'], 'SFT')}")
+        stages.append(f"{evals[1]['eval/success_rate']:.2f} after {_steps(config.sft.steps, 'SFT')}")
     stages.append(f"{evals[-1]['eval/success_rate']:.2f} after {_steps(rl_steps, 'GRPO')}")
     print(f"\nheld-out success: {' -> '.join(stages)} ({n['eval_episodes']} unseen secrets, greedy)")
     if report["after"] is not None:

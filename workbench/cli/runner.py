@@ -71,7 +71,7 @@ EVAL_SEED_BASE = 10_000
 
 def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes: float = 0,
                      transcript: Callable[[dict[str, Any]], None] | None = None,
-                     trainer: Any = None) -> dict[str, Any]:
+                     trainer: Any = None, print_findings: bool = True) -> dict[str, Any]:
     """Train with `config` and write the run's files into `out`: held-out evaluation on
     seeds 10_000.. before and after (greedy), `fit` with a step line per step, the curve,
     `transcript.md` (`transcript(report)` writes it instead when given), `evals.json`,
@@ -82,7 +82,9 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
 
     `trainer`: a Trainer already built for `out` (a branch: `Trainer.from_checkpoint`), used
     instead of building one from `config` (its own config is used); "before" is then evaluated
-    at its step, on the same held-out seeds, so a branch's evaluations pair with its parent's."""
+    at its step, on the same held-out seeds, so a branch's evaluations pair with its parent's.
+    `print_findings=False`: the findings table is written to summary.md but not printed (the
+    demo prints its own doctor line at the end)."""
     from workbench.utils.progress import write
     from workbench.training import Trainer, run_files
 
@@ -165,6 +167,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
                                     + ("\n" + summary_table(evals) + "\n" if evals else "")
                                     + "\n" + findings_markdown(report["findings"]) + "\n")
     print(table)
-    print(findings_table(report["findings"]))
+    if print_findings:
+        print(findings_table(report["findings"]))
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
     return report
