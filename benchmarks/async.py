@@ -43,9 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -60,6 +58,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import load, machine_line  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -78,21 +78,6 @@ class SlowGuessNumber(GuessNumberEnv):
     def step(self, action: str):
         time.sleep(STEP_SLEEP)
         return super().step(action)
-
-
-def load() -> str:
-    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-
-
-def cpu() -> str:
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor()
-    model = next((ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("model name")), "?")
-    flags = next((ln.split(":", 1)[1].split() for ln in info.splitlines() if ln.startswith("flags")), [])
-    keep = [f for f in flags if f.startswith(("avx512_bf16", "amx", "avx2", "avx512f"))]
-    return f"{model} ({os.cpu_count()} cores; {' '.join(sorted(set(keep)))})"
 
 
 def make_trainer(setting: str, staleness: int, out: Path, args: argparse.Namespace) -> Trainer:
@@ -179,7 +164,7 @@ def main() -> int:
     args = p.parse_args()
     if args.out is None:
         args.out = str(RESULTS / ("async_ray.json" if args.ray else "async.json"))
-    record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": cpu(),
+    record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_line(),
               "torch_threads": torch.get_num_threads(), "dtype": args.dtype,
               "env_async_rollout": args.env_async_rollout,
               "path": "ray: 1 rollout worker + 1 learner" if args.ray else "one process",
@@ -192,8 +177,7 @@ def main() -> int:
               f"({res['ratio']:.2f}x the sync time), overlap {res['overlap_share']:.0%} of the step; rollout "
               f"{res['rollout_s'][0]:.1f} / {res['rollout_s'][1]:.1f} s, update {res['update_s'][0]:.1f} / "
               f"{res['update_s'][1]:.1f} s (sync / async); "
-              f"load {res['load_before'].split('load average:')[-1].strip()} -> "
-              f"{res['load_after'].split('load average:')[-1].strip()}", flush=True)
+              f"load {res['load_before']} -> {res['load_after']}", flush=True)
         print(f"{setting} ({record['path']}): speedup vs sync: {res['speedup']:.1f}x", flush=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
     return 0

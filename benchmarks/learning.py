@@ -49,10 +49,6 @@ import os
 # worker threads spin at every barrier; on a shared, oversubscribed CPU that made a
 # decode step 2-30x slower (measured: 1.4-12 s vs 0.42 s for 32 rows). PASSIVE sleeps.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-# glibc keeps freed activation buffers of every sequence length around (RSS grew past
-# 13 GB and the OOM killer ended a PPO run); mmap'ing large blocks returns them.
-# glibc reads this only at start-up, so the script re-executes itself once (see main).
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 import sys
 import tempfile
 import time
@@ -62,6 +58,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import load, run_main  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 EVAL_SEED0 = 10_000
@@ -128,10 +126,6 @@ ALGOS: dict[str, dict[str, Any]] = {
 #: The asynchronous loop's metrics kept per step (present with training.max_staleness=1).
 ASYNC_METRICS = ("async/staleness_mean", "async/staleness_max", "async/overlap_seconds",
                  "rollout_corr/clipped_fraction", "rollout_corr/log_ratio_abs_mean")
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def build_trainer(env_name: str, algo: str, args: argparse.Namespace):
@@ -433,7 +427,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if any(k not in os.environ for k in MALLOC_ENV):
-        os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
-        os.execv(sys.executable, [sys.executable, *sys.argv])
-    raise SystemExit(main())
+    run_main(main)  # with glibc's MALLOC_ENV (benchmarks/_common.py): many trainers in one process

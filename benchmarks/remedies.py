@@ -43,7 +43,6 @@ import datetime
 import gc
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -53,14 +52,12 @@ from statistics import median
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch: see benchmarks/learning.py
-#: As benchmarks/learning.py: glibc keeps freed activation buffers around; over 7 runs in one
-#: process the resident size reached 6.7 GB and the OOM killer ended it. glibc reads these at
-#: start-up only, so the script re-executes itself once with them (see the end of the file).
-MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": "1048576", "MALLOC_TRIM_THRESHOLD_": "1048576"}
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
+
+from benchmarks._common import load, machine, run_main  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -104,32 +101,6 @@ SMOKE = {"rl_steps": 2, "eval_episodes": 4, "batch_size": 4, "group_size": 2}
 
 def counts() -> dict[str, int]:
     return SMOKE if os.environ.get("WORKBENCH_SMOKE") == "1" else FULL
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
-
-
-def machine() -> dict[str, Any]:
-    """CPU model, the flags that matter for the dtype, cores, and the Python/torch versions."""
-    import torch
-
-    info = {"cpu": platform.processor() or platform.machine(), "flags": [], "cores": os.cpu_count(),
-            "python": platform.python_version(), "torch": torch.__version__,
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-        for line in text.splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                info["cpu"] = value.strip()
-            if key.strip() == "flags":
-                flags = value.split()
-                info["flags"] = sorted(f for f in flags if f.startswith(("avx", "amx", "fma", "f16c")))
-                break
-    except OSError:
-        pass
-    return info
 
 
 def base_config(args: argparse.Namespace, seed: int, out: Path):
@@ -486,7 +457,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    if any(k not in os.environ for k in MALLOC_ENV):
-        os.environ.update({k: v for k, v in MALLOC_ENV.items() if k not in os.environ})
-        os.execv(sys.executable, [sys.executable, *sys.argv])
-    raise SystemExit(main())
+    run_main(main)  # with glibc's MALLOC_ENV (benchmarks/_common.py): 7 runs in one process

@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import load  # noqa: E402
+
 from workbench.config import DTYPES, resolve_device, resolve_dtype  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -56,10 +58,6 @@ GROUP = 8
 MAX_NEW = 64
 LR = 1e-5
 ENV_PARAMS = {"low": 1, "high": 8, "max_steps": 4}
-
-
-def load() -> float:
-    return round(os.getloadavg()[0], 2)
 
 
 def reward_text(text: str) -> float:
