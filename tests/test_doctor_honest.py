@@ -11,6 +11,7 @@ tiny model's tokenizer (tests/doctor_policies.py)."""
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
@@ -79,7 +80,22 @@ def test_collapse_onto_one_bare_action_still_fires(tok):
     guess = lambda env, ep: str(rng.randint(1, 8))  # noqa: E731 - honest but weak: bare guesses
     batches = roll_steps(tok, "guess_number", [guess, guess, lambda env, ep: "4"], strict_format=True, **GUESS)
     f = measured(batches)["template-collapse"]
-    assert f.fired and f.value < 0.1
+    assert f.fired and f.value == 1.0  # bare actions: the value is the most common reply's share
+
+
+def test_a_converged_bare_action_policy_is_no_collapse(tok):
+    """Binary search over 1..8 opens every game with the same guess: few distinct replies,
+    by design (the false positive notebook 09's branch showed before bare_collapse_share)."""
+    rng = random.Random(0)
+    guess = lambda env, ep: str(rng.randint(1, 8))  # noqa: E731
+    e = expert("guess_number")
+    batches = roll_steps(tok, "guess_number", [guess, guess, e], strict_format=True, **GUESS)
+    f = measured(batches)["template-collapse"]
+    assert not f.fired and 0.2 < f.value < 0.8
+    top, n = Counter(t.action.strip() for ep in batches[-1] for t in ep.turns if t.source == "model").most_common(1)[0]
+    assert f.value == pytest.approx(n / sum(1 for ep in batches[-1] for t in ep.turns if t.source == "model"))
+    # the settings are the ones read: a lower share (and any fall of the distinct share) fires
+    assert measured(batches, bare_collapse_share=0.2, collapse_fraction=1.0)["template-collapse"].fired
 
 
 def test_shrinking_to_a_reply_that_is_no_action_still_fires(tok):

@@ -162,7 +162,10 @@ def check_template_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     below a threshold and far below the first steps', or the replies' word-bigram entropy
     fell far below the first steps'. Needs at least two batches. Compared only with first
     steps whose replies have the same form (`_same_form`): a policy that went from
-    sentences to bare actions has fewer distinct replies because the actions are few."""
+    sentences to bare actions has fewer distinct replies because the actions are few. When
+    the replies are bare actions, the value is the most common reply's share (it must reach
+    `bare_collapse_share`): a converged policy in a small action space repeats its best
+    actions, which the distinct share alone would call a collapse."""
     base = h.baseline(cfg.baseline_steps)
     if not base or h.batch is None or h.stats[-1].model_turns < cfg.min_samples:
         return None
@@ -174,12 +177,19 @@ def check_template_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     by_entropy = ent0 > 0 and last.bigram_entropy < cfg.collapse_fraction * ent0
     turns = model_turns(h.batch)
     common, count = Counter(t.action.strip() for _, t in turns).most_common(1)[0]
+    described = (f"{last.distinct_ratio:.0%} of replies are distinct (first steps {ratio0:.0%}), reply bigram "
+                 f"entropy {last.bigram_entropy:.2f} nats (first steps {ent0:.2f}); the most common reply, "
+                 f"{common!r}, is {count} of {len(turns)}")
+    if same and last.whole_action_share >= cfg.whole_action_share:  # bare actions, as in the first steps
+        share = count / len(turns)
+        value, threshold = share, cfg.bare_collapse_share
+        fired = share >= cfg.bare_collapse_share and last.distinct_ratio < cfg.collapse_fraction * ratio0
+    else:
+        value, threshold = last.distinct_ratio, min(cfg.min_distinct_ratio, cfg.collapse_fraction * ratio0)
+        fired = bool(same) and (by_ratio or by_entropy)
     return _finding(
-        "template-collapse", "warning", last.distinct_ratio, min(cfg.min_distinct_ratio, cfg.collapse_fraction * ratio0),
-        bool(same) and (by_ratio or by_entropy),
-        f"{last.distinct_ratio:.0%} of replies are distinct (first steps {ratio0:.0%}), reply bigram entropy "
-        f"{last.bigram_entropy:.2f} nats (first steps {ent0:.2f}); the most common reply, {common!r}, is "
-        f"{count} of {len(turns)}" + ("" if same else _form_note(base, last)),
+        "template-collapse", "warning", value, threshold, fired,
+        described + ("" if same else _form_note(base, last)),
         "Raise the entropy bonus or temperature, add a KL term, or vary the prompts; check whether the common "
         "reply is a trick (see the other findings).",
         h, [h.evidence(ep, t) for ep, t in turns if t.action.strip() == common], cfg)

@@ -37,6 +37,13 @@ class DoctorConfig:
     collapse_fraction: float = 0.5
     """...and below this fraction of the first steps' ratio; or the replies' word-bigram
     entropy fell below this fraction of the first steps'."""
+    bare_collapse_share: float = 0.8
+    """template-collapse on replies that are bare actions (at least `whole_action_share` of
+    them, as were the first steps'): fires when the most common reply is at least this
+    share of the latest batch's replies (and the share of distinct replies fell as above),
+    one action whatever the observation. The share of distinct replies alone is no sign
+    there: a converged policy in a small action space has few by design (binary search over
+    1..8 opens every game with the same guess)."""
     repeat_count: int = 3
     """repetition-to-limit: a reply cut at max_tokens ends inside a unit (of at most
     `repeat_max_period` characters) repeated at least this many times."""
@@ -92,7 +99,7 @@ class DoctorConfig:
 
 
 #: Fields that are shares or fractions of something: each must lie in [0, 1].
-_SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction",
+_SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction", "bare_collapse_share",
            "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
            "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share",
            "whole_action_share", "off_policy_clipped_share")
