@@ -203,6 +203,11 @@ class RolloutAhead:
         """The step whose batch is being sampled ahead, or None."""
         return None if self._job is None else self._job["step"]
 
+    @property
+    def running(self) -> bool:
+        """True while the rollout thread is sampling (the batch in flight is not ready yet)."""
+        return self._job is not None and self._job["thread"].is_alive()
+
 
 def stamp_versions(batch: TrajectoryBatch, version: int) -> None:
     """Record `version` on the episodes of `batch` that have no weight version yet."""
