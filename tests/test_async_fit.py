@@ -349,6 +349,29 @@ def test_dynamic_sampling_with_staleness_2_waits_for_the_engine(tiny_model_path,
     trainer.policy.load_trainable_state_dict(versions[4])
 
 
+def test_evaluate_in_a_callback_with_staleness_2_samples_with_the_current_weights(tiny_model_path, tmp_path):
+    """evaluate inside fit (k=2, the next batches queued or being sampled): it waits for the
+    running batch, pauses the queue and samples with the trainer's current weights (the
+    eval episodes' recorded logprobs are the current weights'); the queue then goes on."""
+    trainer = make_trainer(config(tiny_model_path, tmp_path, max_staleness=2))
+    checked = []
+
+    def evaluate(tr, metrics):
+        tr.evaluate([0, 1])
+        batch = tr.last_eval_batch
+        mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)  # (B, T)
+        lp = batch_logprobs(tr.policy.model, batch.input_ids, batch.attention_mask, [ep.num_tokens for ep in batch],
+                            2, False, batch.loss_mask, batch.group_ids)
+        assert (lp - batch.rollout_logprobs)[mask].abs().max() < 1e-4
+        assert not tr.ahead.running  # paused: nothing samples until the next step takes its batch
+        checked.append(metrics["step"])
+
+    history = trainer.fit(steps=4, callbacks=[evaluate])
+    assert checked == [0, 1, 2, 3]
+    assert [m["async/staleness_max"] <= 2 for m in history] == [True] * 4
+    assert history[0]["async/staleness_max"] == 0.0 and history[3]["async/staleness_max"] >= 1.0
+
+
 def test_the_cli_flag_reaches_the_run(tiny_model_path, tmp_path):
     import yaml
 
