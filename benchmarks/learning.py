@@ -404,8 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--group-size", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--bf16", action="store_true", help="training.autocast_bf16=True")
-    p.add_argument("--max-staleness", type=int, default=0, choices=[0, 1],
-                   help="training.max_staleness: 0 synchronous, 1 the next batch sampled while this one trains")
+    p.add_argument("--max-staleness", type=int, default=0,
+                   help="training.max_staleness: 0 synchronous, k >= 1 the next k batches sampled while this one "
+                        "trains")
     p.add_argument("--device", default="auto", help='model.device: "auto" (CUDA when available, else CPU), "cpu", ...')
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                    help='model.dtype: "auto" is bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')

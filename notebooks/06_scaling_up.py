@@ -194,6 +194,9 @@ changes(node8, nodes2)
 # the update weights each token's loss by the ratio of the trainer's to the engine's probability
 # of it, capped at `training.rollout_is_threshold` (truncated importance sampling against the
 # logprobs the engine recorded). The first step has no batch sampled ahead, so it samples its own.
+# With `max_staleness = k` the thread keeps the next k steps' batches queued, each sampled with
+# the newest weights published when it starts: an episode is trained at most k updates after the
+# weights that sampled it (below: 1).
 #
 # The same short run twice below, from the same weights and the same environment seeds:
 # synchronously and with staleness 1. Each step's wall time is `perf/step_seconds`, from the

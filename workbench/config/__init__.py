@@ -203,10 +203,12 @@ class TrainingConfig:
     max_staleness: int = 0
     """Asynchronous training (`workbench.training.async_fit`): how many updates newer than the
     weights that sampled an episode the weights that train on it may be. 0 = the synchronous
-    loop (rollout, score, update, one after the other). 1 = inside `fit`, the next step's batch
-    is sampled on a thread while this step's batch is scored and updated (one-step
-    off-policy); the engine's (or, with `ray.use_ray`, the rollout workers') weights are synced
-    when that batch is taken. Only 0 and 1 so far."""
+    loop (rollout, score, update, one after the other). k >= 1 = inside `fit`, the batches of
+    the next k steps are sampled on a thread, one after another, while this step's batch is
+    scored and updated; each loads the newest weights the trainer published (after every
+    update) when its sampling starts, so an episode trained at step n was sampled with the
+    weights of step n-k or later (1 = one-step off-policy: always those of step n-1). Any
+    integer >= 0."""
     async_rollout_threads: int = 1
     """torch threads of the rollout thread that samples ahead (`max_staleness` >= 1); the
     update keeps the process's torch thread count."""

@@ -303,9 +303,10 @@ def check_remedies(config: Any) -> None:
     if t.dynamic_sampling and t.group_size < 2:
         raise ConfigError(f"training.dynamic_sampling needs groups to compare: training.group_size must be >= 2, "
                           f"got {t.group_size}")
-    if t.max_staleness not in (0, 1):
-        raise ConfigError(f"training.max_staleness must be 0 (synchronous) or 1 (the next batch sampled while this "
-                          f"one trains); larger bounds are not implemented, got {t.max_staleness!r}")
+    if not isinstance(t.max_staleness, int) or isinstance(t.max_staleness, bool) or t.max_staleness < 0:
+        raise ConfigError(f"training.max_staleness must be an integer >= 0: 0 = synchronous, k >= 1 = the batches of "
+                          f"the next k steps sampled while this one trains, an episode trained at most k updates "
+                          f"after the weights that sampled it; got {t.max_staleness!r}")
     _positive_int("training.async_rollout_threads", t.async_rollout_threads)
     if t.rollout_is not in ("auto", "token", "sequence", None):
         raise ConfigError(f"training.rollout_is must be 'auto', 'token', 'sequence' or null, got {t.rollout_is!r}")

@@ -21,8 +21,9 @@ Weights flow one way after each update: the learners' gathered trained weights a
 loaded into the controller's policy (and critic), then pushed to the rollout workers
 through Ray's object store, tagged with the new step as their version; every episode
 records the version it was sampled with (`Episode.weight_version`). With
-`training.max_staleness=1` the push waits until the batch sampled ahead is taken
-(`workbench.training.async_fit`, `sync_rollout_weights`).
+`training.max_staleness` >= 1 the update does not push: the rollout thread pushes the
+newest published weights when it starts a batch (`workbench.training.async_fit`,
+`sync_rollout_weights`).
 
 Checkpoints hold what a single-process run's hold: before `Trainer.save_checkpoint`
 writes, the learners' AdamW states are gathered into the controller's optimizers
@@ -114,14 +115,18 @@ class RayStages:
         trainer.policy.load_trainable_state_dict(state["policy"])
         if trainer.critic is not None and "critic" in state:
             trainer.critic.load_state_dict(state["critic"], strict=False)
-        if getattr(trainer, "ahead", None) is None:  # async (training.max_staleness): when the next batch is taken
+        if getattr(trainer, "ahead", None) is None:  # async (training.max_staleness): when a batch starts
             self.rollout_workers.sync_weights(state["policy"], trainer.global_step + 1)
         return metrics
 
-    def sync_rollout_weights(self, trainer: Any) -> None:
-        """The controller's policy weights to the rollout workers, as version `global_step`
-        (`workbench.training.async_fit`: between the batches sampled ahead)."""
-        self.rollout_workers.sync_weights(trainer.policy.trainable_state_dict(), trainer.global_step)
+    def sync_rollout_weights(self, trainer: Any, weights: dict[str, torch.Tensor] | None = None,
+                             version: int | None = None) -> None:
+        """Weights to the rollout workers: the controller's policy weights as version
+        `global_step`, or `weights` as `version` (`workbench.training.async_fit`: the
+        rollout thread pushes the newest published copy when it starts a batch)."""
+        if weights is None:
+            weights, version = trainer.policy.trainable_state_dict(), trainer.global_step
+        self.rollout_workers.sync_weights(weights, version)
 
     def close(self) -> None:
         """End the workers and learners (the Ray cluster itself keeps running)."""

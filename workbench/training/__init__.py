@@ -11,7 +11,7 @@
     trainer.py           Trainer: rollout -> score -> advantages -> update, fit
     sft.py               SFT warm-up: an environment's scripted expert plays, the policy learns its turns
     dynamic_sampling.py  DAPO dynamic sampling: groups without reward variance dropped and resampled
-    async_fit.py         max_staleness=1: the next batch sampled on a thread while this one trains
+    async_fit.py         max_staleness=k: the next k batches sampled on a thread while this one trains
     branch.py            a run branched from a checkpoint with settings changed (train --from, Trainer.from_checkpoint)
     stages.py            where rollout and update run: LocalStages here, or RayStages (ray.use_ray), same methods
     checkpoint.py        safetensors + JSON checkpoints, manifest, atomic same-path saves, recovery

@@ -32,6 +32,9 @@ round by round, until the batch holds `batch_size / group_size` groups that vary
 
 Rollouts go through `trainer.stages.rollout`, so extra rounds run where the step's own
 rollout ran (this process or Ray rollout workers), and are scored with `trainer.score`.
+In asynchronous training (`training.max_staleness`) they first wait for the batch being
+sampled ahead and pause the queue (`RolloutAhead.settle`), so they sample alone, with the
+step's own weights (their episodes carry its weight version).
 The returned batch is the one the step trains on and `fit` saves (`trainer.last_batch`).
 Its episodes are renumbered 0..B-1 and a group id reused by an extra round gets
 "/r<round>" appended. Metrics (in `batch.meta`, copied into the step's metrics):
@@ -157,6 +160,8 @@ def filter_groups(trainer: Any, batch: TrajectoryBatch) -> TrajectoryBatch:
         missing = n_groups - len(kept)
         rate = len(kept) / seen
         n = n_groups if rate == 0 else min(n_groups, math.ceil(missing / rate))
+        if getattr(trainer, "ahead", None) is not None:  # async_fit: the engine is free, with this step's weights
+            trainer.ahead.settle()
         current = trainer.stages.rollout(trainer, extra_seeds(trainer, step, round_, n), t.group_size, None,
                                          round_sampling_seed(trainer, step, round_))
         trainer.score(current)

@@ -145,7 +145,7 @@ class Trainer:
         self.doctor: StepDoctor | None = StepDoctor(config.doctor, write=write)
         # Where rollout and update run: this process, or Ray workers (ray.use_ray).
         self.stages = make_stages(self)
-        #: `fit`'s rollout of the next step on a thread (`training.max_staleness` >= 1), else None.
+        #: `fit`'s rollouts of the next steps on a thread (`training.max_staleness` >= 1), else None.
         self.ahead: RolloutAhead | None = None
 
     @property
@@ -203,7 +203,7 @@ class Trainer:
         With `training.dynamic_sampling`, this is the step's first round only: the groups
         whose rewards are all equal are dropped and replaced after scoring, by
         `filter_groups` (`train_step` calls it; stepwise, call it after `score`). Inside
-        `fit` with `training.max_staleness=1`, the batch sampled ahead for this step is
+        `fit` with `training.max_staleness` >= 1, the batch sampled ahead for this step is
         taken instead (`workbench.training.async_fit`); outside `fit` there is none.
         Every episode records the weight version that sampled it (`weight_version`)."""
         self.policy.model.eval()
@@ -351,8 +351,10 @@ class Trainer:
         metrics = self.stages.update(self, batch)
         metrics["perf/update_seconds"] = time.perf_counter() - start
         self.policy.model.eval()
-        if self.ahead is None:  # async: the engine gets the weights when the next batch is taken
+        if self.ahead is None:
             self.engine.sync_weights(self.policy.model)
+        else:  # async_fit: the rollout thread loads this copy when it starts its next batch
+            self.ahead.publish(self.global_step + 1)
         return metrics
 
     # -- loop -------------------------------------------------------------------------------
@@ -374,10 +376,9 @@ class Trainer:
         self.score(batch)
         batch = self.filter_groups(batch)  # the batch itself unless training.dynamic_sampling
         ahead = self.ahead
-        stamp_versions(batch, self.global_step if ahead is None else ahead.engine_version)  # extra rounds
-        if ahead is not None:  # async_fit: the next step's batch is sampled while this one trains
-            if self.config.sft.steps <= self.global_step + 1 < self._fit_total:
-                ahead.start(self.global_step + 1)
+        stamp_versions(batch, self.global_step)  # extra rounds: sampled with this step's weights (ahead.settle)
+        if ahead is not None:  # async_fit: the next steps' batches are sampled while this one trains
+            ahead.fill(self.global_step)
         update_start = time.perf_counter()
         failed = failed_episodes_line(batch)
         if failed:
@@ -502,8 +503,8 @@ class Trainer:
         folder raises `RunLockedError` naming the process that holds it
         (`workbench.training.run_lock`).
 
-        With `training.max_staleness=1` the next step's batch is sampled on a thread while
-        this step's trains (`workbench.training.async_fit`: what it means for the
+        With `training.max_staleness=k` (>= 1) the next k steps' batches are sampled on a
+        thread while this step's trains (`workbench.training.async_fit`: what it means for the
         checkpoints, Ctrl-C and the cells after `fit`).
 
         Every step's metrics go to `training.loggers` (`workbench.training.loggers`), its
