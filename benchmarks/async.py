@@ -1,4 +1,4 @@
-"""GRPO step wall time, synchronous vs `training.max_staleness=1`, in one process or on Ray.
+"""GRPO step wall time, synchronous vs `training.max_staleness=1` (or `--max-staleness K`), in one process or on Ray.
 
     python benchmarks/async.py                      # both settings, 2 rounds x 4 steps per side
     python benchmarks/async.py --settings slow_env --rounds 3 --steps 5
@@ -120,8 +120,9 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
         # One process: both trainers live through all rounds. Ray: a side's trainer (and its
         # actors) exists only for its own fit, so the two sides' actors never share the cores.
-        sides = {k: None if args.ray else make_trainer(setting, k, Path(tmp) / f"s{k}", args) for k in (0, 1)}
-        walls: dict[int, list[float]] = {0: [], 1: []}
+        sides = {k: None if args.ray else make_trainer(setting, k, Path(tmp) / f"s{k}", args)
+                 for k in (0, args.max_staleness)}
+        walls: dict[int, list[float]] = {k: [] for k in sides}
         shares: list[float] = []
         stages: dict[int, dict[str, list[float]]] = {k: {"rollout": [], "update": []} for k in sides}
         for r in range(args.rounds):
@@ -139,12 +140,13 @@ def run_setting(setting: str, args: argparse.Namespace) -> dict[str, Any]:
         for trainer in sides.values():
             if trainer is not None:
                 trainer.cleanup()
-    sync, asy = statistics.median(walls[0]), statistics.median(walls[1])
+    k = args.max_staleness
+    sync, asy = statistics.median(walls[0]), statistics.median(walls[k])
     return {"setting": setting, "sync_step_s": sync, "async_step_s": asy, "ratio": asy / sync,
             "speedup": sync / asy, "overlap_share": statistics.median(shares),
             "rollout_s": {k: statistics.median(v["rollout"]) for k, v in stages.items()},
             "update_s": {k: statistics.median(v["update"]) for k, v in stages.items()}, "sync_steps": walls[0],
-            "async_steps": walls[1], "load_before": before, "load_after": load()}
+            "async_steps": walls[k], "max_staleness": k, "load_before": before, "load_after": load()}
 
 
 def main() -> int:
@@ -157,11 +159,15 @@ def main() -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--env-async-rollout", action="store_true",
                    help="slow_env with inference.async_rollout=True (environment waits side by side)")
+    p.add_argument("--max-staleness", type=int, default=1,
+                   help="training.max_staleness of the asynchronous side (default 1; the other side is 0)")
     p.add_argument("--ray", action="store_true",
                    help="ray.use_ray: 1 rollout worker + 1 learner on a local Ray cluster (default: one process)")
     p.add_argument("--out", default=None, help="results JSON (default benchmarks/results/async.json, "
                                                "async_ray.json with --ray)")
     args = p.parse_args()
+    if args.max_staleness < 1:
+        p.error(f"--max-staleness must be >= 1 (the asynchronous side), got {args.max_staleness}")
     if args.out is None:
         args.out = str(RESULTS / ("async_ray.json" if args.ray else "async.json"))
     record = {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": machine_line(),
@@ -173,10 +179,10 @@ def main() -> int:
     for setting in args.settings.split(","):
         res = run_setting(setting, args)
         record["results"].append(res)
-        print(f"{setting}: sync {res['sync_step_s']:.2f} s/step, staleness 1 {res['async_step_s']:.2f} s/step "
+        print(f"{setting}: sync {res['sync_step_s']:.2f} s/step, staleness {res['max_staleness']} {res['async_step_s']:.2f} s/step "
               f"({res['ratio']:.2f}x the sync time), overlap {res['overlap_share']:.0%} of the step; rollout "
-              f"{res['rollout_s'][0]:.1f} / {res['rollout_s'][1]:.1f} s, update {res['update_s'][0]:.1f} / "
-              f"{res['update_s'][1]:.1f} s (sync / async); "
+              f"{res['rollout_s'][0]:.1f} / {res['rollout_s'][res['max_staleness']]:.1f} s, update "
+              f"{res['update_s'][0]:.1f} / {res['update_s'][res['max_staleness']]:.1f} s (sync / async); "
               f"load {res['load_before']} -> {res['load_after']}", flush=True)
         print(f"{setting} ({record['path']}): speedup vs sync: {res['speedup']:.1f}x", flush=True)
     Path(args.out).write_text(json.dumps(record, indent=2) + "\n")
