@@ -116,9 +116,11 @@ def check_heldout_regression(h: History, cfg: DoctorConfig) -> Finding | None:
         f"{step_b}: {len(lost)} of {wins} games won at step {step_a} are lost at step {step_b}{pattern}",
         f"Training made the policy worse on held-out games it used to win. Keep the step-{step_a} policy: "
         f"branch from its checkpoint (python -m workbench train --from RUN/checkpoints/step_{step_a:06d} "
-        "--output NEW, or Trainer.from_checkpoint; checkpoint.save_interval and checkpoint.keep_last_n decide "
-        "which steps are saved), and train on with a lower training.learning_rate, more groups per step "
-        "(training.batch_size / training.group_size) so one step's few groups do not steer the update, or "
+        "--output NEW, or Trainer.from_checkpoint) if the run saved one (checkpoint.save_interval and "
+        f"checkpoint.keep_last_n decide which steps are kept; else rerun with a save_interval that divides "
+        f"{step_a}), and train on with a lower training.learning_rate, more groups per step "
+        "(a larger training.batch_size at the same training.group_size) so a few groups do not steer an "
+        "update, or "
         "fewer steps (--steps); read the evidence episodes to see which move it unlearned.",
         h, ev, cfg, step=step_b)
 
