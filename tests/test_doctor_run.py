@@ -40,10 +40,14 @@ def run_dir(tiny_model_and_tokenizer, tmp_path_factory):
 def test_diagnose_a_run_folder_names_the_trick_on_held_out_episodes(run_dir):
     findings = diagnose(str(run_dir))
     names = [(f.name, f.source) for f in findings]
-    assert names[0] == ("parse-from-incidental-span", "eval")
+    # the trick wins secrets 4 to 7 only: of the expert's 8 wins, seeds 10004 and 10005 (secret 8) are lost
+    assert names[:2] == [("heldout-regression", "eval"), ("parse-from-incidental-span", "eval")]
+    regressed = findings[0]
+    assert regressed.value == 2 / 8 and regressed.step == 3
+    assert [e.seed for e in regressed.evidence] == [10004, 10005] and "2 of 8 games won at step 0" in regressed.message
     assert ("parse-from-incidental-span", "train") in names
     assert ("template-collapse", "train") in names and ("entropy-collapse", "train") in names
-    held_out = findings[0]
+    held_out = findings[1]
     after = pytest.importorskip("workbench.trajectory").TrajectoryBatch.load(run_dir / "evals" / "step_000003.jsonl.gz")
     winners = [e.episode_id for e in after if e.success]
     assert held_out.value == 1.0 and held_out.step == 3
@@ -82,7 +86,8 @@ def test_diagnose_command_prints_a_table_and_json(run_dir, capsys):
     assert "parse-from-incidental-span  warning" in table and "held-out episode" in table
     assert main(["diagnose", str(run_dir), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
-    assert data[0]["name"] == "parse-from-incidental-span" and data[0]["evidence"][0]["source"] == "eval"
+    assert [d["name"] for d in data[:2]] == ["heldout-regression", "parse-from-incidental-span"]
+    assert data[1]["evidence"][0]["source"] == "eval" and data[0]["evidence"][0]["seed"] == 10004
 
 
 def test_a_run_is_judged_with_the_thresholds_of_its_config(run_dir, tmp_path, capsys):

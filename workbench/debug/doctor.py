@@ -19,8 +19,9 @@ numbers with the first steps'), again over the held-out batches (first = before
 training), takes metric findings' evidence from the batch of the step they name, and
 prints or serialises the findings.
 
-Checks: parse-from-incidental-span, reward-without-success, tool-result-ignored
-(reward hacking); template-collapse, repetition-to-limit, length-drift,
+Checks: heldout-regression (held-out games the best earlier evaluation won and the latest
+lost, paired by seed: training made the policy worse); parse-from-incidental-span,
+reward-without-success, tool-result-ignored (reward hacking); template-collapse, repetition-to-limit, length-drift,
 truncation-surge, entropy-collapse, kl-spike (collapse); zero-variance-groups,
 format-errors, tokenization-mismatch, engine-trainer-gap (dead signal, broken data);
 off-policy-clipped (asynchronous training: samples too stale for the correction).
@@ -34,7 +35,9 @@ training exploits it), repetition-to-limit (base models loop), zero-variance-gro
 tokenization-mismatch. The drift and metric checks (template-collapse, length-drift,
 truncation-surge, reward-without-success, entropy-collapse, kl-spike) need at least two
 steps and compare with the first ones, so they cannot fire before training moves the
-policy; engine-trainer-gap and off-policy-clipped need one update's metrics. Scripted experts
+policy; heldout-regression needs two held-out evaluations of the same seeds, the earlier
+one winning at least `min_samples` games (never after an untrained model that won
+nothing); engine-trainer-gap and off-policy-clipped need one update's metrics. Scripted experts
 (`envs.EXPERTS`) give no finding, with or without the strict format, and neither does a policy
 that goes from sentences to the bare action (length-drift and template-collapse compare
 bare-action replies only with bare-action first steps, `doctor.whole_action_share`;

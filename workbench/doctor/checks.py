@@ -19,7 +19,7 @@ from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
-from workbench.doctor.findings import BatchStats, DoctorConfig, Evidence, Finding, History, model_turns
+from workbench.doctor.findings import BatchStats, DoctorConfig, EpisodeRecord, Evidence, Finding, History, model_turns
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -71,6 +71,69 @@ def _finding(name: str, severity: str, value: float, threshold: float, fired: bo
     return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
                    advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
                    source=h.source, fired=bool(fired), remedy=dict(REMEDIES.get(name, {})))
+
+
+# -- held-out ---------------------------------------------------------------------------
+def check_heldout_regression(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Held-out games the policy used to win and now loses. Pairs the latest held-out
+    evaluation with the earlier one that won the most games (ties: the latest of them) by
+    environment seed (`History.records`; the CLI and the demo evaluate the same seeds before
+    training, after SFT and after RL) and takes the share of the earlier one's wins that the
+    latest lost. The best earlier evaluation, not the previous one: a decline spread over
+    several evaluations, each under the threshold, adds up, and the best one is the
+    checkpoint worth going back to. Held-out batches only (training steps play new seeds);
+    silent when the earlier evaluation won fewer than `min_samples` games (an untrained model
+    that won nothing has nothing to lose). Fires at `heldout_regression_share` when the
+    success rate on the paired seeds fell too: a policy that traded a few wins for more new
+    ones improved. Evidence: the lost episodes at the turn where they part from the same
+    seed's episode at the earlier step."""
+    if h.source != "eval" or len(h.records) < 2 or len(h.records) != len(h.stats):
+        return None
+    later, step_b = h.records[-1], h.stats[-1].step
+    best = None  # (wins, i, won keys) of the earlier evaluation with the most wins on seeds the latest played
+    for i, recs in enumerate(h.records[:-1]):
+        won = [k for k, r in recs.items() if r.success and k in later]
+        if best is None or len(won) >= best[0]:
+            best = (len(won), i, won)
+    wins, i, won = best
+    if wins < cfg.min_samples:
+        return None
+    earlier, step_a = h.records[i], h.stats[i].step
+    paired = [k for k in later if k in earlier]
+    lost = sorted(k for k in won if not later[k].success)
+    x, y = wins / len(paired), sum(later[k].success for k in paired) / len(paired)
+    share = len(lost) / wins
+    common = Counter(later[k].actions for k in lost).most_common(1)
+    pattern = ""
+    if common and common[0][1] >= 2 and common[0][0]:  # the lost games share a sequence of actions
+        seq, n = common[0]
+        pattern = f"; {'all' if n == len(lost) else n} of them play {', '.join(a or repr(a) for a in seq)}"
+    ev = [_parting_evidence(later[k], earlier[k], step_b) for k in lost]
+    return _finding(
+        "heldout-regression", "warning", share, cfg.heldout_regression_share,
+        share >= cfg.heldout_regression_share and y < x,
+        f"held-out success {'fell' if y < x else 'went'} from {x:.2f} at step {step_a} to {y:.2f} at step "
+        f"{step_b}: {len(lost)} of {wins} games won at step {step_a} are lost at step {step_b}{pattern}",
+        f"Training made the policy worse on held-out games it used to win. Keep the step-{step_a} policy: "
+        f"branch from its checkpoint (python -m workbench train --from RUN/checkpoints/step_{step_a:06d} "
+        "--output NEW, or Trainer.from_checkpoint) if the run saved one (checkpoint.save_interval and "
+        f"checkpoint.keep_last_n decide which steps are kept; else rerun with a save_interval that divides "
+        f"{step_a}), and train on with a lower training.learning_rate, more groups per step "
+        "(a larger training.batch_size at the same training.group_size) so a few groups do not steer an "
+        "update, or "
+        "fewer steps (--steps); read the evidence episodes to see which move it unlearned.",
+        h, ev, cfg, step=step_b)
+
+
+def _parting_evidence(b: EpisodeRecord, a: EpisodeRecord, step: int | None) -> Evidence:
+    """Episode `b` (held-out, at `step`) at its first model turn whose action differs from the
+    same seed's episode `a`; the whole episode when they never part."""
+    j = next((j for j in range(len(b.actions)) if j >= len(a.actions) or b.actions[j] != a.actions[j]), None)
+    if j is None:
+        return Evidence(episode_id=b.episode_id, step=step, turn=None, source="eval", seed=b.seed,
+                        text=f"played {', '.join(b.actions)}; {'won' if b.success else 'lost'}")
+    return Evidence(episode_id=b.episode_id, step=step, turn=b.turns[j], text=b.replies[j], span=b.spans[j],
+                    source="eval", seed=b.seed)
 
 
 # -- reward hacking ---------------------------------------------------------------------
@@ -459,6 +522,8 @@ def check_off_policy_clipped(h: History, cfg: DoctorConfig) -> Finding | None:
 
 #: Every check by name, in report order.
 CHECKS: dict[str, Check] = {
+    # First: the demo prints the first held-out finding, and a policy that got worse is the news.
+    "heldout-regression": check_heldout_regression,
     "parse-from-incidental-span": check_parse_from_incidental_span,
     "reward-without-success": check_reward_without_success,
     "tool-result-ignored": check_tool_result_ignored,
@@ -476,6 +541,13 @@ CHECKS: dict[str, Check] = {
 }
 
 
+#: Checks that judge only held-out batches (`History.records`): `StepDoctor` skips them and
+#: records no `diagnose/<name>` metric for them; `diagnose` runs them over the held-out batches.
+HELD_OUT_CHECKS = ("heldout-regression",)
+#: What `StepDoctor` runs on every training step.
+STEP_CHECKS = [n for n in CHECKS if n not in HELD_OUT_CHECKS]
+
+
 def run_checks(history: History, config: DoctorConfig | None = None,
                names: list[str] | None = None) -> list[Finding]:
     """Every check (or `names`) on `history`; measured ones, fired or not, in `CHECKS` order."""
@@ -490,8 +562,9 @@ def run_checks(history: History, config: DoctorConfig | None = None,
 
 class StepDoctor:
     """The per-step doctor `Trainer.fit` runs: `observe(batch, step, metrics)` adds the
-    step, runs every check, prints one line per finding not printed before (through
-    `write`), and returns `{"diagnose/<name>": value}` for every check (NaN when it
+    step, runs the checks that read training steps (`STEP_CHECKS`), prints one line per
+    finding not printed before (through `write`), and returns `{"diagnose/<name>": value}`
+    for each of them (NaN when it
     measured nothing this step) plus `perf/doctor_seconds` (what the checks cost this step).
 
     Args:
@@ -512,7 +585,7 @@ class StepDoctor:
         start = time.perf_counter()
         self.history.add(batch, step)
         self.history.metrics = list(metrics)
-        measured = run_checks(self.history, self.config)
+        measured = run_checks(self.history, self.config, STEP_CHECKS)
         self.findings = [f for f in measured if f.fired]
         for f in self.findings:
             if f.name not in self.reported:
@@ -520,7 +593,7 @@ class StepDoctor:
                 self.write(f.line())
         # Every check's metric on every step (NaN where it measured nothing yet, e.g. the drift
         # checks on the first step), so the names in metrics.jsonl and the dashboards are fixed.
-        out = {f"diagnose/{name}": float("nan") for name in CHECKS}
+        out = {f"diagnose/{name}": float("nan") for name in STEP_CHECKS}
         out.update({f"diagnose/{f.name}": f.value for f in measured})
         out["perf/doctor_seconds"] = time.perf_counter() - start
         return out

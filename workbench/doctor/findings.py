@@ -194,6 +194,58 @@ class BatchStats:
 
 
 @dataclass
+class EpisodeRecord:
+    """What `heldout-regression` keeps of one held-out episode: enough to pair it with the
+    same seed's episode at another evaluation and to point at where the two part."""
+
+    episode_id: int
+    """`Episode.episode_id` in its batch."""
+    seed: int | None
+    """`Episode.env_seed`."""
+    success: bool
+    """`Episode.success`."""
+    turns: tuple[int, ...]
+    """`Turn.index` of each model turn."""
+    replies: tuple[str, ...]
+    """Each model turn's reply (`Turn.action`)."""
+    actions: tuple[str, ...]
+    """Each model turn's action: the span the environment read (`info["action_span"]`), or
+    the stripped reply when there is none."""
+    spans: tuple[list[int] | None, ...]
+    """Each model turn's `info["action_span"]` (None when there is none)."""
+
+    @classmethod
+    def of(cls, ep: Episode) -> "EpisodeRecord":
+        turns = [t for t in ep.turns if t.source == "model"]
+        spans = [_action_span(t) for t in turns]
+        actions = [t.action[s[0]:s[1]].strip() if s else t.action.strip() for t, s in zip(turns, spans)]
+        return cls(episode_id=ep.episode_id, seed=ep.env_seed, success=bool(ep.success),
+                   turns=tuple(t.index for t in turns), replies=tuple(t.action for t in turns),
+                   actions=tuple(actions), spans=tuple(spans))
+
+
+def _action_span(turn: Turn) -> list[int] | None:
+    span = turn.info.get("action_span")
+    ok = isinstance(span, (list, tuple)) and len(span) == 2 and 0 <= span[0] <= span[1] <= len(turn.action)
+    return list(span) if ok else None
+
+
+def episode_records(batch: TrajectoryBatch) -> dict[tuple[int, int], EpisodeRecord]:
+    """A held-out batch's episodes by (environment seed, occurrence of that seed in the
+    batch): the key pairs an episode with the same seed's at another evaluation of the same
+    seeds (the k-th of each seed when a seed is played more than once). Episodes without a
+    seed are left out."""
+    out: dict[tuple[int, int], EpisodeRecord] = {}
+    seen: Counter = Counter()
+    for ep in batch:
+        if ep.env_seed is None:
+            continue
+        out[(ep.env_seed, seen[ep.env_seed])] = EpisodeRecord.of(ep)
+        seen[ep.env_seed] += 1
+    return out
+
+
+@dataclass
 class History:
     """What the checks look at: per-step `BatchStats` (earliest first), the latest batch
     (the evidence comes from it) and the metric rows (one dict per training step)."""
@@ -208,10 +260,16 @@ class History:
     """Its step."""
     metrics: list[dict[str, Any]] = field(default_factory=list)
     """Metric rows (`Trainer.metrics_history` or metrics.jsonl), earliest first."""
+    records: list[dict[tuple[int, int], EpisodeRecord]] = field(default_factory=list)
+    """For `source="eval"`: one `episode_records` per batch added, earliest first (what
+    heldout-regression pairs by seed); empty for training batches (new seeds every step)."""
 
     def add(self, batch: TrajectoryBatch, step: int) -> "History":
-        """Record `batch` as step `step` (its stats are kept, the batch replaces the last one)."""
+        """Record `batch` as step `step` (its stats are kept, the batch replaces the last one;
+        a held-out batch's episodes are kept as `records` too)."""
         self.stats.append(BatchStats.of(batch, step))
+        if self.source == "eval":
+            self.records.append(episode_records(batch))
         self.batch, self.step = batch, step
         return self
 

@@ -94,6 +94,12 @@ class DoctorConfig:
     """off-policy-clipped fires when a step's `rollout_corr/clipped_fraction` (share of trained
     tokens whose importance weight pi_old / pi_rollout passed `training.rollout_is_threshold`)
     reaches this."""
+    heldout_regression_share: float = 0.1
+    """heldout-regression fires when the latest held-out evaluation lost at least this share
+    of the seeds that the best earlier evaluation (the most games won) won, and its success
+    rate on the seeds both played fell. The CLI's evaluations are greedy (temperature 0) on
+    the same seeds, so a game lost comes from the new weights, not from another draw; 0.1
+    is 4 of the demo's 32 held-out games once all 32 were won."""
     max_evidence: int = 3
     """Evidence episodes kept per finding."""
 
@@ -102,7 +108,7 @@ class DoctorConfig:
 _SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction", "bare_collapse_share",
            "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
            "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share",
-           "whole_action_share", "off_policy_clipped_share")
+           "whole_action_share", "off_policy_clipped_share", "heldout_regression_share")
 #: Fields that count something: integers, with their least sensible value.
 _COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}
 
