@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from workbench.cli import build_config, main, parse_args
-from workbench.cli.demo import (GUESS_TURNS, SFT_LEARNING_RATE, counts, demo_config, guessing_summary, part_two,
-                                learned_line, showcase_index, side_by_side)
+from workbench.cli.demo import (GUESS_TURNS, RL_LEARNING_RATE, RL_LEARNING_RATE_AFTER_SFT, SFT_LEARNING_RATE, counts,
+                                demo_config, guessing_summary, learned_line, part_two, showcase_index, side_by_side)
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
 
@@ -83,7 +83,11 @@ def test_demo_config_without_remedies_is_plain_grpo(tmp_path):
     args = parse_args(["demo", "--output", str(tmp_path)])
     with_remedies, plain = demo_config(args, tmp_path), demo_config(args, tmp_path, remedies=False)
     assert plain.environment.strict_format is False and plain.sft.steps == 0 and plain.sft.learning_rate is None
-    assert plain.training == with_remedies.training  # the GRPO part is the same
+    # the GRPO part is the same, at the learning benchmark's rate without the warm-up
+    assert plain.training.learning_rate == RL_LEARNING_RATE and with_remedies.training.learning_rate == \
+        RL_LEARNING_RATE_AFTER_SFT < RL_LEARNING_RATE
+    plain.training.learning_rate = with_remedies.training.learning_rate
+    assert plain.training == with_remedies.training
     assert plain.checkpoint.save_interval == counts()["steps"]
 
 
