@@ -9,6 +9,7 @@
     guards.py            an optimizer step that cannot leave the weights non-finite (or half done)
     run_lock.py          one run per output folder (lock file, pid + host); earlier runs moved aside
     trainer.py           Trainer: rollout -> score -> advantages -> update, fit
+    fit_loop.py          the loop behind fit: step target, lock, logs, doctor, checkpoints, time limit, Ctrl-C
     sft.py               SFT warm-up: an environment's scripted expert plays, the policy learns its turns
     dynamic_sampling.py  DAPO dynamic sampling: groups without reward variance dropped and resampled
     async_fit.py         max_staleness=k: the next k batches sampled on a thread while this one trains

@@ -50,27 +50,21 @@ from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
 from workbench.training import dynamic_sampling
-from workbench.training import run_files
 from workbench.training.async_fit import RolloutAhead, stamp_versions, staleness_metrics
-from workbench.training.loggers import LoggerGroup, log_dir
+from workbench.training.fit_loop import FitTargetReachedWarning, run_fit  # noqa: F401 (the warning stays importable here)
 from workbench.training.models import build_models
 from workbench.training.policy import batch_logprobs, batch_values
-from workbench.training.run_lock import begin_run
 from workbench.training.sft import expert_demonstrations, sft_step
 from workbench.training.stages import LocalStages, check_stages, make_stages
 from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
 from workbench.trajectory import Episode, TrajectoryBatch
-from workbench.utils.progress import fit_postfix, progress_bar, write
+from workbench.utils.progress import write
 
 Callback = Callable[["Trainer", dict], None]
 
 #: Estimators whose advantages are rewards relative to the episode's group: a group
 #: with identical rewards contributes nothing to the update (`workbench.algo`'s tuple).
 GROUP_RELATIVE_ESTIMATORS = algo.GROUP_RELATIVE_ESTIMATORS
-
-
-class FitTargetReachedWarning(UserWarning):
-    """`fit` was given an absolute target step the trainer has already reached: nothing trained."""
 
 
 class NothingToTrainWarning(UserWarning):
@@ -391,7 +385,7 @@ class Trainer:
                                               "actor/skipped_reason": "no trained token in the batch"}
         else:
             self.compute_advantages(batch, old_logprobs=not self._reuse_update_logprobs())
-            self._updating = True  # until global_step counts this update (see _save_after_interrupt)
+            self._updating = True  # until global_step counts this update (see fit_loop.save_after_interrupt)
             update_metrics = self.update(batch)
         metrics: dict[str, Any] = {"step": self.global_step}
         metrics.update(batch.summary())
@@ -514,97 +508,7 @@ class Trainer:
         (`self.doctor`, `workbench.doctor.checks`): a line per new finding, `diagnose/<name>`
         in the metrics.
         """
-        t, c = self.config.training, self.config.checkpoint
-        if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
-            raise ValueError("fit: give steps=N (N more steps) or an absolute target (until_step, or "
-                             "num_epochs/num_iters_per_epoch), not both")
-        num_iters = num_iters_per_epoch or t.num_iters_per_epoch
-        if steps is not None and (not isinstance(steps, int) or steps < 0):
-            raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
-        self.loggers = LoggerGroup(self.config)
-        # One run per folder (lock, released below); resumes, or moves an earlier run aside.
-        run_lock = begin_run(self)
-        if steps is not None:
-            total = self.global_step + steps
-        else:
-            total = (until_step if until_step is not None
-                     else self.config.sft.steps + (num_epochs or t.num_epochs) * num_iters)
-            if total <= self.global_step:
-                warnings.warn(f"fit: the trainer is at step {self.global_step}, already at the absolute target "
-                              f"step {total}, so nothing is trained; fit(steps=N) trains N more steps",
-                              FitTargetReachedWarning, stacklevel=2)
-        deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
-        self.stop_reason: str | None = None
-        bar = progress_bar(t.progress, total=total, initial=min(self.global_step, total), desc="fit", unit="step")
-        self._fitting = True
-        self._fit_total = total
-        try:
-            if t.max_staleness:
-                self.ahead = RolloutAhead(self)
-            self.loggers.open(self.global_step)
-            run_dir = log_dir(self.config)  # each step's batch: RUN/rollouts/step_XXXXXX.jsonl.gz
-            run_files.begin_fit(run_dir, self.config, self.global_step)
-            while self.global_step < total:
-                metrics = self.train_step()
-                metrics["epoch"] = (self.global_step - 1) // num_iters
-                if deadline is not None and time.monotonic() >= deadline and self.global_step < total:
-                    self.stop_reason = (f"time limit of {time_limit_s:g} s reached after {self.global_step} "
-                                        f"of {total} steps")
-                sft = "sft/nll" in metrics  # an SFT step: its batch is the expert's, not the policy's
-                if self.doctor is not None and not sft:  # one line per new finding; diagnose/<name> in the metrics
-                    metrics.update(self.doctor.observe(self.last_batch, metrics["step"], self.metrics_history))
-                if sft:
-                    run_files.record_demonstrations(run_dir, self.config, self.last_batch)
-                else:
-                    run_files.record_step(run_dir, self.config, metrics["step"], self.last_batch,
-                                          last=self.global_step >= total or self.stop_reason is not None)
-                self.loggers.log_step(metrics, self.last_batch, self.global_step)
-                bar.update(1)
-                bar.set_postfix(fit_postfix(metrics))
-                for cb in callbacks:
-                    cb(self, metrics)
-                last = self.global_step >= total or self.stop_reason is not None
-                if c.save_interval and (self.global_step % c.save_interval == 0 or last):
-                    self._save_step_checkpoint()
-                if self.stop_reason:
-                    break
-        except KeyboardInterrupt:
-            self._save_after_interrupt()
-            raise
-        finally:
-            self._fitting = False
-            if self.ahead is not None:  # the batch in flight is dropped; the engine gets the current weights
-                ahead, self.ahead = self.ahead, None
-                ahead.close()
-            run_lock.release()
-            bar.close()
-            self.loggers.close()
-        return self.metrics_history
-
-    def _save_step_checkpoint(self) -> None:
-        """`checkpoint.output_dir/step_N` of the current step (pruned to `keep_last_n`),
-        unless this trainer saved or loaded that step's checkpoint there already."""
-        c = self.config.checkpoint
-        path = Path(c.output_dir) / ckpt.checkpoint_name(self.global_step)
-        if getattr(self, "_checkpoint_step", None) == (path.resolve(), self.global_step):
-            return
-        self.save_checkpoint(path)
-        ckpt.prune_checkpoints(c.output_dir, c.keep_last_n)
-
-    def _save_after_interrupt(self) -> None:
-        """Ctrl-C in `fit`: checkpoint the weights of the last finished step when
-        checkpointing is on, unless the interrupt came inside an update, whose weights are
-        neither the last step's nor the next one's (then say so and save nothing)."""
-        if not self.config.checkpoint.save_interval or self.global_step == 0:
-            return
-        if getattr(self, "_updating", False):
-            write(f"interrupted inside the update of step {self.global_step}: its weights may be partly updated, "
-                  "so no checkpoint is written; the newest checkpoint in "
-                  f"{self.config.checkpoint.output_dir} is where a resume starts")
-            return
-        self._save_step_checkpoint()
-        write(f"interrupted: saved step {self.global_step} to "
-              f"{Path(self.config.checkpoint.output_dir) / ckpt.checkpoint_name(self.global_step)}")
+        return run_fit(self, num_epochs, num_iters_per_epoch, callbacks, time_limit_s, steps, until_step)
 
     @torch.no_grad()
     def evaluate(self, seeds: Sequence[int], temperature: float = 0.0, group_size: int = 1) -> dict[str, float]:
