@@ -104,7 +104,7 @@ show(lenient["after"])
 
 # %% [markdown]
 # In the stored run held-out success went from 0.00 to 0.81 on 16 unseen secrets (13 won), and the
-# replies are sentences such as `'You have 4 guesses left.'`: the guess the environment read is the
+# replies are sentences such as `'You have 4 guesses.'`: the guess the environment read is the
 # number inside them. The policy follows the feedback one step at a time: it always opens with 4,
 # after "too low" the number goes up by one, after "too high" down by one, so in 4 guesses it never
 # reaches 8 (the 3 lost games). Its replies are not what the prompt asked for, and a stricter reader
@@ -137,20 +137,20 @@ if findings:
 panel
 
 # %% [markdown]
-# In the stored run the finding fired on the last training step and on the held-out episodes,
-# with value 1 (every rewarded turn's action was a small part of its reply, median 4% of it) against
-# a threshold of 0.5; `fit` had already named it at step 1. A second finding, `truncation-surge`
-# (held-out), comes from the same sentences: every held-out reply ran to the 8-token limit
-# (`'You have 4 guesses left. '`), against none in the evaluation before training. Its remedy (an
-# overlong penalty) is not applied here; the strict format takes the sentences away. The remedy of
-# `parse-from-incidental-span` is `{'environment.strict_format': True}`:
+# In the stored run the finding fired on the held-out episodes with value 1 (13 of 13 rewarded
+# turns' actions were a small part of their reply, median 5% of it) and on the last training step
+# with 0.909 (10 of 11, median 6%), against a threshold of 0.5; `fit` had already named it at
+# step 1. A second finding, `format-errors` (training, step 7), comes from sentences too: 20 of 43
+# replies could not be parsed or were invalid actions (0.465 vs 0.3), such as
+# `'You have no more guesses left to guess'`; `fit` had named it at step 0 (26 of 59). The remedy
+# of `parse-from-incidental-span` is `{'environment.strict_format': True}`:
 # only a reply that *is* the action counts (here a bare number), and anything else is a format
 # error the model reads as its next observation.
 #
 # This policy writes only sentences, so with the strict format alone every reply of every group
-# would be a format error: the same reward for all, nothing for GRPO to learn from. The doctor's
-# remedy for format errors is an SFT warm-up on the environment's scripted expert (`sft.steps`,
-# `REMEDIES["format-errors"]`), so the branch applies both, the warm-up first.
+# would be a format error: the same reward for all, nothing for GRPO to learn from. The remedy of
+# the second finding, `format-errors`, is an SFT warm-up on the environment's scripted expert
+# (`sft.steps`, `REMEDIES["format-errors"]`), so the branch applies both, the warm-up first.
 
 # %%
 from workbench.doctor.checks import REMEDIES
@@ -191,10 +191,12 @@ show(strict["before"], n=2)
 
 # %% [markdown]
 # In the stored run: a format error on every turn, held-out success 0.00. After the 4 SFT steps
-# (the expert's tokens' NLL fell from 3.00 to 0.44) held-out success was 0.81, and after the 2 RL
-# steps 1.00. During the RL steps `fit` named two findings: `format-errors` at step 12 (18 of 59
-# replies, 0.305 vs 0.3, sentences such as `'Now you have 5 guesses!'`; 1 of 35 at step 13, so the
-# run's diagnosis below no longer has it) and `template-collapse` at step 13 (see section 4).
+# (the expert's tokens' NLL fell from 1.37 to 0.34) held-out success was 1.00, and after the 2 RL
+# steps still 1.00. During the RL steps `fit` named one finding, `format-errors` at step 12 (21 of
+# 59 replies, 0.356 vs 0.3, such as `'15'`, a number outside 1..8), and none at step 13, so the
+# run's diagnosis below says `doctor: no findings`. `heldout-regression` (held-out games won at the
+# best earlier evaluation and lost at the latest) has nothing to name: the branch won all 16
+# held-out games after the warm-up and all 16 at the end.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -207,7 +209,8 @@ print("the warm-up starts at the branch's step:", origin.overrides["sft.start_st
 # %% [markdown]
 # `sft.start_step` is set by the branch: the warm-up's steps are its first ones, not steps 0..3 of
 # the whole run. The first held-out secrets again, now played by the branch's final policy (in the
-# stored run: bare numbers, 4 first, then 6 or 2 and one step from there, the expert's halving):
+# stored run: bare numbers, 4 first, then 6 after "too low" and 5 or 7 after that, the expert's
+# halving):
 
 # %%
 show(strict["after"])
@@ -251,20 +254,21 @@ print("held-out seeds the same in both runs:", cmp.same_heldout_seeds)
 
 # %% [markdown]
 # In the stored run the finding is resolved, on the training steps and on the held-out episodes, and
-# so is `truncation-surge`: 3 resolved, 0 still there, 1 new. Held-out success is 0.81 for the parent
-# (sentences under the lenient parser) and 1.00 for the branch (bare numbers under the strict one):
+# so is `format-errors` (training): 3 resolved, 0 still there, 0 new. Held-out success is 0.81 for
+# the parent (sentences under the lenient parser) and 1.00 for the branch (bare numbers under the strict one):
 # 3 games fixed (the secret 8 the parent's one-step climb from 4 cannot reach), 0 broken.
 #
-# The `new` finding is `template-collapse` (training, step 13): 17% of the step's 35 replies are
-# distinct (6 different replies), below the threshold 0.178 (half of the 36% at step 12, the branch's
-# first RL step, when some replies were still sentences); the most common reply, `'4'`, is 16 of 35.
-# Here the replies are bare numbers from 1 to 8, and `'4'` is the halving's first guess, which every
-# held-out episode opens with (all 16): the collapse is onto the strategy that wins (training success
-# 0.88 at that step, held-out 1.00), not onto a trick.
+# Nothing is new in the branch, `template-collapse` included: its replies are bare numbers from 1 to
+# 8, and every held-out episode in the table below opens with `'4'`, the halving's first guess. On
+# bare-action replies the doctor measures the most common reply's share (`template-collapse` fires
+# only when it reaches `doctor.bare_collapse_share`, 0.8), so a policy that opens every game with
+# binary search's `'4'` is not a collapse.
 #
-# `length-drift` does not fire on the branch's held-out replies (2.0 tokens, 0.40x the 5.0 of its
-# evaluations at steps 8 and 12) because all of them are the action alone and the earlier ones were sentences (the doctor compares lengths only between replies of the same form), and `entropy-collapse`
-# does not fire (entropy 0.698 at step 13 is 37% of the parent's first steps' 1.89, above 0.2).
+# `length-drift` does not fire on the branch's held-out replies, bare numbers where the parent's
+# were sentences: the doctor compares lengths only between replies of the same form. Nor does
+# `entropy-collapse`: entropy 0.245 at step 13 is 12% of the parent's first two steps' 1.96 (2.097
+# and 1.824), under the 0.2 fraction, but that step's training success is 0.94, and a low entropy
+# in a batch the policy wins (success 0.9 and up) is convergence, not a collapse.
 #
 # Per held-out secret, both runs' episodes (`cmp.episodes`, a DataFrame):
 
