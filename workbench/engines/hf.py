@@ -100,7 +100,8 @@ from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
-                                        _prefill_groups, _assemble_groups, _select_rows)
+                                        _prefill_groups, _assemble_groups, _select_rows,
+                                        _KVBlock, _new_growing, _tail_fill)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
@@ -260,11 +261,12 @@ class HFEngine(GenerationEngine):
             return self._decode_chunk(model, prompts, params, gen)
 
     def _prefill(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
-                 room: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 room: int, into: torch.Tensor | None = None) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One padded prefill of `uprompts` over their kept KV (`hits`): the cache (kept KV
         right-aligned at C, then the (U, S) new tokens, left-padded, then `room`), the (U, V)
         fp32 logits of each last position, the (U, 1) next positions on the device, and the
-        (U, C + S) host mask of real cache positions."""
+        (U, C + S) host mask of real cache positions. `into`: a (L, 2, U, KV, C + S + room, D)
+        view of a larger buffer (`_prefill_into_one`) that the cache is written into."""
         device = self.device
         U = len(uprompts)
         kept = [n for n, _ in hits]
@@ -283,12 +285,53 @@ class HFEngine(GenerationEngine):
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         past = None
         if C > 0:  # kept KV in place, with room for the S new tokens (and `room`)
-            past = _build_cache([kv for _, kv in hits], kept, C, S + room, device)
+            past = _build_cache([kv for _, kv in hits], kept, C, S + room, device, into)
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
         with self._prefill_threads(input_ids.numel()):
             out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                         past_key_values=past, logits_to_keep=1)
-        return out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1, attn_host
+        cache = out.past_key_values
+        if into is not None and past is None:  # no kept KV: the prefill made plain layers; copy them in
+            for li, layer in enumerate(cache.layers):
+                into[li, 0, :, :, :S] = layer.keys
+                into[li, 1, :, :, :S] = layer.values
+        return cache, out.logits[:, -1, :].float(), positions[:, -1:] + 1, attn_host
+
+    def _prefill_into_one(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
+                          groups: list[list[int]], room: int) -> tuple[Any, torch.Tensor, torch.Tensor,
+                                                                       torch.Tensor, list[int]] | None:
+        """Groups of rows (`_prefill_groups`) prefilled apart, each straight into its rows of
+        one buffer: group g's rows are contiguous, its kept KV + new tokens (width w_g)
+        right-aligned to the widest group's width W, zeros before, `room` after. No copy of
+        the groups' caches into one afterwards (`_assemble_groups`), except for a group
+        without kept KV (a plain prefill, copied in). Returns (cache, (U, V) logits, (U, 1)
+        next positions, (U, W) host mask, the unique row each batch row holds), or None when
+        no row has kept KV of one block to size the buffer by."""
+        ref = next((kv for _, kv in hits if kv is not None), None)
+        if ref is None or len(ref) != 1:
+            return None
+        Lb, two, KV, _, D = ref[0].shape
+        kept = [n for n, _ in hits]
+        width = [max(kept[u] for u in g) + max(len(uprompts[u]) - kept[u] for u in g) for g in groups]
+        W = max(width)
+        buf = torch.empty((Lb, two, len(uprompts), KV, W + room, D), dtype=ref[0].dtype, device=self.device)
+        logits, next_pos, masks, r0 = [], [], [], 0
+        for g, w in zip(groups, width):
+            rows = slice(r0, r0 + len(g))
+            buf[:, :, rows, :, : W - w].zero_()  # padding: masked, but 0 * garbage could be NaN
+            _, lg, pos, mask = self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], room,
+                                             into=buf[:, :, rows, :, W - w:])
+            logits.append(lg)
+            next_pos.append(pos)
+            masks.append(torch.nn.functional.pad(mask, (W - w, 0)))  # (U_g, W)
+            r0 += len(g)
+        from transformers import DynamicCache
+
+        block = _KVBlock(buf, Lb)
+        cache = DynamicCache()
+        cache.layers = [_new_growing(block, li, W) for li in range(Lb)]
+        order = [u for g in groups for u in g]
+        return cache, torch.cat(logits), torch.cat(next_pos), torch.cat(masks), order
 
     def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                       gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
@@ -308,6 +351,7 @@ class HFEngine(GenerationEngine):
         # Rows whose new-token counts differ a lot (the next turns of kept episodes and
         # prompts the cache lost) prefill in groups, each padded to its own longest
         # (`_prefill_groups`), then meet in one cache; once the cache layers are known plain.
+        rows = None  # the chunk row each batch row holds (None: in prompt order)
         groups = [list(range(U))]
         if self._plain_prefill and U > 1:
             groups = _prefill_groups([len(p) - n for p, n in zip(uprompts, kept)])
@@ -326,12 +370,25 @@ class HFEngine(GenerationEngine):
                 logits, next_pos = logits[inv_dev], next_pos[inv_dev]  # (B, ...)
                 attn_host = attn_host[inv]
         else:
-            parts = [self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], 0) for g in groups]
-            cache, logits, next_pos, attn_host = _assemble_groups(parts, groups, inverse, room)
             plain = True
+            one = self._prefill_into_one(model, uprompts, hits, groups, room)
+            if one is None:
+                parts = [self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], 0) for g in groups]
+                cache, logits, next_pos, attn_host = _assemble_groups(parts, groups, inverse, room)
+            else:
+                cache, logits, next_pos, attn_host, order = one
+                if U == B:  # batch row j holds the prompt of unique row order[j]: no copy
+                    chunk_row = {u: b for b, u in enumerate(inverse)}
+                    rows = torch.tensor([chunk_row[u] for u in order], dtype=torch.long)  # (B,)
+                else:  # duplicates: one row per prompt, in prompt order (a copy)
+                    at = {u: j for j, u in enumerate(order)}
+                    pick = torch.tensor([at[u] for u in inverse], dtype=torch.long)  # (B,)
+                    pick_dev = pick.to(device, non_blocking=True)
+                    cache = _select_rows(cache, pick_dev)
+                    logits, next_pos, attn_host = logits[pick_dev], next_pos[pick_dev], attn_host[pick]
         attention = attn_host.to(device, non_blocking=True)  # (B, T) 1 at real cache positions
         cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
-        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached)
+        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached, rows)
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
         # adapters switched off; None: the model's forward decodes.
         fast = None
@@ -390,7 +447,7 @@ class _DecodeState:
 
     def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
                  gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
-                 cached: list[int]):
+                 cached: list[int], rows: torch.Tensor | None = None):
         B, T = len(prompts), params.max_tokens
         self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
         self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
@@ -398,7 +455,7 @@ class _DecodeState:
         self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
         self.attn_host = attn_host  # (B', C + S) prefill positions of each batch row: 1 = real
         self.prefill_len = attn_host.shape[1]
-        self.rows = torch.arange(B)  # (B',) the chunk row each batch row holds
+        self.rows = torch.arange(B) if rows is None else rows  # (B',) the chunk row each batch row holds
         self.rows_dev = self.rows.to(device, non_blocking=True)  # (B',)
         self.live = torch.ones(B, dtype=torch.bool)  # (B',) still decoding (finished rows stay until compacted)
         self.ids = torch.full((B, T), engine.pad_id, dtype=torch.long)  # (B, T) sampled ids
@@ -419,11 +476,11 @@ class _DecodeState:
         if params.temperature != 0:
             if self.uniforms is not None:
                 u_host = self.uniforms[self.rows, step]  # (B',)
-            elif bool(live.all()):
-                u_host = torch.rand(len(live), generator=self.gen, dtype=torch.float64)  # (B',)
-            else:  # one shared generator: only live rows draw, in batch order
+            else:  # one shared generator: live rows draw in chunk-row order (whatever their batch order)
+                draw = live.nonzero().flatten()  # (B'',)
+                draw = draw[torch.argsort(self.rows[draw])]
                 u_host = torch.zeros(len(live), dtype=torch.float64)
-                u_host[live] = torch.rand(int(live.sum()), generator=self.gen, dtype=torch.float64)
+                u_host[draw] = torch.rand(len(draw), generator=self.gen, dtype=torch.float64)
             u = u_host.to(self.device, non_blocking=True)
         tokens = _sample(logits, params, u)  # (B',)
         self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
@@ -452,7 +509,10 @@ class _DecodeState:
         if dead == 0 or dead < fraction * n:
             return None
         self._store(cache, (~self.live).nonzero().flatten())
-        keep = self.live.nonzero().flatten()  # (B'',)
+        if self.device.type == "cpu":  # holes filled from the tail: only those rows' KV moves
+            keep = torch.tensor(_tail_fill(self.live.tolist()), dtype=torch.long)  # (B'',)
+        else:
+            keep = self.live.nonzero().flatten()  # (B'',)
         keep_dev = keep.to(self.device, non_blocking=True)
         self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
         self.attn_host = self.attn_host[keep]
