@@ -97,7 +97,7 @@ import torch
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
-from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
+from workbench.engines.decode_threads import LARGE_PREFILL, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
                                         _prefill_groups, _assemble_groups, _select_rows,
@@ -127,7 +127,8 @@ class HFEngine(GenerationEngine):
         self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
         self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
-        self._prefills: dict[int, DecodeThreads] = {}  # prefill size (new tokens, a power of two) -> its choice
+        # prefill size (new tokens, a power of two; 0: over LARGE_PREFILL) -> its choice
+        self._prefills: dict[int, DecodeThreads] = {}
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
         self._plain_prefill = False  # a prefill gave plain full-attention cache layers (groups can meet)
         self.compact_fraction = compact_fraction
@@ -166,7 +167,8 @@ class HFEngine(GenerationEngine):
             out.update(self.decode_threads.stats())
         for size, chooser in self._prefills.items():
             if chooser.chosen is not None:
-                out[f"prefill_threads_upto_{size}_tokens"] = float(chooser.chosen)
+                key = f"upto_{size}" if size else f"over_{LARGE_PREFILL}"
+                out[f"prefill_threads_{key}_tokens"] = float(chooser.chosen)
         if self._batcher is not None:
             out.update({f"batcher_{k}": v for k, v in self._batcher.stats().items()})
         return out
@@ -249,8 +251,10 @@ class HFEngine(GenerationEngine):
             yield
             return
         size = 1 << max(tokens - 1, 0).bit_length()  # tokens rounded up to a power of two
-        chooser = self._prefills.setdefault(size, DecodeThreads(self.device, trial_steps=1, warm_up=False))
-        with chooser.stepping() as stepper, stepper.step():
+        large = size > LARGE_PREFILL  # one choice for all large prefills, timed per token
+        chooser = self._prefills.setdefault(0 if large else size,
+                                            DecodeThreads(self.device, trial_steps=1, warm_up=False))
+        with chooser.stepping() as stepper, stepper.step(work=tokens if large else 1.0):
             yield
 
     @torch.no_grad()
