@@ -4,10 +4,11 @@ One call samples every prompt together: prompts are left-padded into one (B, T)
 batch, prefilled once, then decoded token by token with the KV cache. Rows that
 hit a stop id, or complete a stop string (`SamplingParams.stop`, the engine's `stop`
 from `inference.stop`; see `base.StopStrings`: the ids are kept as sampled up to and
-including the token that completes it), leave the batch (the rows after them move up in
-the cache, in place on the CPU, one op per run of rows for all layers together:
-on an accelerator once they are `compact_fraction` of the batch, on the CPU, where every
-row costs compute, at once), so short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the
+including the token that completes it), leave the batch (on the CPU at once, where every
+row costs compute: each hole is filled in place by a live row from the batch's tail, one
+copy per moved row for all layers together, so batch rows are no longer in prompt order;
+on an accelerator once they are `compact_fraction` of the batch, the rows after them move
+up), so short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the
 raw-model logprob of each sampled id comes out of the same forward that sampled it,
 without storing (B, V) logits per step.
 
@@ -38,8 +39,9 @@ groups them by the tokens each still has to prefill, so the ones the cache could
 (a full cache evicts the oldest entries) share chunks instead of making every chunk
 prefill in full (measured, fp32 SmolLM2, 128 episodes x 4 turns with the cache full at the
 last turn: that turn 90.8 -> 56.3 s). Inside a chunk, rows whose new-token counts differ a
-lot prefill in groups, each padded to its own longest (`kv_cache._prefill_groups`), and
-meet in one cache for decoding (a padded prefill costs rows x its longest row). Only
+lot prefill in groups, each padded to its own longest (`kv_cache._prefill_groups`), each
+written straight into its rows of one cache for decoding (a padded prefill costs rows x
+its longest row; `_prefill_into_one`). Only
 models whose cache layers are plain full-attention `DynamicLayer`s use it
 (sliding-window models fall back to full prefill).
 
@@ -63,21 +65,29 @@ KV cache, per layer and step, cost more than the matmuls (SmolLM2: 20 ms vs 2.7 
 layer at 32 rows x 300 tokens).
 
 Where a later turn's time goes (profiled 2026-11-26 on a 2-core Intel Xeon with
-avx512f/avx512_bf16/amx_bf16, shared with other jobs (load 2.5-8.6), fp32 SmolLM2-135M,
+avx2/avx512f/avx512_bf16/amx_bf16, shared with other jobs (load 0.7-2.7), SmolLM2-135M,
 2 threads, benchmarks/engines.py's episodes (guess_number, 8 per group, 32 tokens per
-turn), 64 episodes x 4 turns, manual timers around the engine's parts; before these
-changes): turn 0 (context 86, one prompt shared by every row) 17.6 s: decode steps
-11.2 (attention 1.2), rows leaving 3.1, sampling 2.6, prefill 0.2. Turn 1 (context 134)
-75.7 s: prefill 40.2 (64 rows padded to 123 new tokens: two rows had lost their kept
-KV to a group member's longer entry), decode steps 19.8 (attention 6.0: every row reads
-its own context now), rows leaving 5.5 (copies of every layer's whole buffer), the kept
-KV's cache 4.4 plus its copy into room 4.0, sampling 1.3, prefix-cache lookups 0.01.
-After (same machine, load ~10): turn 1 51.6 s: prefill 19.4 (2944 padded tokens),
-decode steps 23.8 (attention 6.1), sampling 4.5, rows leaving 2.5, kept KV placed 0.3.
-What is left is mostly arithmetic: a later turn prefills each row's observation (~20-35
-tokens) besides decoding its reply, while turn 0 prefilled one shared prompt; at these
-sizes the prefill's matmuls cost about half a decode step's per token, so a later turn
-costs ~1.5-2x turn 0's per generated token at best in this benchmark.
+turn), 64 episodes x 4 turns, manual timers around the engine's parts; one chunk of 64
+rows per turn). fp32, before these changes: turn 0 (context 86, one prompt per group)
+8.2 s for 1538 tokens: decode steps 6.3 (attention 0.6), sampling 1.0, rows leaving 0.5,
+prefill 0.2. Turn 1 (context 134) 15.5 s for 1401 tokens: decode steps 9.1 (attention
+2.2), prefill 3.6 (two groups, 46 rows x 23 and 18 x 46 new tokens: 1886 padded for 1567
+real), the groups' caches copied into one 0.5, kept KV placed 0.15, rows leaving 0.8
+(every row after the first hole moved), sampling 1.0, prefix-cache lookups < 0.01.
+After (rows leaving fill holes from the tail, groups written into one buffer, one timed
+thread choice for all large prefills): turn 0 6.2 s (decode steps 4.9, sampling 0.9,
+rows leaving 0.1); turn 1 11.4 s: decode steps 7.3 (attention 1.7), prefill 3.0, rows
+leaving 0.06, kept KV placed 0.1; turn 3 (context 225) 11.4 s: decode steps 7.4
+(attention 3.1), prefill 2.7. bf16, after: turn 0 4.1 s for 1662 tokens (decode steps
+2.8, attention 0.5); turn 1 7.4 s (decode steps 4.8, attention 1.9, prefill 1.0, the cache
+widened to fp32 0.2); turn 3 11.8 s (decode steps 7.9, attention 4.4, prefill 1.6,
+widened 0.5, rows kept 0.9).
+What is left is mostly arithmetic: a later turn prefills each row's observation (~24
+tokens: more than the ~22 it generates) besides decoding its reply, while turn 0
+prefilled one prompt per group; and each row's attention reads its own grown KV (at 64
+rows x 230 positions, 0.7 GB in fp32 per decode step, memory-bound) where turn 0's rows
+read their group's shared prompt once. In fp32 a later turn costs 1.8-2x turn 0's time
+per generated token in this profile: the prefill ~0.5x, attention ~0.2-0.5x.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are

@@ -6,8 +6,9 @@
 * `_PrefixCache`: finished rows' KV keyed by their token ids (prompt + sampled ids but
   the last), so the same episode's next turn prefills only its new tokens (see hf.py).
 * `_build_cache`, `_select_rows`, `_row_kv`: a cache from kept rows (with room for the
-  new tokens and the decode steps), a cache's rows kept (finished rows leaving the batch:
-  moved in place on the CPU), one row's KV copied out.
+  new tokens and the decode steps; optionally into rows of a larger buffer), a cache's
+  rows kept (finished rows leaving the batch: holes filled from the tail in place on the
+  CPU, `_tail_fill`), one row's KV copied out.
 """
 from __future__ import annotations
 
