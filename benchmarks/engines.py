@@ -359,6 +359,11 @@ def main() -> None:
         "machine": {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "cpus": os.cpu_count(),
                     "torch_threads": args.threads or torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                    # the vector ISA torch's kernels run (ATEN_CPU_CAPABILITY can lower it), and
+                    # the ISA caps set for ATen / oneDNN / MKL (e.g. an AVX2-only CPU emulated)
+                    "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                    "isa_env": {k: os.environ[k] for k in ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA",
+                                                           "MKL_ENABLE_INSTRUCTIONS") if k in os.environ},
                     "load_average_before": round(load_before[0], 2), "load_average_after": round(load_after[0], 2),
                     "platform": platform.platform(), "python": platform.python_version(),
                     "torch": torch.__version__},

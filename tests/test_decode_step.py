@@ -248,6 +248,30 @@ def test_engine_restores_the_thread_count(tiny_model_and_tokenizer):
     assert stats["prefill_threads_upto_4_tokens"] in (before, 1)
 
 
+def test_large_prefills_share_one_thread_choice(tiny_model_and_tokenizer, monkeypatch):
+    """Prefills of more than LARGE_PREFILL new tokens, whatever their size, are timed per
+    token under one choice: two calls (one per candidate) settle it for all of them."""
+    from workbench.engines import decode_threads
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    engine = HFEngine(model, tok, prefix_cache=False)
+    recorded = []
+    record = decode_threads.DecodeThreads.record
+    monkeypatch.setattr(decode_threads.DecodeThreads, "record",
+                        lambda self, n, seconds: recorded.append((self, seconds)) or record(self, n, seconds))
+    greedy = SamplingParams(max_tokens=1, temperature=0.0)
+    g = torch.Generator().manual_seed(0)
+    for n in (5, 300, 700, 1100):  # the first warms the model (untimed)
+        engine.generate_ids([torch.randint(3, 200, (n,), generator=g).tolist()], greedy)
+    stats = engine.stats()
+    large = [k for k in stats if k.startswith("prefill_threads_")]
+    if torch.get_num_threads() > 1:
+        assert large == ["prefill_threads_over_256_tokens"]  # chosen after 300 and 700; 1100 used it
+        assert len({id(c) for c, _ in recorded}) == 1 and len(recorded) == 3  # one chooser for all three
+
+
 def test_decode_threads_without_warm_up_times_every_call():
     threads = DecodeThreads(torch.device("cpu"), trial_steps=1, warm_up=False)
     full = torch.get_num_threads()

@@ -162,7 +162,13 @@ def test_rows_prefilled_in_groups_meet_in_one_cache(tiny_model_and_tokenizer, mo
     calls = []
     run = engine._prefill
     monkeypatch.setattr(engine, "_prefill",
-                        lambda model, ps, hits, room: calls.append(len(ps)) or run(model, ps, hits, room))
+                        lambda model, ps, hits, room, **kw: calls.append(len(ps)) or run(model, ps, hits, room, **kw))
+    from workbench.engines import hf
+
+    def no_assembly(*args):
+        raise AssertionError("groups prefilled into one buffer need no assembly")
+
+    monkeypatch.setattr(hf, "_assemble_groups", no_assembly)
     got = engine.generate_ids(prompts, greedy)
     assert sorted(calls) == [2, 3]  # the kept turns and the fresh prompts apart (the duplicate once)
     plain = HFEngine(model, tok, prefix_cache=False).generate_ids(prompts, greedy)
@@ -173,3 +179,41 @@ def test_rows_prefilled_in_groups_meet_in_one_cache(tiny_model_and_tokenizer, mo
             lp = torch.log_softmax(model(input_ids=torch.tensor([p + r.token_ids])).logits[0].float(), -1)
         ref = [lp[len(p) - 1 + i, t].item() for i, t in enumerate(r.token_ids)]
         assert torch.allclose(torch.tensor(r.logprobs), torch.tensor(ref), atol=1e-4)
+
+
+def _grouped_turns(model, tok):
+    """Next turns of kept episodes and fresh long prompts in one chunk (prefilled in groups),
+    sampled with one shared generator, rows ending at many steps: (ids, logprobs) per row."""
+    from workbench.engines.hf import HFEngine
+
+    stops = list(range(0, model.config.vocab_size, 12))
+    engine = HFEngine(model, tok)
+    g = torch.Generator().manual_seed(7)
+    first = [torch.randint(3, 200, (n,), generator=g).tolist() for n in range(5, 17)]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3, stop_token_ids=stops)
+    turns = engine.generate_ids(first, params)
+    nexts = [p + r.token_ids + [9, 8, 7][: 1 + i % 3] for i, (p, r) in enumerate(zip(first, turns))]
+    fresh = [torch.randint(3, 200, (n,), generator=g).tolist() for n in (40, 44, 47, 50)]
+    got = engine.generate_ids(nexts[:6] + fresh + nexts[6:], SamplingParams(**{**vars(params), "seed": 4}))
+    return [(r.token_ids, r.logprobs) for r in turns + got]
+
+
+def test_holes_filled_from_the_tail_and_groups_in_one_buffer_change_no_bit(tiny_model_and_tokenizer, monkeypatch):
+    """Rows leaving by filling holes from the tail (the batch order then differs from the
+    prompt order) and groups prefilled straight into one buffer give the same ids and
+    bit-identical logprobs as rows moved up in order and groups assembled by a copy."""
+    from workbench.engines import hf
+    from workbench.engines.kv_cache import _tail_fill
+
+    assert _tail_fill([True, False, True, False, True, True]) == [0, 4, 2, 5]
+    assert _tail_fill([False, False, True]) == [2]
+    model, tok = tiny_model_and_tokenizer
+    calls = []
+    into_one = hf.HFEngine._prefill_into_one
+    monkeypatch.setattr(hf.HFEngine, "_prefill_into_one",
+                        lambda self, *a: calls.append(1) or into_one(self, *a))
+    new = _grouped_turns(model, tok)
+    assert calls  # the chunk was prefilled in groups, into one buffer
+    monkeypatch.setattr(hf, "_tail_fill", lambda live: [i for i, x in enumerate(live) if x])
+    monkeypatch.setattr(hf.HFEngine, "_prefill_into_one", lambda self, *a: None)
+    assert _grouped_turns(model, tok) == new

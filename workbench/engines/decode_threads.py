@@ -11,8 +11,9 @@ one thread) over the first decode steps on a CPU, keeps the one with the lower m
 step time, and holds that choice for the engine's life (`HFEngine.stats()` reports it).
 
 The engine's prefills are chosen the same way, one `DecodeThreads` per size (new
-tokens fed, rounded up to a power of two; one timed call per candidate, no warm-up
-call): a small prefill is many small ops too (SmolLM2, bf16, LoRA, one 74-token row:
+tokens fed, rounded up to a power of two up to `LARGE_PREFILL` tokens, one for all
+larger ones, compared per token; one timed call per candidate, no warm-up call): a
+small prefill is many small ops too (SmolLM2, bf16, LoRA, one 74-token row:
 93 ms on 1 thread, 219 ms on 2), a large one is not (8 rows of 74 tokens: 543 ms on 1,
 443 ms on 2).
 
@@ -41,6 +42,10 @@ from typing import Any, Callable, Iterator
 import torch
 
 
+#: Prefills of more new tokens than this share one thread-count choice, timed per token
+#: (matmul-bound: the choice no longer changes with size, and every size bucket's trial
+#: calls at the slower count cost the engine's first later turns seconds).
+LARGE_PREFILL = 256
 #: The decode candidate "one thread plus a `MatmulHelper`" (module docstring).
 SPLIT = "1+helper"
 
@@ -165,7 +170,9 @@ class _Stepper:
         self.split = False  # this step runs `SPLIT`: the caller hands its MatmulHelper to the step
 
     @contextmanager
-    def step(self) -> Iterator[None]:
+    def step(self, work: float = 1.0) -> Iterator[None]:
+        """Set the thread count for one step and time it; `work`: what the time is divided
+        by before the candidates are compared (a prefill's tokens, when sizes differ)."""
         n = self.owner.next_threads()
         self.split = n == SPLIT
         threads = 1 if self.split else int(n)
@@ -174,4 +181,4 @@ class _Stepper:
             self.current = threads
         start = time.perf_counter()
         yield
-        self.owner.record(n, time.perf_counter() - start)
+        self.owner.record(n, (time.perf_counter() - start) / work)

@@ -4,10 +4,11 @@ One call samples every prompt together: prompts are left-padded into one (B, T)
 batch, prefilled once, then decoded token by token with the KV cache. Rows that
 hit a stop id, or complete a stop string (`SamplingParams.stop`, the engine's `stop`
 from `inference.stop`; see `base.StopStrings`: the ids are kept as sampled up to and
-including the token that completes it), leave the batch (the rows after them move up in
-the cache, in place on the CPU, one op per run of rows for all layers together:
-on an accelerator once they are `compact_fraction` of the batch, on the CPU, where every
-row costs compute, at once), so short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the
+including the token that completes it), leave the batch (on the CPU at once, where every
+row costs compute: each hole is filled in place by a live row from the batch's tail, one
+copy per moved row for all layers together, so batch rows are no longer in prompt order;
+on an accelerator once they are `compact_fraction` of the batch, the rows after them move
+up), so short answers don't pay for long ones. The loop is ours rather than `model.generate` so that the
 raw-model logprob of each sampled id comes out of the same forward that sampled it,
 without storing (B, V) logits per step.
 
@@ -38,8 +39,9 @@ groups them by the tokens each still has to prefill, so the ones the cache could
 (a full cache evicts the oldest entries) share chunks instead of making every chunk
 prefill in full (measured, fp32 SmolLM2, 128 episodes x 4 turns with the cache full at the
 last turn: that turn 90.8 -> 56.3 s). Inside a chunk, rows whose new-token counts differ a
-lot prefill in groups, each padded to its own longest (`kv_cache._prefill_groups`), and
-meet in one cache for decoding (a padded prefill costs rows x its longest row). Only
+lot prefill in groups, each padded to its own longest (`kv_cache._prefill_groups`), each
+written straight into its rows of one cache for decoding (a padded prefill costs rows x
+its longest row; `_prefill_into_one`). Only
 models whose cache layers are plain full-attention `DynamicLayer`s use it
 (sliding-window models fall back to full prefill).
 
@@ -63,21 +65,29 @@ KV cache, per layer and step, cost more than the matmuls (SmolLM2: 20 ms vs 2.7 
 layer at 32 rows x 300 tokens).
 
 Where a later turn's time goes (profiled 2026-11-26 on a 2-core Intel Xeon with
-avx512f/avx512_bf16/amx_bf16, shared with other jobs (load 2.5-8.6), fp32 SmolLM2-135M,
+avx2/avx512f/avx512_bf16/amx_bf16, shared with other jobs (load 0.7-2.7), SmolLM2-135M,
 2 threads, benchmarks/engines.py's episodes (guess_number, 8 per group, 32 tokens per
-turn), 64 episodes x 4 turns, manual timers around the engine's parts; before these
-changes): turn 0 (context 86, one prompt shared by every row) 17.6 s: decode steps
-11.2 (attention 1.2), rows leaving 3.1, sampling 2.6, prefill 0.2. Turn 1 (context 134)
-75.7 s: prefill 40.2 (64 rows padded to 123 new tokens: two rows had lost their kept
-KV to a group member's longer entry), decode steps 19.8 (attention 6.0: every row reads
-its own context now), rows leaving 5.5 (copies of every layer's whole buffer), the kept
-KV's cache 4.4 plus its copy into room 4.0, sampling 1.3, prefix-cache lookups 0.01.
-After (same machine, load ~10): turn 1 51.6 s: prefill 19.4 (2944 padded tokens),
-decode steps 23.8 (attention 6.1), sampling 4.5, rows leaving 2.5, kept KV placed 0.3.
-What is left is mostly arithmetic: a later turn prefills each row's observation (~20-35
-tokens) besides decoding its reply, while turn 0 prefilled one shared prompt; at these
-sizes the prefill's matmuls cost about half a decode step's per token, so a later turn
-costs ~1.5-2x turn 0's per generated token at best in this benchmark.
+turn), 64 episodes x 4 turns, manual timers around the engine's parts; one chunk of 64
+rows per turn). fp32, before these changes: turn 0 (context 86, one prompt per group)
+8.2 s for 1538 tokens: decode steps 6.3 (attention 0.6), sampling 1.0, rows leaving 0.5,
+prefill 0.2. Turn 1 (context 134) 15.5 s for 1401 tokens: decode steps 9.1 (attention
+2.2), prefill 3.6 (two groups, 46 rows x 23 and 18 x 46 new tokens: 1886 padded for 1567
+real), the groups' caches copied into one 0.5, kept KV placed 0.15, rows leaving 0.8
+(every row after the first hole moved), sampling 1.0, prefix-cache lookups < 0.01.
+After (rows leaving fill holes from the tail, groups written into one buffer, one timed
+thread choice for all large prefills): turn 0 6.2 s (decode steps 4.9, sampling 0.9,
+rows leaving 0.1); turn 1 11.4 s: decode steps 7.3 (attention 1.7), prefill 3.0, rows
+leaving 0.06, kept KV placed 0.1; turn 3 (context 225) 11.4 s: decode steps 7.4
+(attention 3.1), prefill 2.7. bf16, after: turn 0 4.1 s for 1662 tokens (decode steps
+2.8, attention 0.5); turn 1 7.4 s (decode steps 4.8, attention 1.9, prefill 1.0, the cache
+widened to fp32 0.2); turn 3 11.8 s (decode steps 7.9, attention 4.4, prefill 1.6,
+widened 0.5, rows kept 0.9).
+What is left is mostly arithmetic: a later turn prefills each row's observation (~24
+tokens: more than the ~22 it generates) besides decoding its reply, while turn 0
+prefilled one prompt per group; and each row's attention reads its own grown KV (at 64
+rows x 230 positions, 0.7 GB in fp32 per decode step, memory-bound) where turn 0's rows
+read their group's shared prompt once. In fp32 a later turn costs 1.8-2x turn 0's time
+per generated token in this profile: the prefill ~0.5x, attention ~0.2-0.5x.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are
@@ -97,10 +107,11 @@ import torch
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
-from workbench.engines.decode_threads import SPLIT, DecodeThreads, MatmulHelper
+from workbench.engines.decode_threads import LARGE_PREFILL, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
-                                        _prefill_groups, _assemble_groups, _select_rows)
+                                        _prefill_groups, _assemble_groups, _select_rows,
+                                        _KVBlock, _new_growing, _tail_fill)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
@@ -126,7 +137,8 @@ class HFEngine(GenerationEngine):
         self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
         self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
-        self._prefills: dict[int, DecodeThreads] = {}  # prefill size (new tokens, a power of two) -> its choice
+        # prefill size (new tokens, a power of two; 0: over LARGE_PREFILL) -> its choice
+        self._prefills: dict[int, DecodeThreads] = {}
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
         self._plain_prefill = False  # a prefill gave plain full-attention cache layers (groups can meet)
         self.compact_fraction = compact_fraction
@@ -165,7 +177,8 @@ class HFEngine(GenerationEngine):
             out.update(self.decode_threads.stats())
         for size, chooser in self._prefills.items():
             if chooser.chosen is not None:
-                out[f"prefill_threads_upto_{size}_tokens"] = float(chooser.chosen)
+                key = f"upto_{size}" if size else f"over_{LARGE_PREFILL}"
+                out[f"prefill_threads_{key}_tokens"] = float(chooser.chosen)
         if self._batcher is not None:
             out.update({f"batcher_{k}": v for k, v in self._batcher.stats().items()})
         return out
@@ -248,8 +261,10 @@ class HFEngine(GenerationEngine):
             yield
             return
         size = 1 << max(tokens - 1, 0).bit_length()  # tokens rounded up to a power of two
-        chooser = self._prefills.setdefault(size, DecodeThreads(self.device, trial_steps=1, warm_up=False))
-        with chooser.stepping() as stepper, stepper.step():
+        large = size > LARGE_PREFILL  # one choice for all large prefills, timed per token
+        chooser = self._prefills.setdefault(0 if large else size,
+                                            DecodeThreads(self.device, trial_steps=1, warm_up=False))
+        with chooser.stepping() as stepper, stepper.step(work=tokens if large else 1.0):
             yield
 
     @torch.no_grad()
@@ -260,11 +275,12 @@ class HFEngine(GenerationEngine):
             return self._decode_chunk(model, prompts, params, gen)
 
     def _prefill(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
-                 room: int) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+                 room: int, into: torch.Tensor | None = None) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
         """One padded prefill of `uprompts` over their kept KV (`hits`): the cache (kept KV
         right-aligned at C, then the (U, S) new tokens, left-padded, then `room`), the (U, V)
         fp32 logits of each last position, the (U, 1) next positions on the device, and the
-        (U, C + S) host mask of real cache positions."""
+        (U, C + S) host mask of real cache positions. `into`: a (L, 2, U, KV, C + S + room, D)
+        view of a larger buffer (`_prefill_into_one`) that the cache is written into."""
         device = self.device
         U = len(uprompts)
         kept = [n for n, _ in hits]
@@ -283,12 +299,53 @@ class HFEngine(GenerationEngine):
         input_ids, attention, positions = input_ids.to(device), attention.to(device), positions.to(device)
         past = None
         if C > 0:  # kept KV in place, with room for the S new tokens (and `room`)
-            past = _build_cache([kv for _, kv in hits], kept, C, S + room, device)
+            past = _build_cache([kv for _, kv in hits], kept, C, S + room, device, into)
         # logits_to_keep=1: only the last position's logits are needed (skips a (B, T, V) LM head).
         with self._prefill_threads(input_ids.numel()):
             out = model(input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True,
                         past_key_values=past, logits_to_keep=1)
-        return out.past_key_values, out.logits[:, -1, :].float(), positions[:, -1:] + 1, attn_host
+        cache = out.past_key_values
+        if into is not None and past is None:  # no kept KV: the prefill made plain layers; copy them in
+            for li, layer in enumerate(cache.layers):
+                into[li, 0, :, :, :S] = layer.keys
+                into[li, 1, :, :, :S] = layer.values
+        return cache, out.logits[:, -1, :].float(), positions[:, -1:] + 1, attn_host
+
+    def _prefill_into_one(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
+                          groups: list[list[int]], room: int) -> tuple[Any, torch.Tensor, torch.Tensor,
+                                                                       torch.Tensor, list[int]] | None:
+        """Groups of rows (`_prefill_groups`) prefilled apart, each straight into its rows of
+        one buffer: group g's rows are contiguous, its kept KV + new tokens (width w_g)
+        right-aligned to the widest group's width W, zeros before, `room` after. No copy of
+        the groups' caches into one afterwards (`_assemble_groups`), except for a group
+        without kept KV (a plain prefill, copied in). Returns (cache, (U, V) logits, (U, 1)
+        next positions, (U, W) host mask, the unique row each batch row holds), or None when
+        no row has kept KV of one block to size the buffer by."""
+        ref = next((kv for _, kv in hits if kv is not None), None)
+        if ref is None or len(ref) != 1:
+            return None
+        Lb, two, KV, _, D = ref[0].shape
+        kept = [n for n, _ in hits]
+        width = [max(kept[u] for u in g) + max(len(uprompts[u]) - kept[u] for u in g) for g in groups]
+        W = max(width)
+        buf = torch.empty((Lb, two, len(uprompts), KV, W + room, D), dtype=ref[0].dtype, device=self.device)
+        logits, next_pos, masks, r0 = [], [], [], 0
+        for g, w in zip(groups, width):
+            rows = slice(r0, r0 + len(g))
+            buf[:, :, rows, :, : W - w].zero_()  # padding: masked, but 0 * garbage could be NaN
+            _, lg, pos, mask = self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], room,
+                                             into=buf[:, :, rows, :, W - w:])
+            logits.append(lg)
+            next_pos.append(pos)
+            masks.append(torch.nn.functional.pad(mask, (W - w, 0)))  # (U_g, W)
+            r0 += len(g)
+        from transformers import DynamicCache
+
+        block = _KVBlock(buf, Lb)
+        cache = DynamicCache()
+        cache.layers = [_new_growing(block, li, W) for li in range(Lb)]
+        order = [u for g in groups for u in g]
+        return cache, torch.cat(logits), torch.cat(next_pos), torch.cat(masks), order
 
     def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
                       gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
@@ -308,6 +365,7 @@ class HFEngine(GenerationEngine):
         # Rows whose new-token counts differ a lot (the next turns of kept episodes and
         # prompts the cache lost) prefill in groups, each padded to its own longest
         # (`_prefill_groups`), then meet in one cache; once the cache layers are known plain.
+        rows = None  # the chunk row each batch row holds (None: in prompt order)
         groups = [list(range(U))]
         if self._plain_prefill and U > 1:
             groups = _prefill_groups([len(p) - n for p, n in zip(uprompts, kept)])
@@ -326,12 +384,25 @@ class HFEngine(GenerationEngine):
                 logits, next_pos = logits[inv_dev], next_pos[inv_dev]  # (B, ...)
                 attn_host = attn_host[inv]
         else:
-            parts = [self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], 0) for g in groups]
-            cache, logits, next_pos, attn_host = _assemble_groups(parts, groups, inverse, room)
             plain = True
+            one = self._prefill_into_one(model, uprompts, hits, groups, room)
+            if one is None:
+                parts = [self._prefill(model, [uprompts[u] for u in g], [hits[u] for u in g], 0) for g in groups]
+                cache, logits, next_pos, attn_host = _assemble_groups(parts, groups, inverse, room)
+            else:
+                cache, logits, next_pos, attn_host, order = one
+                if U == B:  # batch row j holds the prompt of unique row order[j]: no copy
+                    chunk_row = {u: b for b, u in enumerate(inverse)}
+                    rows = torch.tensor([chunk_row[u] for u in order], dtype=torch.long)  # (B,)
+                else:  # duplicates: one row per prompt, in prompt order (a copy)
+                    at = {u: j for j, u in enumerate(order)}
+                    pick = torch.tensor([at[u] for u in inverse], dtype=torch.long)  # (B,)
+                    pick_dev = pick.to(device, non_blocking=True)
+                    cache = _select_rows(cache, pick_dev)
+                    logits, next_pos, attn_host = logits[pick_dev], next_pos[pick_dev], attn_host[pick]
         attention = attn_host.to(device, non_blocking=True)  # (B, T) 1 at real cache positions
         cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
-        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached)
+        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached, rows)
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
         # adapters switched off; None: the model's forward decodes.
         fast = None
@@ -390,7 +461,7 @@ class _DecodeState:
 
     def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
                  gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
-                 cached: list[int]):
+                 cached: list[int], rows: torch.Tensor | None = None):
         B, T = len(prompts), params.max_tokens
         self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
         self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
@@ -398,7 +469,7 @@ class _DecodeState:
         self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
         self.attn_host = attn_host  # (B', C + S) prefill positions of each batch row: 1 = real
         self.prefill_len = attn_host.shape[1]
-        self.rows = torch.arange(B)  # (B',) the chunk row each batch row holds
+        self.rows = torch.arange(B) if rows is None else rows  # (B',) the chunk row each batch row holds
         self.rows_dev = self.rows.to(device, non_blocking=True)  # (B',)
         self.live = torch.ones(B, dtype=torch.bool)  # (B',) still decoding (finished rows stay until compacted)
         self.ids = torch.full((B, T), engine.pad_id, dtype=torch.long)  # (B, T) sampled ids
@@ -419,11 +490,11 @@ class _DecodeState:
         if params.temperature != 0:
             if self.uniforms is not None:
                 u_host = self.uniforms[self.rows, step]  # (B',)
-            elif bool(live.all()):
-                u_host = torch.rand(len(live), generator=self.gen, dtype=torch.float64)  # (B',)
-            else:  # one shared generator: only live rows draw, in batch order
+            else:  # one shared generator: live rows draw in chunk-row order (whatever their batch order)
+                draw = live.nonzero().flatten()  # (B'',)
+                draw = draw[torch.argsort(self.rows[draw])]
                 u_host = torch.zeros(len(live), dtype=torch.float64)
-                u_host[live] = torch.rand(int(live.sum()), generator=self.gen, dtype=torch.float64)
+                u_host[draw] = torch.rand(len(draw), generator=self.gen, dtype=torch.float64)
             u = u_host.to(self.device, non_blocking=True)
         tokens = _sample(logits, params, u)  # (B',)
         self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
@@ -452,7 +523,10 @@ class _DecodeState:
         if dead == 0 or dead < fraction * n:
             return None
         self._store(cache, (~self.live).nonzero().flatten())
-        keep = self.live.nonzero().flatten()  # (B'',)
+        if self.device.type == "cpu":  # holes filled from the tail: only those rows' KV moves
+            keep = torch.tensor(_tail_fill(self.live.tolist()), dtype=torch.long)  # (B'',)
+        else:
+            keep = self.live.nonzero().flatten()  # (B'',)
         keep_dev = keep.to(self.device, non_blocking=True)
         self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
         self.attn_host = self.attn_host[keep]

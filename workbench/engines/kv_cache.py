@@ -6,8 +6,9 @@
 * `_PrefixCache`: finished rows' KV keyed by their token ids (prompt + sampled ids but
   the last), so the same episode's next turn prefills only its new tokens (see hf.py).
 * `_build_cache`, `_select_rows`, `_row_kv`: a cache from kept rows (with room for the
-  new tokens and the decode steps), a cache's rows kept (finished rows leaving the batch:
-  moved in place on the CPU), one row's KV copied out.
+  new tokens and the decode steps; optionally into rows of a larger buffer), a cache's
+  rows kept (finished rows leaving the batch: holes filled from the tail in place on the
+  CPU, `_tail_fill`), one row's KV copied out.
 """
 from __future__ import annotations
 
@@ -105,16 +106,26 @@ class _KVBlock:
     def keep_rows(self, index: torch.Tensor, keep: list[int] | None, length: int) -> None:
         """Keep rows `index` (on the buffer's device; `keep`: the same on the host, or None).
 
-        On the CPU with `keep` ascending and distinct (rows leaving the batch), kept rows
-        move up in place, only their first `length` positions, in runs of rows with the
-        same shift: no new buffer (fresh pages cost page faults on a CPU) and no copy of the
-        rows before the first gap or of the spare room. Otherwise one `index_select`."""
-        in_place = (keep is not None and self.buf.device.type == "cpu"
-                    and all(a < b for a, b in zip(keep, keep[1:])))
+        On the CPU, kept rows move in place, only their first `length` positions: no new
+        buffer (fresh pages cost page faults on a CPU) and no copy of the spare room.
+        With `keep` a fill of holes from the tail (`tail_fill`: row i keeps row i or a
+        row >= len(keep)), only the rows that fill holes are copied; with `keep` ascending
+        and distinct, rows move up in runs with the same shift (no copy of the rows before
+        the first gap). Otherwise one `index_select`."""
+        on_cpu = keep is not None and self.buf.device.type == "cpu"
+        n = len(keep) if keep is not None else 0
+        if on_cpu and all(k == i or k >= n for i, k in enumerate(keep)) and len(set(keep)) == n:
+            buf = self.buf
+            for i, k in enumerate(keep):
+                if k != i:  # source rows >= n are never targets: no overlap
+                    buf[:, :, i, :, :length].copy_(buf[:, :, k, :, :length])
+            self.buf = buf[:, :, :n]
+            return
+        in_place = on_cpu and all(a < b for a, b in zip(keep, keep[1:]))
         if not in_place:
             self.buf = self.buf.index_select(2, index)
             return
-        buf, i, n = self.buf, 0, len(keep)
+        buf, i = self.buf, 0
         while i < n:
             d = keep[i] - i  # shift of the run starting at i
             j = i + 1
@@ -241,18 +252,22 @@ def _row_kv(cache: Any, j: int, positions: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _build_cache(rows: list[list[torch.Tensor] | None], kept: list[int], C: int, room: int,
-                 device: torch.device) -> Any:
+                 device: torch.device, into: torch.Tensor | None = None) -> Any:
     """A DynamicCache of growing layers, length C, holding each row's kept KV (`_row_kv`'s
     blocks) right-aligned, zeros before it, and `room` spare positions after it (for the
-    prefill's new tokens and the decode steps: no copy of the cache until the turn ends)."""
+    prefill's new tokens and the decode steps: no copy of the cache until the turn ends).
+    `into`: a (L, 2, U, KV, C + room, D) buffer (a view of a larger one) to place them in,
+    when the rows' KV is one block; else a new buffer per block."""
     from transformers import DynamicCache
 
     ref = next(r for r in rows if r is not None)
+    assert into is None or len(ref) == 1, "`into` holds one block"
     layers = []
     for bi, part in enumerate(ref):
         Lb, two, KV, _, D = part.shape
         # (L_b, 2, U, KV, C + room, D)
-        buf = torch.empty((Lb, two, len(rows), KV, C + room, D), dtype=part.dtype, device=device)
+        buf = into if into is not None else torch.empty((Lb, two, len(rows), KV, C + room, D), dtype=part.dtype,
+                                                        device=device)
         for b, (r, n) in enumerate(zip(rows, kept)):
             buf[:, :, b, :, : C - n].zero_()  # padding: masked, but 0 * garbage could be NaN
             if r is not None and n:
@@ -302,6 +317,16 @@ def _select_rows(cache: Any, idx: torch.Tensor, keep: list[int] | None = None) -
             layer.values = layer.values[idx]
         return cache
     raise TypeError(f"cannot select rows of cache type {type(cache).__name__}")
+
+
+def _tail_fill(live: list[bool]) -> list[int]:
+    """Rows kept when the rows not `live` leave: the live rows among the first n (n: how many
+    are live) stay where they are, and each hole among them takes a live row from past n,
+    in order. Batch row i then holds row `keep[i]`: on the CPU only the rows that fill holes
+    are copied (`_KVBlock.keep_rows`), not every row after the first hole."""
+    n = sum(live)
+    movers = iter(i for i in range(n, len(live)) if live[i])
+    return [i if live[i] else next(movers) for i in range(n)]
 
 
 def _prefill_groups(new: list[int], max_groups: int = 4) -> list[list[int]]:
