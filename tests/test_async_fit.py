@@ -107,19 +107,13 @@ def test_staleness_1_trains_on_the_previous_weights_samples(tiny_model_path, tmp
     history = trainer.fit(steps=4, callbacks=[keep])
     assert trainer.ahead is None and trainer.engine.model is trainer.policy.model  # as before fit
     assert [m["async/staleness_max"] for m in history] == [0.0, 1.0, 1.0, 1.0]
-    model = trainer.policy.model
     for step in (1, 2, 3):
         batch = batches[step]
         assert {ep.weight_version for ep in batch} == {step - 1}
         mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)  # (B, T)
-        lengths = [ep.num_tokens for ep in batch]
 
-        def logprobs(version):
-            trainer.policy.load_trainable_state_dict(versions[version])
-            return batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths, 2, False,
-                                  batch.loss_mask, batch.group_ids)
-
-        sampler, trained = logprobs(step - 1), logprobs(step)
+        sampler = _logprobs_with(trainer, versions[step - 1], batch)
+        trained = _logprobs_with(trainer, versions[step], batch)
         # The engine's recorded logprobs are those of the weights of step n-1, not of step n.
         assert (sampler - batch.rollout_logprobs)[mask].abs().max() < 1e-4
         assert (trained - batch.rollout_logprobs)[mask].abs().max() > 1e-3
@@ -231,19 +225,13 @@ def test_staleness_2_trains_on_weights_up_to_two_updates_old(tiny_model_path, tm
     # Step 1's batch started with the weights of step 0 (published before its update); from
     # step 2 on, each batch started while the update two steps before it ran.
     assert [{ep.weight_version for ep in batches[s]} for s in range(5)] == [{0}, {0}, {0}, {1}, {2}]
-    model = trainer.policy.model
     for step in (1, 2, 3, 4):
         batch = batches[step]
         sampled_with = step - int(history[step]["async/staleness_max"])
         mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)  # (B, T)
-        lengths = [ep.num_tokens for ep in batch]
 
-        def logprobs(version):
-            trainer.policy.load_trainable_state_dict(versions[version])
-            return batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths, 2, False,
-                                  batch.loss_mask, batch.group_ids)
-
-        sampler, trained = logprobs(sampled_with), logprobs(step)
+        sampler = _logprobs_with(trainer, versions[sampled_with], batch)
+        trained = _logprobs_with(trainer, versions[step], batch)
         # The engine's recorded logprobs are those of the weights that sampled the batch.
         assert (sampler - batch.rollout_logprobs)[mask].abs().max() < 1e-4
         if sampled_with != step:
@@ -398,6 +386,25 @@ def test_sft_warm_up_steps_come_first_and_nothing_is_sampled_ahead_for_them(tiny
     assert {ep.weight_version for ep in trainer.last_batch} == {1}
 
 
+def _weights_and_batches(tr0: Trainer) -> tuple[dict, dict, object]:
+    """{version: trainable weights} (from version 0), {step: batch} and the fit callback
+    that fills both."""
+    versions, batches = {0: tr0.policy.trainable_state_dict()}, {}
+
+    def keep(tr, metrics):
+        batches[metrics["step"]] = tr.last_batch
+        versions[tr.global_step] = tr.policy.trainable_state_dict()
+
+    return versions, batches, keep
+
+
+def _logprobs_with(trainer: Trainer, state: dict, batch) -> torch.Tensor:
+    """(B, T) logprobs of `batch`'s tokens under the trainable weights `state`."""
+    trainer.policy.load_trainable_state_dict(state)
+    return batch_logprobs(trainer.policy.model, batch.input_ids, batch.attention_mask,
+                          [ep.num_tokens for ep in batch], 2, False, batch.loss_mask, batch.group_ids)
+
+
 @pytest.mark.ray
 def test_ray_rollout_workers_sample_ahead(ray_cluster, tiny_model_path, tmp_path):
     """1 rollout worker + 1 learner: the worker samples step n+1 while the learner updates
@@ -408,13 +415,7 @@ def test_ray_rollout_workers_sample_ahead(ray_cluster, tiny_model_path, tmp_path
     cfg.ray.use_ray, cfg.ray.num_actors, cfg.ray.num_learners = True, 1, 1
     trainer = make_trainer(cfg.validate())
     try:
-        versions = {0: trainer.policy.trainable_state_dict()}
-        batches = {}
-
-        def keep(tr, metrics):
-            batches[metrics["step"]] = tr.last_batch
-            versions[tr.global_step] = tr.policy.trainable_state_dict()
-
+        versions, batches, keep = _weights_and_batches(trainer)
         history = trainer.fit(steps=3, callbacks=[keep])
         assert [m["async/staleness_max"] for m in history] == [0.0, 1.0, 1.0]
         for step in (1, 2):
@@ -422,15 +423,10 @@ def test_ray_rollout_workers_sample_ahead(ray_cluster, tiny_model_path, tmp_path
             assert {ep.weight_version for ep in batch} == {step - 1}
             assert batch.meta["weight_versions"] == [step - 1] * len(batch)
             mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)
-            lengths = [ep.num_tokens for ep in batch]
-            trainer.policy.load_trainable_state_dict(versions[step - 1])
-            sampler = batch_logprobs(trainer.policy.model, batch.input_ids, batch.attention_mask, lengths, 2,
-                                     False, batch.loss_mask, batch.group_ids)
+            sampler = _logprobs_with(trainer, versions[step - 1], batch)
             assert (sampler - batch.rollout_logprobs)[mask].abs().max() < 1e-4
             # The correction ran on the learner against the workers' logprobs (w = min(pi_old / pi_rollout, 2)).
-            trainer.policy.load_trainable_state_dict(versions[step])
-            trained = batch_logprobs(trainer.policy.model, batch.input_ids, batch.attention_mask, lengths, 2,
-                                     False, batch.loss_mask, batch.group_ids)
+            trained = _logprobs_with(trainer, versions[step], batch)
             want = torch.exp(trained - batch.rollout_logprobs).clamp(max=2.0)
             assert torch.allclose(batch.rollout_is_weights[mask], want[mask], atol=1e-4)
             assert 0.0 <= history[step]["rollout_corr/clipped_fraction"] <= 1.0
@@ -451,22 +447,14 @@ def test_ray_staleness_2_pushes_the_published_weights_when_a_batch_starts(ray_cl
     trainer = make_trainer(cfg.validate())
     wait_two_ahead["trainer"] = trainer
     try:
-        versions = {0: trainer.policy.trainable_state_dict()}
-        batches = {}
-
-        def keep(tr, metrics):
-            batches[metrics["step"]] = tr.last_batch
-            versions[tr.global_step] = tr.policy.trainable_state_dict()
-
+        versions, batches, keep = _weights_and_batches(trainer)
         history = trainer.fit(steps=4, callbacks=[keep])
         assert [m["async/staleness_max"] for m in history] == [0.0, 1.0, 2.0, 2.0]
         for step, version in ((1, 0), (2, 0), (3, 1)):
             batch = batches[step]
             assert batch.meta["weight_versions"] == [version] * len(batch)
             mask = batch.loss_mask.bool() & (batch.rollout_logprobs != 0)
-            trainer.policy.load_trainable_state_dict(versions[version])
-            sampler = batch_logprobs(trainer.policy.model, batch.input_ids, batch.attention_mask,
-                                     [ep.num_tokens for ep in batch], 2, False, batch.loss_mask, batch.group_ids)
+            sampler = _logprobs_with(trainer, versions[version], batch)
             assert (sampler - batch.rollout_logprobs)[mask].abs().max() < 1e-4
         trainer.policy.load_trainable_state_dict(versions[4])
         batch = trainer.rollout()  # after fit the workers hold the trainer's weights
