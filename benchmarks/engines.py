@@ -255,6 +255,8 @@ def _strip_option(argv: list[str], name: str) -> list[str]:
 
 
 def main() -> None:
+    from workbench.config import InferenceConfig
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--backends", default="hf,vllm")
     ap.add_argument("--modes", default="sync,async", help="sync (Rollout), async (AsyncRollout)")
@@ -265,8 +267,9 @@ def main() -> None:
     ap.add_argument("--max-context", type=int, default=2048)
     ap.add_argument("--temperature", type=float, default=1.0)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--prefix-cache-mb", type=float, default=1024.0,
-                    help="inference.prefix_cache_mb: the hf engine's kept KV of finished rows (default 1024)")
+    ap.add_argument("--prefix-cache-mb", type=float, default=InferenceConfig.prefix_cache_mb,
+                    help="inference.prefix_cache_mb: the hf engine's kept KV of finished rows "
+                         f"(default {InferenceConfig.prefix_cache_mb:g}, the config's)")
     ap.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     ap.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"],
                     help='model weights (hf) and vLLM dtype; "auto": bfloat16 on CUDA, and for hf also on CPUs '

@@ -136,10 +136,12 @@ class InferenceConfig:
     enable_prefix_caching: bool = True
     """Reuse the KV cache of shared prefixes (turn k reuses turn k-1): vLLM's prefix
     caching, and the hf engine's kept KV of finished rows."""
-    prefix_cache_mb: float = 1024.0
+    prefix_cache_mb: float = 2048.0
     """hf engine: most megabytes of finished rows' KV kept for their next turn (least
     recently used go first). SmolLM2-135M keeps about 46 KB per token in float32, 23 KB
-    in bfloat16; a lock-step rollout whose conversations outgrow it prefills the rest again."""
+    in bfloat16; a lock-step rollout whose conversations outgrow it prefills the rest again
+    (128 episodes of 4 turns reach ~1.3 GB of float32 KV by the last turn, so 1024 MB
+    evicted a third of them and that turn ran at half the speed)."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"

@@ -123,7 +123,7 @@ class HFEngine(GenerationEngine):
     name = "hf"
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 64, prefix_cache: bool = True,
-                 prefix_cache_mb: float = 1024.0, merge_lora: bool = True, compact_fraction: float | None = None,
+                 prefix_cache_mb: float = 2048.0, merge_lora: bool = True, compact_fraction: float | None = None,
                  fast_decode: bool = True):
         """`compact_fraction`: finished rows leave the batch once they are this fraction of
         it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator). `fast_decode`:
