@@ -335,12 +335,17 @@ def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:
         h, [h.evidence(ep, t) for ep, t in cut], cfg)
 
 
+def _metric_rows(h: History, key: str) -> list[tuple[Any, float, dict[str, Any]]]:
+    """(step, value, row) of every metrics row, in order, whose `key` is a finite number."""
+    return [(r.get("step"), float(r[key]), r) for r in h.metrics
+            if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+
 def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     """`actor/entropy` (recorded by the update) falling far below the first steps', while the
     task is not solved: at a step whose `env/success_rate` is at least
     `cfg.solved_success_rate` the policy converged on what wins, and a low entropy is that."""
-    rows = [(r.get("step"), float(r["actor/entropy"])) for r in h.metrics
-            if isinstance(r.get("actor/entropy"), (int, float)) and math.isfinite(r["actor/entropy"])]
+    rows = [(step, v) for step, v, _ in _metric_rows(h, "actor/entropy")]
     if len(rows) <= cfg.baseline_steps:
         return None
     ref = _mean([v for _, v in rows[:cfg.baseline_steps]])
@@ -368,8 +373,7 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
 def check_kl_spike(h: History, cfg: DoctorConfig) -> Finding | None:
     """A step whose `kl/mean` (policy vs reference) jumps far above the median of the steps
     before it; the worst such step is reported."""
-    rows = [(r.get("step"), float(r["kl/mean"])) for r in h.metrics
-            if isinstance(r.get("kl/mean"), (int, float)) and math.isfinite(r["kl/mean"])]
+    rows = [(step, v) for step, v, _ in _metric_rows(h, "kl/mean")]
     if len(rows) <= cfg.baseline_steps:
         return None
     worst = None
@@ -482,9 +486,8 @@ def check_engine_trainer_gap(h: History, cfg: DoctorConfig) -> Finding | None:
     one that sampled. Steps that trained on episodes sampled with older weights
     (`async/staleness_max` > 0, `training.max_staleness`) are left out: their gap is the
     staleness, which `off-policy-clipped` watches."""
-    rows = [(r.get("step"), float(r["actor/rollout_logprob_diff"])) for r in h.metrics
-            if isinstance(r.get("actor/rollout_logprob_diff"), (int, float))
-            and math.isfinite(r["actor/rollout_logprob_diff"]) and not r.get("async/staleness_max")]
+    rows = [(step, v) for step, v, r in _metric_rows(h, "actor/rollout_logprob_diff")
+            if not r.get("async/staleness_max")]
     if not rows:
         return None
     step, worst = max(rows, key=lambda r: r[1])
@@ -504,9 +507,7 @@ def check_off_policy_clipped(h: History, cfg: DoctorConfig) -> Finding | None:
     too far behind the trainer's (asynchronous training, `training.max_staleness`) for the
     correction to keep the update unbiased. Evidence: the step's episodes with the largest
     mean |trainer - engine| logprob gap, with their weight version."""
-    rows = [(r.get("step"), float(r["rollout_corr/clipped_fraction"]), r.get("async/staleness_max"))
-            for r in h.metrics if isinstance(r.get("rollout_corr/clipped_fraction"), (int, float))
-            and math.isfinite(r["rollout_corr/clipped_fraction"])]
+    rows = [(step, v, r.get("async/staleness_max")) for step, v, r in _metric_rows(h, "rollout_corr/clipped_fraction")]
     if not rows:
         return None
     step, worst, stale = max(rows, key=lambda r: r[1])
