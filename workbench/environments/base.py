@@ -62,7 +62,8 @@ class EnvironmentBusy(RuntimeError):
     room (the server's own words when it refused)."""
 
 
-def _as_config(config: EnvironmentConfig | Mapping[str, Any] | None) -> EnvironmentConfig:
+def as_environment_config(config: EnvironmentConfig | Mapping[str, Any] | None) -> EnvironmentConfig:
+    """`config` as an EnvironmentConfig: itself, read from a dict, or the defaults for None."""
     if config is None:
         return EnvironmentConfig()
     if isinstance(config, EnvironmentConfig):
@@ -128,7 +129,7 @@ class BaseEnvironment:
     supports_strict_format: bool = False
 
     def __init__(self, config: EnvironmentConfig | Mapping[str, Any] | None = None):
-        self.config = _as_config(config)
+        self.config = as_environment_config(config)
         self.params: dict[str, Any] = self.config.params
         self.max_steps: int = self.config.max_steps
         self.step_count: int = 0

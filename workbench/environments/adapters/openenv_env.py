@@ -58,7 +58,7 @@ from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
 from workbench.environments.adapters.openenv_capacity import ServerPlaces, capacity_limit, server_words
-from workbench.environments.base import BaseEnvironment, EnvironmentBusy, StepResult
+from workbench.environments.base import BaseEnvironment, EnvironmentBusy, StepResult, as_environment_config
 from workbench.utils.imports import import_object
 
 OBSERVATION_FIELDS = ("text", "message", "prompt", "content", "output", "observation")
@@ -187,8 +187,7 @@ class OpenEnvEnvironment(BaseEnvironment):
     """
 
     def __init__(self, target: str, config: EnvironmentConfig | Mapping[str, Any] | None = None, **params: Any):
-        cfg = EnvironmentConfig.from_dict(dict(config)) if isinstance(config, Mapping) else config
-        cfg = cfg if cfg is not None else EnvironmentConfig()
+        cfg = as_environment_config(config)
         cfg = EnvironmentConfig(**{**cfg.__dict__, "name": f"openenv:{target}",
                                    "params": {**cfg.params, **params, "target": target}})
         super().__init__(cfg)
@@ -230,7 +229,7 @@ class OpenEnvEnvironment(BaseEnvironment):
     @classmethod
     def from_config(cls, config: EnvironmentConfig | Mapping[str, Any]) -> "OpenEnvEnvironment":
         """Rebuild from a recorded config: `params["target"]` names the server or class."""
-        data = EnvironmentConfig.from_dict(dict(config)) if isinstance(config, Mapping) else config
+        data = as_environment_config(config)
         if "target" not in data.params:
             raise ValueError("OpenEnvEnvironment.from_config needs params['target']; or use "
                              "make_env('openenv:http://HOST:PORT')")

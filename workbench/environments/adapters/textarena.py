@@ -41,7 +41,7 @@ import threading
 from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.environments.base import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult, as_environment_config
 
 #: Serialises every swap of the global `random` state (environments step in threads).
 GLOBAL_RANDOM_LOCK = threading.RLock()
@@ -108,8 +108,7 @@ class TextArenaEnvironment(BaseEnvironment):
 
     def __init__(self, env_id: str, config: EnvironmentConfig | Mapping[str, Any] | None = None,
                  **game_kwargs: Any):
-        cfg = EnvironmentConfig.from_dict(dict(config)) if isinstance(config, Mapping) else config
-        cfg = cfg if cfg is not None else EnvironmentConfig()
+        cfg = as_environment_config(config)
         explicit_steps = isinstance(config, EnvironmentConfig) or (
             isinstance(config, Mapping) and "max_steps" in config)
         kwargs = {k: v for k, v in {**cfg.params, **game_kwargs}.items() if k != "env_id"}
@@ -131,7 +130,7 @@ class TextArenaEnvironment(BaseEnvironment):
     @classmethod
     def from_config(cls, config: EnvironmentConfig | Mapping[str, Any]) -> "TextArenaEnvironment":
         """Rebuild from a recorded config: `params["env_id"]` names the game."""
-        data = EnvironmentConfig.from_dict(dict(config)) if isinstance(config, Mapping) else config
+        data = as_environment_config(config)
         if "env_id" not in data.params:
             raise ValueError("TextArenaEnvironment.from_config needs params['env_id'] (e.g. "
                              "'GuessTheNumber-v0'); or use make_env('textarena:<id>')")

@@ -42,7 +42,7 @@ import re
 from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
-from workbench.environments.base import BaseEnvironment, StepResult
+from workbench.environments.base import BaseEnvironment, StepResult, as_environment_config
 from workbench.utils.imports import import_object, import_path
 
 SampleFn = Callable[[random.Random], Mapping[str, Any]]
@@ -129,7 +129,7 @@ class VerifierEnvironment(BaseEnvironment):
     @classmethod
     def from_config(cls, config: EnvironmentConfig | Mapping[str, Any]) -> "VerifierEnvironment":
         """Rebuild from a recorded config: `params["sample_fn"]` / `["score_fn"]` import paths."""
-        cfg = EnvironmentConfig.from_dict(dict(config)) if isinstance(config, Mapping) else config
+        cfg = as_environment_config(config)
         missing = [k for k in ("sample_fn", "score_fn") if not isinstance(cfg.params.get(k), str)]
         if missing:
             raise ValueError(f"VerifierEnvironment.from_config needs params {missing} as 'module:function' "
@@ -153,8 +153,7 @@ class VerifierEnvironment(BaseEnvironment):
         except ImportError as exc:
             raise ImportError("reasoning_gym:<task> needs the reasoning-gym package: pip install "
                               "reasoning-gym (tested with 0.1.25)") from exc
-        cfg = EnvironmentConfig.from_dict(dict(config)) if isinstance(config, Mapping) else (
-            config or EnvironmentConfig())
+        cfg = as_environment_config(config)
         settings = {**cfg.params, **dataset_kwargs}
         attempts = int(settings.pop("attempts", attempts))
         settings.setdefault("seed", 0)
