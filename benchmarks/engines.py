@@ -47,6 +47,8 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks._common import machine  # noqa: E402
+
 RESULTS = Path(__file__).resolve().parent / "results" / "engines.json"
 
 
@@ -219,26 +221,9 @@ def run_backend(backend: str, args) -> dict:
     return entry
 
 
-def _cpu_model() -> str:
-    """The CPU's model name (/proc/cpuinfo; platform.processor() elsewhere)."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _cpu_flags() -> list[str]:
-    """The vector-instruction flags that decide fp32/bf16 speed (avx2, avx512*, amx*), from /proc/cpuinfo."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("flags"):
-                return sorted(f for f in line.split(":", 1)[1].split() if f.startswith(("avx2", "avx512", "amx")))
-    except OSError:
-        pass
-    return []
+    """The vector-instruction flags that decide fp32/bf16 speed (avx2, avx512*, amx*)."""
+    return [f for f in machine()["flags"] if f.startswith(("avx2", "avx512", "amx"))]
 
 
 def _strip_option(argv: list[str], name: str) -> list[str]:
@@ -359,7 +344,7 @@ def main() -> None:
                      "env": "guess_number low=1 high=1000000 max_steps=turns+1", "dtype": dtype_name,
                      "device": str(device),
                      "max_context_tokens": args.max_context, "hf_prefix_cache_mb": args.prefix_cache_mb},
-        "machine": {"cpu": _cpu_model(), "cpu_flags": _cpu_flags(), "cpus": os.cpu_count(),
+        "machine": {"cpu": machine()["cpu"], "cpu_flags": _cpu_flags(), "cpus": os.cpu_count(),
                     "torch_threads": args.threads or torch.get_num_threads(),
                     "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                     # the vector ISA torch's kernels run (ATEN_CPU_CAPABILITY can lower it), and

@@ -53,6 +53,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks._common import machine  # noqa: E402
+
 from workbench.config import DTYPES, resolve_device, resolve_dtype  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -81,20 +83,10 @@ def disk_bytes(folder: Path) -> int:
 
 
 def cpu_info() -> dict[str, Any]:
-    """CPU model, logical CPUs and the bf16-related flags from /proc/cpuinfo."""
-    model, flags = platform.processor() or "unknown", []
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        if line.startswith("model name") and model in ("unknown", "", "x86_64"):
-            model = line.split(":", 1)[1].strip()
-        if line.startswith("flags"):
-            flags = line.split(":", 1)[1].split()
-            break
-    keep = [f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16")]
-    return {"model": model, "logical_cpus": os.cpu_count(), "flags": keep}
+    """CPU model, logical CPUs and the bf16-related flags (`benchmarks/_common.machine`)."""
+    m = machine()
+    keep = [f for f in m["flags"] if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16")]
+    return {"model": m["cpu"], "logical_cpus": m["cores"], "flags": keep}
 
 
 def slope_per_100(samples: list[dict[str, Any]], key: str) -> float:
