@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigStore
+from workbench.config.flags import apply_config_flags, given_config_flags
 from workbench.trajectory import Episode, TrajectoryBatch
 
 #: guess_number as `benchmarks/learning.py` trains it: binary search always wins in 4
@@ -76,8 +77,6 @@ def demo_config(args: argparse.Namespace, out: Path, remedies: bool = True) -> C
     start from it). `--SECTION.FIELD VALUE`
     flags given to `python -m workbench demo` (in `args`) are applied last, and the one
     checkpoint is written at the step the run ends on."""
-    from workbench.config.flags import apply_config_flags, given_config_flags
-
     n = counts()
     cfg = ConfigStore()
     cfg.model.model_name = args.model
