@@ -134,6 +134,8 @@ def run_mode(engine, mode: str, args, first_seed: int = 1000) -> dict:
         "final_mean_context_tokens": round(sum(ep.num_tokens for ep in batch) / len(batch), 1),
         "per_turn": per_turn,
     }
+    # the hf engine's timed decode choice (thread count, split or packed products) and step times
+    out["decode_choice"] = {k: round(v, 1) for k, v in stats1.items() if k.startswith("decode_")}
     if "cached_prompt_tokens" in stats1:
         prompt = stats1["prompt_tokens"] - stats0.get("prompt_tokens", 0)
         cached = stats1["cached_prompt_tokens"] - stats0.get("cached_prompt_tokens", 0)

@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.engines.decode_threads import MatmulHelper
+from workbench.engines.packed_matmul import PackedWeights
 
 #: Architectures whose decoder layer is LlamaDecoderLayer's math (qwen2: biased q/k/v).
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -73,10 +74,21 @@ class _Proj:
     lora_b: torch.Tensor | None = None  # (N, R)
     transposed: bool = False  # compute W @ x.T (fp32 on a CPU: see the module docstring)
 
-    def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None) -> list[torch.Tensor]:
+    def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
+                 packed: "PackedWeights | None" = None) -> list[torch.Tensor]:
         """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype. With `split`, a
         weight of at least `SPLIT_MIN_BYTES` is multiplied in two halves of its outputs at
-        once, one on the calling thread and one on the helper's (the same products)."""
+        once, one on the calling thread and one on the helper's (the same products). With
+        `packed` (fp32 on a CPU), through MKL's packed copy of the weight (packed_matmul.py)."""
+        y = packed.linear(x, self.weight, self.bias) if packed is not None and self.transposed else None
+        if y is None:  # (below the packed row minimum, or not packed)
+            y = self._product(x, split)  # (B, N)
+        if self.lora_a is not None:
+            y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
+        return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
+
+    def _product(self, x: torch.Tensor, split: "MatmulHelper | None") -> torch.Tensor:
+        """x (B, K) @ weight.T + bias -> (B, N) (a transposed view when `transposed`)."""
         N = self.weight.shape[0]
         halves = split is not None and N > 1 and self.weight.numel() * self.weight.element_size() >= SPLIT_MIN_BYTES
         if self.transposed:
@@ -100,9 +112,7 @@ class _Proj:
                           lambda: torch.addmm(b[h:], x, w[h:].t(), out=y[:, h:]))
         else:
             y = F.linear(x, self.weight, self.bias)  # (B, N)
-        if self.lora_a is not None:
-            y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
-        return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
+        return y
 
 
 @dataclass
@@ -303,8 +313,17 @@ class DecodeStep:
         return cls(body, weight, layers, body.norm.weight, body.norm.variance_epsilon, head, n_heads, n_kv,
                    head_dim, fused)
 
+    def packed_bytes(self) -> int:
+        """Bytes of the weights the step's products would pack (packed_matmul.py); 0 when
+        they can't be packed (not fp32 on a CPU)."""
+        projs = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
+        if not all(isinstance(p, _Proj) and p.transposed for p in projs):
+            return 0
+        return sum(p.weight.numel() * p.weight.element_size() for p in projs)
+
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
-                 cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None) -> torch.Tensor:
+                 cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None,
+                 packed: "PackedWeights | None" = None) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
         appends this step's keys/values to it and returns the (B, V) fp32 logits.
@@ -312,7 +331,8 @@ class DecodeStep:
         `shared_prefix`: the first this many cache positions hold the same keys and values
         in every row (a GRPO group's prompt, prefilled once). Attention then reads them
         from row 0 only, one matmul for all rows' queries, instead of once per row: the
-        fp32 conversion and the reads of the cache are most of a decode step's attention."""
+        fp32 conversion and the reads of the cache are most of a decode step's attention.
+        `split`, `packed`: how the large matmuls run (`_Proj`)."""
         B = tokens.shape[0]
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         G = H // KV
@@ -324,19 +344,19 @@ class DecodeStep:
         bias = bias.masked_fill_(attention == 0, float("-inf"))[:, None, None, :]
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
-            q, k, v = layer.qkv(x, split)
+            q, k, v = layer.qkv(x, split, packed)
             q = q.reshape(B, KV, G, D)  # (B, KV, G, D)
             k, v = k.reshape(B, KV, 1, D), v.reshape(B, KV, 1, D)  # (B, KV, 1, D)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
             out = self._attention(q.float(), keys, values, bias, shared_prefix).to(h.dtype).reshape(B, H * D)
-            h = h + layer.o(out, split)[0]
+            h = h + layer.o(out, split, packed)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
-            gate, up = layer.gate_up(x, split)
-            h = h + layer.down(F.silu(gate) * up, split)[0]
+            gate, up = layer.gate_up(x, split, packed)
+            h = h + layer.down(F.silu(gate) * up, split, packed)[0]
         h = _rms_norm(h, self.norm, self.norm_eps)
-        return self.head(h, split)[0].float()  # (B, V)
+        return self.head(h, split, packed)[0].float()  # (B, V)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
                    shared: int) -> torch.Tensor:
@@ -364,5 +384,6 @@ class _Split:
     def __init__(self, projs: list[_Proj]):
         self.projs = projs
 
-    def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None) -> list[torch.Tensor]:
-        return [p(x, split)[0] for p in self.projs]
+    def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
+                 packed: "PackedWeights | None" = None) -> list[torch.Tensor]:
+        return [p(x, split, packed)[0] for p in self.projs]

@@ -48,6 +48,8 @@ import torch
 LARGE_PREFILL = 256
 #: The decode candidate "one thread plus a `MatmulHelper`" (module docstring).
 SPLIT = "1+helper"
+#: The decode candidate "all threads, products through packed weights" (packed_matmul.py).
+PACKED = "packed"
 
 
 class MatmulHelper:
@@ -103,16 +105,20 @@ class MatmulHelper:
 class DecodeThreads:
     """Picks the decode steps' thread count by timing (module docstring)."""
 
-    def __init__(self, device: torch.device, trial_steps: int = 4, warm_up: bool = True, split: bool = False):
+    def __init__(self, device: torch.device, trial_steps: int = 4, warm_up: bool = True, split: bool = False,
+                 packed: bool = False):
         """`trial_steps`: timed steps per candidate before choosing; `warm_up`: the first
-        step at each candidate is not timed (it pays for the switch); `split`: also time
-        `SPLIT` (one thread and a `MatmulHelper`; the caller runs the helper)."""
+        step at each candidate is not timed (it pays for the switch, and `PACKED` for
+        packing); `split`: also time `SPLIT` (one thread and a `MatmulHelper`; the caller
+        runs the helper); `packed`: also time `PACKED` (the caller passes its packed weights)."""
         self.trial_steps = trial_steps
         self.warm_up = warm_up
         full = torch.get_num_threads()
         self.candidates: list[int | str] = [full, 1] if device.type == "cpu" and full > 1 else [full]
         if split and len(self.candidates) > 1:
             self.candidates.append(SPLIT)
+        if packed and device.type == "cpu":
+            self.candidates.append(PACKED)
         self.times: dict[int | str, list[float]] = {n: [] for n in self.candidates}
         self._warm: set[int | str] = set()
         self.chosen: int | str | None = self.candidates[0] if len(self.candidates) == 1 else None
@@ -139,16 +145,19 @@ class DecodeThreads:
 
     def stats(self) -> dict[str, float]:
         """`decode_threads`: the chosen OpenMP thread count (0 before choosing; 1 for
-        `SPLIT`), `decode_split_matmuls`: 1 when `SPLIT` was chosen, and the median step
-        time of each candidate."""
+        `SPLIT`), `decode_split_matmuls` / `decode_packed_matmuls`: 1 when `SPLIT` / `PACKED`
+        was chosen, and the median step time of each candidate."""
         chosen = self.chosen
-        out: dict[str, float] = {"decode_threads": float(1 if chosen == SPLIT else (chosen or 0))}
+        threads = {SPLIT: 1, PACKED: self.candidates[0], None: 0}.get(chosen, chosen)
+        out: dict[str, float] = {"decode_threads": float(threads)}
         if SPLIT in self.candidates:
             out["decode_split_matmuls"] = float(chosen == SPLIT)
+        if PACKED in self.candidates:
+            out["decode_packed_matmuls"] = float(chosen == PACKED)
+        names = {SPLIT: "decode_step_ms_1_thread_split", PACKED: "decode_step_ms_packed"}
         for n, t in self.times.items():
             if t:
-                key = "decode_step_ms_1_thread_split" if n == SPLIT else f"decode_step_ms_{n}_threads"
-                out[key] = 1000 * statistics.median(t)
+                out[names.get(n, f"decode_step_ms_{n}_threads")] = 1000 * statistics.median(t)
         return out
 
     @contextmanager
@@ -168,14 +177,15 @@ class _Stepper:
     def __init__(self, owner: DecodeThreads, current: int):
         self.owner, self.current = owner, current
         self.split = False  # this step runs `SPLIT`: the caller hands its MatmulHelper to the step
+        self.packed = False  # this step runs `PACKED`: the caller hands its packed weights to the step
 
     @contextmanager
     def step(self, work: float = 1.0) -> Iterator[None]:
         """Set the thread count for one step and time it; `work`: what the time is divided
         by before the candidates are compared (a prefill's tokens, when sizes differ)."""
         n = self.owner.next_threads()
-        self.split = n == SPLIT
-        threads = 1 if self.split else int(n)
+        self.split, self.packed = n == SPLIT, n == PACKED
+        threads = 1 if self.split else self.owner.candidates[0] if self.packed else int(n)
         if threads != self.current:
             torch.set_num_threads(threads)
             self.current = threads

@@ -107,7 +107,8 @@ import torch
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
-from workbench.engines.decode_threads import LARGE_PREFILL, SPLIT, DecodeThreads, MatmulHelper
+from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
+from workbench.engines.packed_matmul import PackedWeights, available as packed_available
 from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
                                         _prefill_groups, _assemble_groups, _select_rows,
@@ -137,6 +138,7 @@ class HFEngine(GenerationEngine):
         self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
         self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
+        self._packed: PackedWeights | None = None  # packed fp32 weights of the `PACKED` decode mode (packed_matmul.py)
         # prefill size (new tokens, a power of two; 0: over LARGE_PREFILL) -> its choice
         self._prefills: dict[int, DecodeThreads] = {}
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
@@ -175,6 +177,8 @@ class HFEngine(GenerationEngine):
             out.update(self.prefix_cache.stats())
         if self.decode_threads is not None:
             out.update(self.decode_threads.stats())
+        if self._packed is not None:
+            out.update(self._packed.stats())
         for size, chooser in self._prefills.items():
             if chooser.chosen is not None:
                 key = f"upto_{size}" if size else f"over_{LARGE_PREFILL}"
@@ -221,6 +225,8 @@ class HFEngine(GenerationEngine):
         helper, self._helper = self._helper, None
         if helper is not None:
             helper.close()
+        if self._packed is not None:
+            self._packed.clear()
         super().close()
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams,
@@ -415,9 +421,13 @@ class HFEngine(GenerationEngine):
         # the same keys in every row, and the decode step reads them once (decode_step.py).
         shared = attn_host.shape[1] if U == 1 and B > 1 else 0
         if self.decode_threads is None:
-            self.decode_threads = DecodeThreads(device, split=fast is not None)
+            # fp32 on a CPU: MKL's packed products are a candidate too (packed_matmul.py)
+            packable = fast is not None and packed_available(fast.packed_bytes()) and fast.packed_bytes() > 0
+            self.decode_threads = DecodeThreads(device, split=fast is not None, packed=packable)
             if SPLIT in self.decode_threads.candidates:
                 self._helper = MatmulHelper()
+            if PACKED in self.decode_threads.candidates:
+                self._packed = PackedWeights()
         with self.decode_threads.stepping() as stepper:  # thread count timed, then chosen (decode_threads.py)
             for step in range(params.max_tokens):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
@@ -432,7 +442,8 @@ class HFEngine(GenerationEngine):
                 with stepper.step():
                     if fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
-                        logits = fast(tokens, attention, next_pos, cache, shared, split)  # (B', V), cache grown
+                        packed = self._packed if stepper.packed else None  # products through packed weights
+                        logits = fast(tokens, attention, next_pos, cache, shared, split, packed)  # (B', V), cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)

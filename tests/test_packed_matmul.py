@@ -1,0 +1,132 @@
+"""`PackedWeights` (MKL's packed fp32 products for the decode step, packed_matmul.py):
+the products against `F.linear`, rows independent of the padding, packed again after a
+weight changes, buckets bounded; the decode step and the engine in the `PACKED` mode
+against the model's forward."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from workbench.engines import packed_matmul
+from workbench.engines.decode_step import DecodeStep
+from workbench.engines.packed_matmul import PACKED_MIN_ROWS, PackedWeights, bucket
+
+from tests.test_decode_step import _llama, _prefill, _qwen2
+
+pytestmark = pytest.mark.skipif(not packed_matmul.available(0), reason="this torch has no MKL packed GEMM")
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.allclose(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_buckets_are_powers_of_two_from_the_minimum():
+    assert [bucket(n) for n in (1, 3, 4, 5, 8, 9, 33, 64)] == [4, 4, 4, 8, 8, 16, 64, 64]
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_products_match_f_linear_and_rows_ignore_the_padding(with_bias):
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(300, 96, generator=g)  # (N, K)
+    b = torch.randn(300, generator=g) if with_bias else None
+    packed = PackedWeights()
+    for rows in range(1, 10):
+        x = torch.randn(rows, 96, generator=g)
+        y = packed.linear(x, w, b)
+        if rows < PACKED_MIN_ROWS:
+            assert y is None  # the caller runs the plain product
+            continue
+        assert y.shape == (rows, 300) and _close(y, F.linear(x, w, b))
+        # the same rows inside a full bucket of other rows: the same bits (rows are independent)
+        full = torch.randn(bucket(rows), 96, generator=g)
+        full[:rows] = x
+        assert torch.equal(packed.linear(full, w, b)[:rows], y)
+    assert packed.stats()["decode_packed_weights"] == 3  # buckets 4, 8, 16: one pack each
+
+
+def test_a_changed_or_replaced_weight_is_packed_again():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(64, 32, generator=g)
+    x = torch.randn(5, 32, generator=g)
+    packed = PackedWeights()
+    before = packed.linear(x, w, None)
+    assert torch.equal(packed.linear(x, w, None), before) and packed.packs == 1  # reused
+    with torch.no_grad():
+        w.add_(0.5)  # an optimizer step, in place
+    after = packed.linear(x, w, None)
+    assert packed.packs == 2 and _close(after, F.linear(x, w)) and not _close(after, before)
+    for _ in range(3):  # new tensors, some possibly at a freed one's address
+        del w
+        w = torch.randn(64, 32, generator=g)
+        assert _close(packed.linear(x, w, None), F.linear(x, w))
+
+
+def test_at_most_max_buckets_are_kept():
+    w = torch.randn(64, 32)
+    packed = PackedWeights(max_buckets=2)
+    for rows in (4, 8, 16, 4):
+        packed.linear(torch.randn(rows, 32), w, None)
+    assert list(packed._buckets) == [16, 4] and packed.packs == 4  # 4 was dropped, then packed again
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-biases"])
+def test_decode_step_with_packed_weights_matches_the_model(make):
+    """Five rows of different lengths (padded to a bucket of 8), three steps: the logits
+    and appended keys of the model's own forward on the same cache."""
+    model = make()
+    rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13], [7, 7], [1, 2, 3, 4]]
+    cache, mask, pos = _prefill(model, rows)
+    ref_cache = copy.deepcopy(cache)
+    step = DecodeStep.build(model)
+    assert step.packed_bytes() > 0
+    packed = PackedWeights()
+    tokens = torch.tensor([3, 17, 42, 5, 8])
+    for _ in range(3):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        with torch.no_grad():
+            ref = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos, past_key_values=ref_cache,
+                        use_cache=True).logits[:, -1]  # (B, V)
+            fast = step(tokens, mask, pos, cache, packed=packed)  # (B, V)
+        assert torch.allclose(fast, ref, atol=1e-4, rtol=0), (fast - ref).abs().max()
+        for a, b in zip(cache.layers, ref_cache.layers):
+            assert torch.allclose(a.keys, b.keys, atol=1e-4)
+        tokens, pos = ref.argmax(-1), pos + 1
+    assert packed.packs == 4 * len(step.layers) + 1  # q/k/v, o, gate/up, down per layer; the head
+
+
+def test_bf16_weights_are_not_packed():
+    assert DecodeStep.build(_llama(torch.bfloat16)).packed_bytes() == 0
+
+
+def test_engine_in_packed_mode_gives_the_model_forward_tokens(tiny_model_and_tokenizer):
+    """The engine's `PACKED` decode (chosen here) samples the ids the model's forward
+    gives, follows an in-place weight change, and says so in its stats."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.decode_threads import PACKED
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    model = copy.deepcopy(model)
+    prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128, 9, 70, 3)]
+    params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
+    engine = HFEngine(model, tok)
+    engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser
+    assert PACKED in engine.decode_threads.candidates and engine._packed is not None
+    engine.decode_threads.chosen = PACKED
+    for change in (False, True):
+        if change:
+            with torch.no_grad():  # an optimizer step, in place
+                for p in model.parameters():
+                    p.mul_(1.05)
+        fast = engine.generate_ids(prompts, params)
+        slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
+        for a, b in zip(fast, slow):
+            assert a.token_ids == b.token_ids
+            assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
+    stats = engine.stats()
+    assert stats["decode_packed_matmuls"] == 1.0 and stats["decode_threads"] == torch.get_num_threads()
+    assert stats["decode_packed_weights"] > 0
+    engine.close()
