@@ -199,16 +199,25 @@ def test_engine_gives_the_same_tokens_either_way(tiny_model_and_tokenizer):
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
 
 
-def test_engine_group_sharing_a_prompt_gives_the_same_tokens_either_way(tiny_model_and_tokenizer):
-    """A GRPO group (one prompt, 4 rows, sampled): the decode step reads the shared prompt
-    once; the ids are those of the model's forward, logprobs equal to float rounding."""
+def test_engine_group_sharing_a_prompt_gives_the_same_tokens_either_way(tiny_model_and_tokenizer, monkeypatch):
+    """A GRPO group (one prompt, 4 rows, sampled), the decode step told to read the shared
+    prompt once (the default on accelerators): the ids are those of the model's forward,
+    logprobs equal to float rounding."""
+    from workbench.engines import decode_step
     from workbench.engines.base import SamplingParams
     from workbench.engines.hf import HFEngine
 
     model, tok = tiny_model_and_tokenizer
     prompts = [list(tok("Guess the number between 1 and 100.")["input_ids"])] * 4
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
-    fast = HFEngine(model, tok, fast_decode=True).generate_ids(prompts, params)
+    engine = HFEngine(model, tok, fast_decode=True)
+    engine.share_prompt_reads = True
+    seen = []
+    call = decode_step.DecodeStep.__call__
+    monkeypatch.setattr(decode_step.DecodeStep, "__call__",
+                        lambda self, *a, **kw: seen.append(a[4]) or call(self, *a, **kw))
+    fast = engine.generate_ids(prompts, params)
+    assert seen and all(n == len(prompts[0]) for n in seen)  # every step read the prompt once
     slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
     assert len({tuple(r.token_ids) for r in fast}) > 1  # the rows diverge after the prompt
     for a, b in zip(fast, slow):

@@ -130,3 +130,33 @@ def test_engine_in_packed_mode_gives_the_model_forward_tokens(tiny_model_and_tok
     assert stats["decode_packed_matmuls"] == 1.0 and stats["decode_threads"] == torch.get_num_threads()
     assert stats["decode_packed_weights"] > 0
     engine.close()
+
+
+@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-biases"])
+def test_split_halves_packed_apart_give_the_packed_bits(monkeypatch, make):
+    """The "one thread + helper" mode with packing on: every weight's two halves of outputs
+    packed apart, one per thread; the logits and keys are the bits of the packed step."""
+    from workbench.engines import decode_step
+    from workbench.engines.decode_threads import MatmulHelper
+
+    monkeypatch.setattr(decode_step, "SPLIT_MIN_BYTES", 0)
+    model = make()
+    rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13], [7, 7], [1, 2, 3, 4]]
+    cache, mask, pos = _prefill(model, rows)
+    split_cache = copy.deepcopy(cache)
+    step = DecodeStep.build(model)
+    helper, packed = MatmulHelper(), PackedWeights()
+    tokens = torch.tensor([3, 17, 42, 5, 8])
+    try:
+        for _ in range(3):
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+            with torch.no_grad():
+                whole = step(tokens, mask, pos, cache, packed=packed)
+                halves = step(tokens, mask, pos, split_cache, split=helper, packed=packed)
+            assert torch.equal(whole, halves)
+            for a, b in zip(cache.layers, split_cache.layers):
+                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            tokens, pos = whole.argmax(-1), pos + 1
+    finally:
+        helper.close()
+    assert packed.packs == 3 * (4 * len(step.layers) + 1)  # each weight whole and in two halves

@@ -80,12 +80,31 @@ class _Proj:
         weight of at least `SPLIT_MIN_BYTES` is multiplied in two halves of its outputs at
         once, one on the calling thread and one on the helper's (the same products). With
         `packed` (fp32 on a CPU), through MKL's packed copy of the weight (packed_matmul.py)."""
-        y = packed.linear(x, self.weight, self.bias) if packed is not None and self.transposed else None
+        y = self._packed_product(x, split, packed) if packed is not None and self.transposed else None
         if y is None:  # (below the packed row minimum, or not packed)
             y = self._product(x, split)  # (B, N)
         if self.lora_a is not None:
             y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
         return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
+
+    def _packed_product(self, x: torch.Tensor, split: "MatmulHelper | None",
+                        packed: PackedWeights) -> torch.Tensor | None:
+        """x (B, K) @ weight.T + bias -> (B, N) through packed weights (with `split`, a large
+        weight's two halves of outputs packed apart, one per thread); None below the packed
+        row minimum."""
+        N = self.weight.shape[0]
+        if split is None or N < 2 or self.weight.numel() * self.weight.element_size() < SPLIT_MIN_BYTES:
+            return packed.linear(x, self.weight, self.bias)
+        xp = packed.pad(x)  # (P, K)
+        if xp is None:
+            return None
+        h, halves = N // 2, [None, None]
+
+        def half(i: int, part: tuple[int, int]) -> None:
+            halves[i] = packed.product(xp, self.weight, self.bias, part)  # (P, N_i)
+
+        split.run(lambda: half(0, (0, h)), lambda: half(1, (h, N)))
+        return torch.cat(halves, dim=1)[: x.shape[0]]  # (B, N)
 
     def _product(self, x: torch.Tensor, split: "MatmulHelper | None") -> torch.Tensor:
         """x (B, K) @ weight.T + bias -> (B, N) (a transposed view when `transposed`)."""

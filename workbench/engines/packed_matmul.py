@@ -27,6 +27,7 @@ uniform falls that close to a boundary, as between one and two threads.
 """
 from __future__ import annotations
 
+import threading
 import weakref
 from collections import OrderedDict
 
@@ -57,14 +58,20 @@ class PackedWeights:
 
     def __init__(self, max_buckets: int = MAX_BUCKETS):
         self.max_buckets = max_buckets
-        # bucket -> weight's data_ptr -> (weakref to the weight, its _version, packed copy)
-        self._buckets: OrderedDict[int, dict[int, tuple[weakref.ref, int, torch.Tensor]]] = OrderedDict()
+        # bucket -> (weight's data_ptr, output rows packed) -> (weakref to the weight, its _version, packed copy)
+        self._buckets: OrderedDict[int, dict[tuple, tuple[weakref.ref, int, torch.Tensor]]] = OrderedDict()
         self.packs = 0  # weights packed so far (stats: made again after every weight change)
+        self._lock = threading.Lock()  # the split decode step asks from two threads at once
 
     def clear(self) -> None:
-        self._buckets.clear()
+        with self._lock:
+            self._buckets.clear()
 
-    def _packed(self, weight: torch.Tensor, rows: int) -> torch.Tensor:
+    def _packed(self, weight: torch.Tensor, rows: int, part: tuple[int, int] | None) -> torch.Tensor:
+        with self._lock:
+            return self._packed_locked(weight, rows, part)
+
+    def _packed_locked(self, weight: torch.Tensor, rows: int, part: tuple[int, int] | None) -> torch.Tensor:
         packs = self._buckets.get(rows)
         if packs is None:
             packs = self._buckets[rows] = {}
@@ -72,33 +79,51 @@ class PackedWeights:
                 self._buckets.popitem(last=False)
         else:
             self._buckets.move_to_end(rows)
-        entry = packs.get(weight.data_ptr())
+        key = (weight.data_ptr(), part)
+        entry = packs.get(key)
         if entry is not None and entry[0]() is weight and entry[1] == weight._version:
             return entry[2]
         # a new or changed weight: drop entries whose weight is gone, then pack this one
-        for ptr in [p for p, (ref, _, _) in packs.items() if ref() is None]:
-            del packs[ptr]
+        for k in [k for k, (ref, _, _) in packs.items() if ref() is None]:
+            del packs[k]
         with torch.no_grad():
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.contiguous(), rows)
-        packs[weight.data_ptr()] = (weakref.ref(weight), weight._version, packed)
+            w = weight if part is None else weight[part[0]:part[1]]
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), rows)
+        packs[key] = (weakref.ref(weight), weight._version, packed)
         self.packs += 1
         return packed
+
+    def pad(self, x: torch.Tensor) -> torch.Tensor | None:
+        """x (B, K) as the (P, K) input of its bucket (zero rows after x's), or None below
+        `PACKED_MIN_ROWS` rows (the caller runs the plain product)."""
+        B, K = x.shape
+        if B < PACKED_MIN_ROWS:
+            return None
+        P = bucket(B)
+        if B == P and x.is_contiguous():
+            return x
+        xp = x.new_zeros((P, K))  # (P, K): the live rows, then zero rows
+        xp[:B] = x
+        return xp
+
+    def product(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                part: tuple[int, int] | None = None) -> torch.Tensor:
+        """xp (P, K) from `pad`, weight (N, K) contiguous fp32 -> (P, N) = xp @ weight.T + bias
+        through the packed copy for P rows; `part` (start, end): only those outputs (rows of
+        `weight` and entries of `bias`), packed apart (`decode_step`'s split halves)."""
+        P = xp.shape[0]
+        packed = self._packed(weight, P, part)
+        if part is not None:
+            weight = weight[part[0]:part[1]]
+            bias = bias[part[0]:part[1]] if bias is not None else None
+        return torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P)  # (P, N)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x (B, K) fp32, weight (N, K) contiguous fp32 -> (B, N) = x @ weight.T + bias through
         the packed copy at B's bucket (x padded with zero rows); None below `PACKED_MIN_ROWS`
         rows (the caller runs the plain product)."""
-        B, K = x.shape
-        if B < PACKED_MIN_ROWS:
-            return None
-        P = bucket(B)
-        packed = self._packed(weight, P)
-        if B == P and x.is_contiguous():
-            xp = x
-        else:
-            xp = x.new_zeros((P, K))  # (P, K): the live rows, then zero rows
-            xp[:B] = x
-        return torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P)[:B]  # (B, N)
+        xp = self.pad(x)
+        return None if xp is None else self.product(xp, weight, bias)[: x.shape[0]]  # (B, N)
 
     def stats(self) -> dict[str, float]:
         return {"decode_packed_weights": float(self.packs),
