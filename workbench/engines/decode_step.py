@@ -81,8 +81,8 @@ class _Proj:
         once, one on the calling thread and one on the helper's (the same products). With
         `packed` (fp32 on a CPU), through MKL's packed copy of the weight (packed_matmul.py)."""
         y = self._packed_product(x, split, packed) if packed is not None and self.transposed else None
-        if y is None:  # (below the packed row minimum, or not packed)
-            y = self._product(x, split)  # (B, N)
+        if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
+            y = self._product(x, split, self.transposed and packed is None)  # (B, N)
         if self.lora_a is not None:
             y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
         return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
@@ -106,11 +106,11 @@ class _Proj:
         split.run(lambda: half(0, (0, h)), lambda: half(1, (h, N)))
         return torch.cat(halves, dim=1)[: x.shape[0]]  # (B, N)
 
-    def _product(self, x: torch.Tensor, split: "MatmulHelper | None") -> torch.Tensor:
-        """x (B, K) @ weight.T + bias -> (B, N) (a transposed view when `transposed`)."""
+    def _product(self, x: torch.Tensor, split: "MatmulHelper | None", transposed: bool) -> torch.Tensor:
+        """x (B, K) @ weight.T + bias -> (B, N) (as W @ x.T, a transposed view, when `transposed`)."""
         N = self.weight.shape[0]
         halves = split is not None and N > 1 and self.weight.numel() * self.weight.element_size() >= SPLIT_MIN_BYTES
-        if self.transposed:
+        if transposed:
             if halves:
                 yt = x.new_empty((N, x.shape[0]))  # (N, B): each half a block of rows
                 h = N // 2
@@ -356,18 +356,16 @@ class DecodeStep:
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         G = H // KV
         h = F.embedding(tokens, self.embed)  # (B, E)
-        cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each, in h's dtype
-        cos, sin = cos[:, :, None, :], sin[:, :, None, :]  # (B, 1, 1, D): broadcasts over (B, heads, 1, D)
+        cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each: broadcasts over (B, heads, D)
         # (B, 1, 1, T) additive mask: 0 at real positions, -inf at padding (fp32 scores)
         bias = torch.zeros(attention.shape, dtype=torch.float32, device=h.device)
         bias = bias.masked_fill_(attention == 0, float("-inf"))[:, None, None, :]
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
             q, k, v = layer.qkv(x, split, packed)
-            q = q.reshape(B, KV, G, D)  # (B, KV, G, D)
-            k, v = k.reshape(B, KV, 1, D), v.reshape(B, KV, 1, D)  # (B, KV, 1, D)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            qk = torch.cat([q.reshape(B, H, D), k.reshape(B, KV, D)], dim=1)  # (B, H + KV, D): rotated at once
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
             out = self._attention(q.float(), keys, values, bias, shared_prefix).to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed)[0]
@@ -382,10 +380,9 @@ class DecodeStep:
         """q (B, KV, G, D) fp32, keys/values (B, KV, T, D), bias (B, 1, 1, T) -> (B, KV, G, D)
         fp32; positions < `shared` read from row 0 (see `__call__`)."""
         B, KV, G, D = q.shape
-        if not shared or B == 1:
-            scores = torch.matmul(q, keys.float().transpose(-1, -2)) * self.scaling  # (B, KV, G, T)
-            probs = torch.softmax(scores + bias, dim=-1)  # (B, KV, G, T)
-            return torch.matmul(probs, values.float())  # (B, KV, G, D)
+        if not shared or B == 1:  # one fused op: each KV head's G queries against its keys
+            return F.scaled_dot_product_attention(q, keys.float(), values.float(), attn_mask=bias,
+                                                  scale=self.scaling)  # (B, KV, G, D)
         qh = q.permute(1, 0, 2, 3).reshape(KV, B * G, D)  # every row's queries, per KV head
         head = torch.matmul(qh, keys[0, :, :shared].float().transpose(-1, -2))  # (KV, B*G, P)
         head = head.reshape(KV, B, G, shared).permute(1, 0, 2, 3)  # (B, KV, G, P)
