@@ -12,18 +12,23 @@ code over the model's own parameters (references, so an optimizer step or
   weights that are made again only when one of the source tensors changed (a LoRA
   policy's frozen base is copied once; on accelerators each runs alone, no copies);
 - the (B, T) padding mask becomes one additive (B, 1, 1, T) bias shared by every layer;
-- attention of the one new query is two batched matmuls per layer over the grouped KV
-  heads (no `repeat_kv`), with scores and softmax in fp32; a prompt every row shares (a
-  GRPO group's) is read once for all rows (`shared_prefix`);
+- q and k get their rotary embeddings in one pass (concatenated); attention of the one
+  new query is one `scaled_dot_product_attention` call per layer, each KV head's G query
+  heads as its G queries (no `repeat_kv`), in fp32; a prompt every row shares (a GRPO
+  group's) can be read once for all rows (`shared_prefix`: two matmuls for it, two for
+  the rest; the engine asks for it off the CPU only, see `HFEngine.share_prompt_reads`);
 - a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
   its adapters the way peft does (input cast to the adapters' fp32, `B(A(x)) * scale`
   added to the base output, cast back), without the module calls, the A's of a fused
   group stacked and their B's block-diagonal;
 - on a CPU, fp32 linears run as `W @ x.T` (measured on this 2-core EPYC at 8 rows: the
-  SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms);
+  SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms), or, with `packed` (the
+  engine's timed `PACKED` mode, `packed_matmul.py`), through MKL's packed copies of the
+  weights from 4 rows up and as `x @ W.T` below (on a 2-core Xeon, 2-3 rows: 25-28 vs 59 ms);
 - with a `MatmulHelper` (`split`: the engine's timed "one thread + helper" mode,
   `decode_threads.py`), large weights are multiplied in two halves of their outputs at
-  once, one per thread (`SPLIT_MIN_BYTES`); the logits are bit-identical either way.
+  once, one per thread (`SPLIT_MIN_BYTES`; with `packed`, each half packed apart); the
+  logits are bit-identical either way.
 
 The math is the model's (`modeling_llama`): RMSNorm in fp32 cast back before the weight,
 rotary embeddings from the model's own `rotary_emb`, residual adds in the model dtype,
