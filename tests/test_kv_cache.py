@@ -100,20 +100,31 @@ def test_rows_leaving_in_place_change_no_bit(tiny_model_and_tokenizer, monkeypat
     assert _stop_heavy(model, tok) == in_place
 
 
-def test_bf16_decode_over_a_widened_cache_changes_no_bit(tiny_model_path, monkeypatch):
-    """bf16: the decode step's attention read a `.float()` copy of every layer's cache per step;
-    the cache widened once per turn gives the same ids and bit-identical logprobs, and the
-    prefix cache still keeps rows in bf16."""
-    from workbench.engines import hf
+def test_bf16_decode_reads_the_bf16_cache(tiny_model_path, monkeypatch):
+    """bf16: the decode step's attention reads the cache in bf16 (as the model's own sdpa;
+    no fp32 copy of it), so the cache the prefix cache keeps rows of stays bf16; the ids
+    are those of the engine decoding with the model's forward, logprobs to bf16 rounding."""
+    from workbench.engines import decode_step, hf
     from workbench.models import load_model_and_tokenizer
 
     model, tok = load_model_and_tokenizer(str(tiny_model_path), dtype="bfloat16", device="cpu")
-    widened = _stop_heavy(model, tok)
+    seen = []
+    attention = decode_step.DecodeStep._attention
+    monkeypatch.setattr(decode_step.DecodeStep, "_attention",
+                        lambda self, q, k, *a: seen.append(k.dtype) or attention(self, q, k, *a))
     engine = hf.HFEngine(model, tok)
-    engine.generate_ids([[5, 6, 7, 8]], SamplingParams(max_tokens=4, temperature=0.0))
+    prompts = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=2)
+    fast = engine.generate_ids(prompts, params)
+    fast += engine.generate_ids([p + r.token_ids + [3] for p, r in zip(prompts, fast)], params)
+    assert seen and set(seen) == {torch.bfloat16}
     assert {t.dtype for kv, _ in engine.prefix_cache.entries.values() for t in kv} == {torch.bfloat16}
-    monkeypatch.setattr(hf, "_decode_in_fp32", lambda cache: False)
-    assert _stop_heavy(model, tok) == widened
+    slow_engine = hf.HFEngine(model, tok, fast_decode=False)
+    slow = slow_engine.generate_ids(prompts, params)
+    slow += slow_engine.generate_ids([p + r.token_ids + [3] for p, r in zip(prompts, slow)], params)
+    for a, b in zip(fast, slow):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 0.05
 
 
 def test_prefix_cache_drops_only_the_entry_a_row_extended():

@@ -11,12 +11,13 @@ code over the model's own parameters (references, so an optimizer step or
 - on a CPU, q/k/v run as one matmul and gate/up as another, over fused copies of their
   weights that are made again only when one of the source tensors changed (a LoRA
   policy's frozen base is copied once; on accelerators each runs alone, no copies);
-- the (B, T) padding mask becomes one additive (B, 1, 1, T) bias shared by every layer;
+- the (B, T) padding mask becomes one (B, 1, 1, T) mask shared by every layer;
 - q and k get their rotary embeddings in one pass (concatenated); attention of the one
-  new query is one `scaled_dot_product_attention` call per layer, each KV head's G query
-  heads as its G queries (no `repeat_kv`), in fp32; a prompt every row shares (a GRPO
-  group's) can be read once for all rows (`shared_prefix`: two matmuls for it, two for
-  the rest; the engine asks for it off the CPU only, see `HFEngine.share_prompt_reads`);
+  new query is one `scaled_dot_product_attention` call per layer in the cache's dtype
+  (bf16 as the model's own sdpa runs it, accumulating in fp32), each KV head's G query
+  heads as its G queries (no `repeat_kv`); a prompt every row shares (a GRPO group's)
+  can be read once for all rows (`shared_prefix`: two matmuls for it, two for the rest,
+  in fp32; the engine asks for it off the CPU only, see `HFEngine.share_prompt_reads`);
 - a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
   its adapters the way peft does (input cast to the adapters' fp32, `B(A(x)) * scale`
   added to the base output, cast back), without the module calls, the A's of a fused
@@ -362,9 +363,7 @@ class DecodeStep:
         G = H // KV
         h = F.embedding(tokens, self.embed)  # (B, E)
         cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each: broadcasts over (B, heads, D)
-        # (B, 1, 1, T) additive mask: 0 at real positions, -inf at padding (fp32 scores)
-        bias = torch.zeros(attention.shape, dtype=torch.float32, device=h.device)
-        bias = bias.masked_fill_(attention == 0, float("-inf"))[:, None, None, :]
+        allowed = (attention != 0)[:, None, None, :]  # (B, 1, 1, T): True at real positions
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
             q, k, v = layer.qkv(x, split, packed)
@@ -372,7 +371,7 @@ class DecodeStep:
             qk = qk * cos + _rotate_half(qk) * sin
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
-            out = self._attention(q.float(), keys, values, bias, shared_prefix).to(h.dtype).reshape(B, H * D)
+            out = self._attention(q, keys, values, allowed, shared_prefix).to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
             gate, up = layer.gate_up(x, split, packed)
@@ -380,14 +379,18 @@ class DecodeStep:
         h = _rms_norm(h, self.norm, self.norm_eps)
         return self.head(h, split, packed)[0].float()  # (B, V)
 
-    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor,
                    shared: int) -> torch.Tensor:
-        """q (B, KV, G, D) fp32, keys/values (B, KV, T, D), bias (B, 1, 1, T) -> (B, KV, G, D)
-        fp32; positions < `shared` read from row 0 (see `__call__`)."""
+        """q (B, KV, G, D), keys/values (B, KV, T, D), allowed (B, 1, 1, T) -> (B, KV, G, D).
+        One fused op in the cache's dtype (each KV head's G queries against its keys; bf16
+        as the model's own sdpa, which accumulates in fp32); with `shared`, positions below
+        it read from row 0 (see `__call__`), in fp32."""
         B, KV, G, D = q.shape
-        if not shared or B == 1:  # one fused op: each KV head's G queries against its keys
-            return F.scaled_dot_product_attention(q, keys.float(), values.float(), attn_mask=bias,
+        if not shared or B == 1:
+            return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=allowed,
                                                   scale=self.scaling)  # (B, KV, G, D)
+        q = q.float()
+        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill_(~allowed, float("-inf"))
         qh = q.permute(1, 0, 2, 3).reshape(KV, B * G, D)  # every row's queries, per KV head
         head = torch.matmul(qh, keys[0, :, :shared].float().transpose(-1, -2))  # (KV, B*G, P)
         head = head.reshape(KV, B, G, shared).permute(1, 0, 2, 3)  # (B, KV, G, P)

@@ -109,7 +109,7 @@ from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights, available as packed_available
-from workbench.engines.kv_cache import (_build_cache, _decode_in_fp32, _GrowingLayer,  # noqa: F401
+from workbench.engines.kv_cache import (_build_cache, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
                                         _prefill_groups, _assemble_groups, _select_rows,
                                         _KVBlock, _new_growing, _tail_fill)
@@ -419,8 +419,6 @@ class HFEngine(GenerationEngine):
         fast = None
         if self.fast_decode and plain and params.max_tokens > 1:
             fast = self._decode_step = DecodeStep.build(model, self._decode_step)
-        if fast is not None and device.type == "cpu":  # its attention reads fp32: widen the cache once, not per step
-            _decode_in_fp32(cache)
         path = "fast" if fast is not None else "model"
         # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
         # the same keys in every row, and the decode step can read them once (decode_step.py;

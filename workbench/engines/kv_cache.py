@@ -279,23 +279,6 @@ def _build_cache(rows: list[list[torch.Tensor] | None], kept: list[int], C: int,
     return cache
 
 
-def _decode_in_fp32(cache: Any) -> bool:
-    """Widen a growing cache's blocks to fp32 for the rest of the turn (exact: every bf16 or
-    fp16 value is an fp32 one); the decode step's attention then reads them without its
-    per-step `.float()` copy of every layer's whole cache (`decode_step.py`). Rows are
-    still kept in the model's dtype (`_row_kv`). False (nothing changed) for other caches."""
-    blocks = _blocks(cache)
-    if blocks is None:
-        return False
-    for block in blocks:
-        if block.buf.dtype in (torch.bfloat16, torch.float16):
-            block.buf = block.buf.float()
-    for layer in cache.layers:
-        layer._views()
-        layer.dtype = layer._block.buf.dtype
-    return True
-
-
 def _select_rows(cache: Any, idx: torch.Tensor, keep: list[int] | None = None) -> Any:
     """Keep only rows `idx` of a KV cache (finished rows leave the batch, or unique rows are
     expanded); `keep`: `idx` on the host, which lets a growing cache on the CPU move its
