@@ -45,6 +45,10 @@ def test_products_match_f_linear_and_rows_ignore_the_padding(with_bias):
         full[:rows] = x
         assert torch.equal(packed.linear(full, w, b)[:rows], y)
     assert packed.stats()["decode_packed_weights"] == 3  # buckets 4, 8, 16: one pack each
+    # one input buffer per padded shape, its padding rows left from earlier calls: same bits
+    assert sorted(p for p, *_ in packed._inputs) == [8, 16]  # 4 and 8 rows need no padding
+    x = torch.randn(5, 96, generator=g)
+    assert torch.equal(packed.linear(x, w, b), packed.linear(x.clone(), w, b))
 
 
 def test_a_changed_or_replaced_weight_is_packed_again():

@@ -12,9 +12,11 @@ packed copy (`torch.ops.mkl._mkl_linear`; at any other count torch runs the plai
 
 So `PackedWeights` keeps, per row bucket (the live rows rounded up to a power of two,
 at least `PACKED_MIN_ROWS`), a packed copy of each weight it is asked for, and a product
-of B rows runs at its bucket's row count with the input padded by zero rows. Rows of a
+of B rows runs at its bucket's row count with the input padded to it. Rows of a
 product are independent: a row's output does not depend on what the padding holds
-(`tests/test_packed_matmul.py`). Below `PACKED_MIN_ROWS` rows the plain product runs.
+(`tests/test_packed_matmul.py`), so one input buffer per shape is kept (zeros at first)
+and only the live rows are written into it. Below `PACKED_MIN_ROWS` rows the plain
+product runs.
 At most `MAX_BUCKETS` buckets are kept (the least recently used is dropped): each costs
 about one copy of the weights in memory (540 MB for SmolLM2 in fp32; `available` refuses
 models over `MAX_WEIGHT_BYTES`) and ~0.12 s to pack on the CPU above. A weight written
@@ -64,10 +66,14 @@ class PackedWeights:
         self._buckets: OrderedDict[int, dict[tuple, tuple[weakref.ref, int, torch.Tensor]]] = OrderedDict()
         self.packs = 0  # weights packed so far (stats: made again after every weight change)
         self._lock = threading.Lock()  # the split decode step asks from two threads at once
+        # (P, K, dtype) -> a (P, K) input buffer, zeros at first: `pad` writes the live rows
+        # into it, and rows past them keep earlier rows' finite values (rows are independent)
+        self._inputs: dict[tuple, torch.Tensor] = {}
 
     def clear(self) -> None:
         with self._lock:
             self._buckets.clear()
+            self._inputs.clear()
 
     def _packed(self, weight: torch.Tensor, rows: int, part: tuple[int, int] | None) -> torch.Tensor:
         with self._lock:
@@ -96,16 +102,20 @@ class PackedWeights:
         return packed
 
     def pad(self, x: torch.Tensor) -> torch.Tensor | None:
-        """x (B, K) as the (P, K) input of its bucket (zero rows after x's), or None below
-        `PACKED_MIN_ROWS` rows (the caller runs the plain product)."""
+        """x (B, K) as the (P, K) input of its bucket (x's rows, then padding rows: a buffer kept
+        per shape, valid until the next call), or None below `PACKED_MIN_ROWS` rows (the
+        caller runs the plain product)."""
         B, K = x.shape
         if B < PACKED_MIN_ROWS:
             return None
         P = bucket(B)
         if B == P and x.is_contiguous():
             return x
-        xp = x.new_zeros((P, K))  # (P, K): the live rows, then zero rows
-        xp[:B] = x
+        key = (P, K, x.dtype, x.device)
+        xp = self._inputs.get(key)
+        if xp is None:
+            xp = self._inputs[key] = x.new_zeros((P, K))  # (P, K)
+        xp[:B] = x  # the live rows; the rest are padding (zeros, or earlier steps' rows)
         return xp
 
     def product(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
@@ -122,7 +132,7 @@ class PackedWeights:
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x (B, K) fp32, weight (N, K) contiguous fp32 -> (B, N) = x @ weight.T + bias through
-        the packed copy at B's bucket (x padded with zero rows); None below `PACKED_MIN_ROWS`
+        the packed copy at B's bucket (x padded to it, `pad`); None below `PACKED_MIN_ROWS`
         rows (the caller runs the plain product)."""
         xp = self.pad(x)
         return None if xp is None else self.product(xp, weight, bias)[: x.shape[0]]  # (B, N)
