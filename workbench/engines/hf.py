@@ -49,13 +49,14 @@ Decoding appends each step's keys/values into preallocated room (`_GrowingLayerM
 instead of `DynamicLayer`'s `torch.cat`, which copied every layer's whole cache per step.
 All layers' keys and values live in one `kv_cache._KVBlock`; kept KV is placed into it with
 room for the prefill's new tokens and the decode steps, so a later turn's cache is written
-once (before: zeros, a copy, the prefill's `torch.cat`, a copy into room). In bf16 the
-decode step's attention reads fp32: the cache is widened once per turn (exact) instead of
-a `.float()` copy of every layer's whole cache per step.
+once (before: zeros, a copy, the prefill's `torch.cat`, a copy into room). The decode
+step's attention reads the cache in its own dtype (bf16 as the model's sdpa does), so
+nothing is widened or copied per turn or step.
 For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
 the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
-model's forward), on a thread count timed over the first steps (`decode_threads.py`):
-all threads, one, or one with the step's large matmuls split over a second thread.
+model's forward), in a mode timed over the first steps (`decode_threads.py`): all
+threads, one, one with the step's large matmuls split over a second thread, or (fp32 on
+a CPU with MKL) all threads with the products through packed weights (`packed_matmul.py`).
 
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `model_hooks._sdpa_gqa_forward` instead -- the same math, but torch's
@@ -88,6 +89,14 @@ prefilled one prompt per group; and each row's attention reads its own grown KV 
 rows x 230 positions, 0.7 GB in fp32 per decode step, memory-bound) where turn 0's rows
 read their group's shared prompt once. In fp32 a later turn costs 1.8-2x turn 0's time
 per generated token in this profile: the prefill ~0.5x, attention ~0.2-0.5x.
+Later, with packed fp32 products, SDPA attention and the shared-prompt read off on the CPU
+(torch.profiler, same episodes, 2026-11-26, load ~1, the machine slower than above that
+day; two runs): fp32 turn 0 6.8-8.8 s, of which the packed decode products 2.5-2.9 s;
+turn 2 (context 182) 10.9-11.2 s: packed products 2.6-2.7 s, attention (decode and
+prefill) 2.1 s, the observation's prefill matmuls 1.6 s (at the matmul peak: ~1500 real
+tokens for 64 rows). The prefill and the attention over the grown context are what a later turn adds;
+reading a prompt all rows share once (the first turn's, or the system prompt's in later
+turns, tried with the kept KV laid out from position 0) measured no faster on this CPU.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are
