@@ -333,19 +333,26 @@ def test_split_matmuls_give_bit_identical_logits(monkeypatch, make):
     split_cache = copy.deepcopy(cache)
     step = DecodeStep.build(model)
     helper = MatmulHelper()
-    tokens = torch.tensor([3, 17, 42])
     try:
-        for _ in range(3):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            with torch.no_grad():
-                plain = step(tokens, mask, pos, cache)
-                split = step(tokens, mask, pos, split_cache, split=helper)
-            assert torch.equal(plain, split)
-            for a, b in zip(cache.layers, split_cache.layers):
-                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-            tokens, pos = plain.argmax(-1), pos + 1
+        split_gives_the_same_bits(step, (cache, split_cache), mask, pos, torch.tensor([3, 17, 42]), helper)
     finally:
         helper.close()
+
+
+def split_gives_the_same_bits(step, caches, mask, pos, tokens, helper, packed=None, steps: int = 3) -> None:
+    """Decode `steps` tokens from two copies of one cache, the second with the large
+    matmuls split over `helper` (both through `packed`, if given): the logits and the
+    appended keys and values are the same bits."""
+    whole_cache, split_cache = caches
+    for _ in range(steps):
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        with torch.no_grad():
+            whole = step(tokens, mask, pos, whole_cache, packed=packed)
+            split = step(tokens, mask, pos, split_cache, split=helper, packed=packed)
+        assert torch.equal(whole, split)
+        for a, b in zip(whole_cache.layers, split_cache.layers):
+            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        tokens, pos = whole.argmax(-1), pos + 1
 
 
 def test_matmul_helper_hands_back_errors_and_keeps_the_thread_default():

@@ -14,7 +14,7 @@ from workbench.engines import packed_matmul
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.packed_matmul import PACKED_MIN_ROWS, PackedWeights, bucket
 
-from tests.test_decode_step import _llama, _prefill, _qwen2
+from tests.test_decode_step import _llama, _prefill, _qwen2, split_gives_the_same_bits
 
 pytestmark = pytest.mark.skipif(not packed_matmul.available(0), reason="this torch has no MKL packed GEMM")
 
@@ -150,17 +150,9 @@ def test_split_halves_packed_apart_give_the_packed_bits(monkeypatch, make):
     split_cache = copy.deepcopy(cache)
     step = DecodeStep.build(model)
     helper, packed = MatmulHelper(), PackedWeights()
-    tokens = torch.tensor([3, 17, 42, 5, 8])
     try:
-        for _ in range(3):
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
-            with torch.no_grad():
-                whole = step(tokens, mask, pos, cache, packed=packed)
-                halves = step(tokens, mask, pos, split_cache, split=helper, packed=packed)
-            assert torch.equal(whole, halves)
-            for a, b in zip(cache.layers, split_cache.layers):
-                assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
-            tokens, pos = whole.argmax(-1), pos + 1
+        split_gives_the_same_bits(step, (cache, split_cache), mask, pos, torch.tensor([3, 17, 42, 5, 8]), helper,
+                                  packed)
     finally:
         helper.close()
     assert packed.packs == 3 * (4 * len(step.layers) + 1)  # each weight whole and in two halves
