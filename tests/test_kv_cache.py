@@ -1,6 +1,6 @@
 """The hf engine's KV cache paths (kv_cache.py): one block for all layers, rows kept in
-place, kept KV placed with room for the prefill and decode steps, decoding over an fp32
-widened cache in bf16, and the prefix cache superseding only the entry a row extended."""
+place, kept KV placed with room for the prefill and decode steps, bf16 decoding over the
+bf16 cache, and the prefix cache superseding only the entry a row extended."""
 from __future__ import annotations
 
 import pytest
