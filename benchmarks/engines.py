@@ -21,7 +21,8 @@ turns/s; per turn index (sync): seconds, generated tokens, mean context length
 hf; vLLM import + engine start + first weight sync for vllm); the engine's prefix
 cache hit rate (vllm). Per turn (sync) also `seconds_per_token_vs_turn_0`: a later
 turn's seconds per generated token over turn 0's (1.0: as fast per token as the first).
-Results go to `benchmarks/results/engines.json`. The last line
+`decode_choice`: the hf engine's timed decode mode and each candidate's step time
+(`HFEngine.stats()`'s `decode_*` entries). Results go to `benchmarks/results/engines.json`. The last line
 is the headline: generated tokens/s of vllm over hf, both in the lock-step
 `Rollout` ("HF batched"): `vllm vs hf: N.Nx`.
 
