@@ -364,6 +364,10 @@ class DecodeStep:
         h = F.embedding(tokens, self.embed)  # (B, E)
         cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each: broadcasts over (B, heads, D)
         allowed = (attention != 0)[:, None, None, :]  # (B, 1, 1, T): True at real positions
+        bias = None  # the shared read's fp32 scores take an additive (B, 1, 1, T) mask, made once per step
+        if shared_prefix and B > 1:
+            bias = torch.zeros(allowed.shape, dtype=torch.float32, device=h.device).masked_fill_(~allowed,
+                                                                                                 float("-inf"))
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
             q, k, v = layer.qkv(x, split, packed)
@@ -371,7 +375,8 @@ class DecodeStep:
             qk = qk * cos + _rotate_half(qk) * sin
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
-            out = self._attention(q, keys, values, allowed, shared_prefix).to(h.dtype).reshape(B, H * D)
+            out = self._attention(q, keys, values, allowed if bias is None else bias, shared_prefix)
+            out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
             gate, up = layer.gate_up(x, split, packed)
@@ -379,18 +384,18 @@ class DecodeStep:
         h = _rms_norm(h, self.norm, self.norm_eps)
         return self.head(h, split, packed)[0].float()  # (B, V)
 
-    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, allowed: torch.Tensor,
+    def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                    shared: int) -> torch.Tensor:
-        """q (B, KV, G, D), keys/values (B, KV, T, D), allowed (B, 1, 1, T) -> (B, KV, G, D).
-        One fused op in the cache's dtype (each KV head's G queries against its keys; bf16
-        as the model's own sdpa, which accumulates in fp32); with `shared`, positions below
-        it read from row 0 (see `__call__`), in fp32."""
+        """q (B, KV, G, D), keys/values (B, KV, T, D) -> (B, KV, G, D). Without `shared`: one
+        fused op in the cache's dtype (each KV head's G queries against its keys; bf16 as the
+        model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) True at real
+        positions. With `shared` (and B > 1): positions below it read from row 0 (see
+        `__call__`), in fp32, `mask` the (B, 1, 1, T) additive fp32 one."""
         B, KV, G, D = q.shape
         if not shared or B == 1:
-            return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=allowed,
+            return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
                                                   scale=self.scaling)  # (B, KV, G, D)
-        q = q.float()
-        bias = torch.zeros(allowed.shape, dtype=torch.float32, device=q.device).masked_fill_(~allowed, float("-inf"))
+        q, bias = q.float(), mask
         qh = q.permute(1, 0, 2, 3).reshape(KV, B * G, D)  # every row's queries, per KV head
         head = torch.matmul(qh, keys[0, :, :shared].float().transpose(-1, -2))  # (KV, B*G, P)
         head = head.reshape(KV, B, G, shared).permute(1, 0, 2, 3)  # (B, KV, G, P)

@@ -436,7 +436,8 @@ class HFEngine(GenerationEngine):
         shared = attn_host.shape[1] if share and U == 1 and B > 1 else 0
         if self.decode_threads is None:
             # fp32 on a CPU: MKL's packed products are a candidate too (packed_matmul.py)
-            packable = fast is not None and packed_available(fast.packed_bytes()) and fast.packed_bytes() > 0
+            packed_bytes = fast.packed_bytes() if fast is not None else 0
+            packable = packed_bytes > 0 and packed_available(packed_bytes)
             self.decode_threads = DecodeThreads(device, split=fast is not None, packed=packable)
             if SPLIT in self.decode_threads.candidates:
                 self._helper = MatmulHelper()

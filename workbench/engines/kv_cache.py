@@ -101,7 +101,6 @@ class _KVBlock:
     def __init__(self, buf: torch.Tensor, layers: int):
         self.buf = buf  # (L, 2, B, KV, cap, D)
         self.layers = layers
-        self.dtype = buf.dtype  # the model's: what rows are kept in (`_row_kv`), even while decoding in fp32
 
     def keep_rows(self, index: torch.Tensor, keep: list[int] | None, length: int) -> None:
         """Keep rows `index` (on the buffer's device; `keep`: the same on the host, or None).
@@ -167,9 +166,7 @@ class _GrowingLayerMixin:
             buf = self._kbuf.new_empty((1, 2, *self._kbuf.shape[:2], cap, self._kbuf.shape[-1]))
             buf[0, 0, :, :, : self._length] = self.keys
             buf[0, 1, :, :, : self._length] = self.values
-            dtype = self._block.dtype
             self._block, self._index = _KVBlock(buf, 1), 0
-            self._block.dtype = dtype
             self._views()
         self._kbuf[:, :, self._length : self._length + n] = key_states
         self._vbuf[:, :, self._length : self._length + n] = value_states
@@ -246,7 +243,7 @@ def _row_kv(cache: Any, j: int, positions: torch.Tensor) -> list[torch.Tensor]:
     of a growing cache (per layer (1, 2, KV, n, D) for a plain one)."""
     blocks = _blocks(cache)
     if blocks is not None and sum(b.layers for b in blocks) == len(cache.layers):
-        return [b.buf[:, :, j].index_select(3, positions).to(b.dtype) for b in blocks]
+        return [b.buf[:, :, j].index_select(3, positions) for b in blocks]
     return [torch.stack([layer.keys[j].index_select(1, positions), layer.values[j].index_select(1, positions)])[None]
             for layer in cache.layers]
 
@@ -377,7 +374,6 @@ def _assemble_groups(parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Te
             buf[:, :, :, :, : W - w].index_fill_(2, d, 0)  # padding: masked, but 0 * garbage could be NaN
             buf[:, :, :, :, W - w : W].index_copy_(2, d, blocks[bi].buf[:, :, :, :, :w].index_select(2, s))
         block = _KVBlock(buf, Lb)
-        block.dtype = ref.dtype
         layers += [_new_growing(block, li, W) for li in range(Lb)]
     cache = DynamicCache()
     cache.layers = layers

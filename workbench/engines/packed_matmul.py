@@ -66,7 +66,7 @@ class PackedWeights:
         self._buckets: OrderedDict[int, dict[tuple, tuple[weakref.ref, int, torch.Tensor]]] = OrderedDict()
         self.packs = 0  # weights packed so far (stats: made again after every weight change)
         self._lock = threading.Lock()  # the split decode step asks from two threads at once
-        # (P, K, dtype) -> a (P, K) input buffer, zeros at first: `pad` writes the live rows
+        # (P, K, dtype, device) -> a (P, K) input buffer, zeros at first: `pad` writes the live rows
         # into it, and rows past them keep earlier rows' finite values (rows are independent)
         self._inputs: dict[tuple, torch.Tensor] = {}
 
