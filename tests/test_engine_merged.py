@@ -111,3 +111,43 @@ def test_frozen_weight_writes_and_adapter_switches_reach_the_copy_and_the_prefix
         ref = _policy_logprobs(model, longer, result.token_ids)  # the base model's logprobs
     assert engine.stats()["prefix_cache_hits"] == hits  # kept KV came from other weights: not used
     assert (torch.tensor(result.logprobs) - ref).abs().max().item() < 1e-4
+
+
+def test_in_place_refresh_writes_what_the_generic_merge_gives(tiny_model_path):
+    """`refresh` writes LoRA layers as one addmm and other tensors only when they changed:
+    after adapter updates, a frozen write and adapters switched off and on, every tensor of
+    the copy equals `hf_weight_items`' merge (float rounding), and an untouched tensor is
+    not written again."""
+    from workbench.engines.weights import hf_weight_items
+
+    model, _ = _lora_model(tiny_model_path)
+    merged = merged_copy(model)
+    copy = merged.model.state_dict()
+
+    def assert_matches() -> None:
+        merged.refresh()
+        ref = dict(hf_weight_items(model))
+        assert set(ref) == set(copy)
+        for name, tensor in ref.items():
+            assert torch.allclose(copy[name], tensor, rtol=0, atol=1e-6), name
+
+    lora_b = [p for n, p in model.named_parameters() if "lora_B" in n]
+    embed = model.get_input_embeddings().weight
+    with torch.no_grad():
+        for p in lora_b:
+            p.add_(0.1)  # an optimizer step on the adapters
+    embed_version = embed._version
+    copy_embed = copy[next(n for n in copy if "embed_tokens" in n)]
+    written = copy_embed._version
+    assert_matches()
+    assert embed._version == embed_version and copy_embed._version == written  # frozen: not copied again
+    with torch.no_grad():
+        embed.mul_(1.01)  # a frozen tensor written in place: copied
+    assert_matches()
+    assert copy_embed._version > written
+    with model.disable_adapter():  # the base weights (the generic merge's path)
+        assert_matches()
+        q = next(n for n in copy if n.endswith("q_proj.weight"))
+        base = dict(model.named_parameters())[f"base_model.model.{q.replace('q_proj.', 'q_proj.base_layer.')}"]
+        assert torch.equal(copy[q], base)
+    assert_matches()  # adapters back on: merged again
