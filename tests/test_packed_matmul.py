@@ -76,6 +76,36 @@ def test_at_most_max_buckets_are_kept():
     assert list(packed._buckets) == [16, 4] and packed.packs == 4  # 4 was dropped, then packed again
 
 
+def test_after_a_weight_change_a_step_runs_one_bucket_up_instead_of_packing():
+    """New weights (a training step): 8-row steps pack bucket 8; 4-row steps then run in it
+    (padded, nothing packed) for `REUSE_STEPS` steps, then bucket 4 is packed. Before any
+    change (inference), every step runs in its own bucket."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(64, 32, generator=g)
+    x8, x4 = torch.randn(8, 32, generator=g), torch.randn(4, 32, generator=g)
+    packed = PackedWeights()
+    packed.begin_step(4)
+    packed.linear(x4, w, None)
+    assert list(packed._buckets) == [4] and packed.packs == 1  # no change yet: its own bucket
+    packed.weights_changed()
+    with torch.no_grad():
+        w.add_(0.25)  # what the change was
+    packed.begin_step(8)
+    packed.linear(x8, w, None)
+    assert packed.packs == 2
+    for _ in range(packed_matmul.REUSE_STEPS):
+        packed.begin_step(4)
+        y = packed.linear(x4, w, None)
+        assert packed.packs == 2 and y.shape == (4, 64) and _close(y, F.linear(x4, w))
+    full = torch.cat([x4, x8[4:]])  # the same rows in a full 8-row product: the same bits
+    assert torch.equal(y, packed.product(full, w, None)[:4])
+    packed.begin_step(4)
+    assert _close(packed.linear(x4, w, None), F.linear(x4, w))
+    assert packed.packs == 3 and list(packed._buckets)[-1] == 4  # reused long enough: packed its own
+    packed.begin_step(2)
+    assert packed.linear(x4[:2], w, None) is None  # below the minimum: the plain product
+
+
 @pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-biases"])
 def test_decode_step_with_packed_weights_matches_the_model(make):
     """Five rows of different lengths (padded to a bucket of 8), three steps: the logits

@@ -251,8 +251,11 @@ class HFEngine(GenerationEngine):
             if not p:
                 raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
         key = weights_state_key(self.model)  # changes with the weights or the adapters' on/off state
-        if self.prefix_cache is not None and key != self._weights_key:  # new weights: kept KV is stale
-            self.prefix_cache.clear()
+        if key != self._weights_key:
+            if self.prefix_cache is not None:  # new weights: kept KV is stale
+                self.prefix_cache.clear()
+            if self._packed is not None:  # packed copies are stale: buckets may be shared (packed_matmul.py)
+                self._packed.weights_changed()
         self._weights_key = key
         model = self._merged.refresh(key) if self._merged is not None else self.model  # (merged copy: merged.py)
         # Chunks by the tokens each prompt has to prefill (its length less what the prefix
@@ -459,6 +462,8 @@ class HFEngine(GenerationEngine):
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
                         # products through packed weights (both halves of split ones, when packing is on)
                         packed = self._packed if stepper.packed or stepper.split else None
+                        if packed is not None:
+                            packed.begin_step(len(tokens))
                         logits = fast(tokens, attention, next_pos, cache, shared, split, packed)  # (B', V), cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
