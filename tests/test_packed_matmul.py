@@ -76,32 +76,61 @@ def test_at_most_max_buckets_are_kept():
     assert list(packed._buckets) == [16, 4] and packed.packs == 4  # 4 was dropped, then packed again
 
 
-def test_after_a_weight_change_a_step_runs_one_bucket_up_instead_of_packing():
+def _steps(packed: PackedWeights, x: torch.Tensor, w: torch.Tensor, n: int = 1) -> torch.Tensor:
+    for _ in range(n):
+        packed.begin_step(x.shape[0])
+        y = packed.linear(x, w, None)
+    return y
+
+
+def test_steps_and_packs_are_timed_by_bucket():
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(256, 64, generator=g)
+    packed = PackedWeights()
+    _steps(packed, torch.randn(8, 64, generator=g), w, 3)
+    _steps(packed, torch.randn(4, 64, generator=g), w, 3)
+    packed.weights_changed()
+    assert set(packed.product_seconds) == {4, 8} and all(t > 0 for t in packed.product_seconds.values())
+    assert set(packed.pack_seconds) == {4, 8} and all(t > 0 for t in packed.pack_seconds.values())
+
+
+def test_after_a_weight_change_a_step_runs_one_bucket_up_while_that_costs_less_than_a_pack():
     """New weights (a training step): 8-row steps pack bucket 8; 4-row steps then run in it
-    (padded, nothing packed) for `REUSE_STEPS` steps, then bucket 4 is packed. Before any
-    change (inference), every step runs in its own bucket."""
+    (padded, nothing packed) while steps x (bucket 8's product time - bucket 4's) stays
+    below bucket 4's pack time, then bucket 4 is packed. Before any change (inference),
+    and before both buckets were timed, every step runs in its own bucket."""
     g = torch.Generator().manual_seed(3)
     w = torch.randn(64, 32, generator=g)
     x8, x4 = torch.randn(8, 32, generator=g), torch.randn(4, 32, generator=g)
     packed = PackedWeights()
-    packed.begin_step(4)
-    packed.linear(x4, w, None)
+    _steps(packed, x4, w)
     assert list(packed._buckets) == [4] and packed.packs == 1  # no change yet: its own bucket
     packed.weights_changed()
     with torch.no_grad():
         w.add_(0.25)  # what the change was
-    packed.begin_step(8)
-    packed.linear(x8, w, None)
-    assert packed.packs == 2
-    for _ in range(packed_matmul.REUSE_STEPS):
-        packed.begin_step(4)
-        y = packed.linear(x4, w, None)
-        assert packed.packs == 2 and y.shape == (4, 64) and _close(y, F.linear(x4, w))
+    _steps(packed, x8, w)
+    _steps(packed, x4, w)
+    assert packed.packs == 3  # bucket 8 was never timed: bucket 4 packed again
+    packed.weights_changed()
+    with torch.no_grad():
+        w.add_(0.25)
+    _steps(packed, x8, w, 2)  # packs bucket 8 (the first step), then times it
+    assert packed.packs == 4
+
+    def fixed_timings() -> None:  # 2 ms more per step in bucket 8; a pack of bucket 4 costs ~10 steps
+        packed._end_step()  # the last step's timing, recorded now rather than at the next step
+        packed.product_seconds.update({4: 0.010, 8: 0.012})
+        packed.pack_seconds[4] = 0.0205
+
+    for _ in range(10):
+        fixed_timings()
+        y = _steps(packed, x4, w)
+        assert packed.packs == 4 and y.shape == (4, 64) and _close(y, F.linear(x4, w))
     full = torch.cat([x4, x8[4:]])  # the same rows in a full 8-row product: the same bits
     assert torch.equal(y, packed.product(full, w, None)[:4])
-    packed.begin_step(4)
-    assert _close(packed.linear(x4, w, None), F.linear(x4, w))
-    assert packed.packs == 3 and list(packed._buckets)[-1] == 4  # reused long enough: packed its own
+    fixed_timings()
+    assert _close(_steps(packed, x4, w), F.linear(x4, w))
+    assert packed.packs == 5 and list(packed._buckets)[-1] == 4  # the eleventh would cost more: packed
     packed.begin_step(2)
     assert packed.linear(x4[:2], w, None) is None  # below the minimum: the plain product
 

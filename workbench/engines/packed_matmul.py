@@ -23,11 +23,15 @@ models over `MAX_WEIGHT_BYTES`) and ~0.12 s to pack on the CPU above. A weight w
 in place (an optimizer step, a LoRA copy merged again) or replaced is packed again.
 
 A policy in training changes its weights before every call, so every bucket a call uses
-is packed again (SmolLM2: ~0.3 s per bucket in the engine; a GRPO rollout of 8 rows x 64
-tokens used buckets 8 and 4, 0.65 s of its ~5 s). After `weights_changed()`, a product
-whose bucket was not packed since, while the next bucket up was, runs in that one instead
-(rows padded to it: at 4 rows 34.6 vs 38.7 ms of matmuls per step on the Xeon below), for
-at most `REUSE_STEPS` steps per call; past that the bucket is packed as before.
+is packed again. After `weights_changed()`, a step whose bucket was not packed since,
+while the next bucket up was, may run in that one instead (its rows padded to it), as
+long as the time this costs stays below what packing its own bucket cost: steps so far x
+(a step's products in the bigger bucket - in its own) < the last pack of its own, all
+three timed here (`product_seconds`: products per step by bucket, from steps that packed
+nothing; `pack_seconds`: each bucket's last pack). Until both buckets were timed, it
+packs. In `benchmarks/update.py`'s GRPO steps (8 rows, SmolLM2 fp32, the CPU above, passive waits):
+products per step 43 ms in bucket 8 and 35 ms in bucket 4, a pack of bucket 4 0.12 s, so
+up to ~15 four-row steps per rollout run in bucket 8; packs per 8 calls 1744 -> 1264.
 
 The engine times this mode against its thread-count candidates (`decode_threads.PACKED`)
 and keeps it only where it is faster. A packed product rounds differently from the plain
@@ -37,6 +41,7 @@ uniform falls that close to a boundary, as between one and two threads.
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections import OrderedDict
 
@@ -50,10 +55,6 @@ PACKED_MIN_ROWS = 4
 MAX_BUCKETS = 2
 #: Models whose decode weights are larger than this are not packed (MAX_BUCKETS copies).
 MAX_WEIGHT_BYTES = 1 << 30
-#: After the weights changed, steps a bucket's products may run in the next bucket up
-#: (packed since) instead of packing their own: one pack (~0.3 s for SmolLM2) against
-#: ~4 ms more per step at 4 rows, so packing wins only past ~80 steps.
-REUSE_STEPS = 64
 
 
 def available(weight_bytes: int) -> bool:
@@ -86,29 +87,50 @@ class PackedWeights:
         self._used_at: dict[int, int] = {}
         self._reused = 0
         self._step: tuple[int, int] | None = None  # (rows, bucket) of the step `begin_step` chose for
+        # timings (module docstring): seconds of a step's products by bucket (from steps that packed
+        # nothing), of each bucket's last full pack, and of this generation's packs so far
+        self.product_seconds: dict[int, float] = {}
+        self.pack_seconds: dict[int, float] = {}
+        self._packing: dict[int, float] = {}
+        self._step_products = 0.0  # this step's product seconds so far
+        self._step_packs = 0  # `packs` when the step began
 
     def weights_changed(self) -> None:
         """The weights are new (the engine's next call after an optimizer step): until a
         bucket is packed again, its products may run one bucket up (module docstring)."""
+        self._end_step()
+        self.pack_seconds.update(self._packing)
+        self._packing = {}
         self._generation = (self._generation or 0) + 1
         self._reused = 0
 
     def begin_step(self, rows: int) -> None:
         """A decode step of `rows` rows starts: choose the bucket its products run in, its
-        own, or after `weights_changed()` the next one up when only that one was used
-        (packed) since, for at most `REUSE_STEPS` steps per change."""
+        own, or after `weights_changed()` the next one up when only that one was packed
+        since and running there has cost less than packing its own (module docstring)."""
+        self._end_step()
         if rows < PACKED_MIN_ROWS:  # the plain product: no bucket
             self._step = None
             return
         P, gen = bucket(rows), self._generation
-        if gen is not None and self._used_at.get(P) != gen and self._used_at.get(2 * P) == gen \
-                and self._reused < REUSE_STEPS:
-            self._reused += 1
-            self._step = (rows, 2 * P)
-            return
+        if gen is not None and self._used_at.get(P) != gen and self._used_at.get(2 * P) == gen:
+            own, up, pack = self.product_seconds.get(P), self.product_seconds.get(2 * P), self.pack_seconds.get(P)
+            if own is not None and up is not None and pack is not None and (self._reused + 1) * (up - own) < pack:
+                self._reused += 1
+                self._step = (rows, 2 * P)
+                return
         if gen is not None:
             self._used_at[P] = gen
         self._step = (rows, P)
+
+    def _end_step(self) -> None:
+        """Record the last step's product seconds under its bucket if it packed nothing."""
+        if self._step is not None and self._step_products > 0 and self.packs == self._step_packs:
+            P = self._step[1]
+            last = self.product_seconds.get(P)
+            # a running mean of recent steps: one slow step (a busy machine) moves it a quarter
+            self.product_seconds[P] = self._step_products if last is None else 0.75 * last + 0.25 * self._step_products
+        self._step, self._step_products, self._step_packs = None, 0.0, self.packs
 
     def clear(self) -> None:
         with self._lock:
@@ -134,11 +156,13 @@ class PackedWeights:
         # a new or changed weight: drop entries whose weight is gone, then pack this one
         for k in [k for k, (ref, _, _) in packs.items() if ref() is None]:
             del packs[k]
+        start = time.perf_counter()
         with torch.no_grad():
             w = weight if part is None else weight[part[0]:part[1]]
             packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), rows)
         packs[key] = (weakref.ref(weight), weight._version, packed)
         self.packs += 1
+        self._packing[rows] = self._packing.get(rows, 0.0) + time.perf_counter() - start
         return packed
 
     def pad(self, x: torch.Tensor) -> torch.Tensor | None:
@@ -165,10 +189,13 @@ class PackedWeights:
         `weight` and entries of `bias`), packed apart (`decode_step`'s split halves)."""
         P = xp.shape[0]
         packed = self._packed(weight, P, part)
-        if part is not None:
-            weight = weight[part[0]:part[1]]
-            bias = bias[part[0]:part[1]] if bias is not None else None
-        return torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P)  # (P, N)
+        if part is not None:  # a split half, run beside the other: not timed
+            return torch.ops.mkl._mkl_linear(xp, packed, weight[part[0]:part[1]],
+                                             bias[part[0]:part[1]] if bias is not None else None, P)  # (P, N_i)
+        start = time.perf_counter()
+        out = torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P)  # (P, N)
+        self._step_products += time.perf_counter() - start
+        return out
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x (B, K) fp32, weight (N, K) contiguous fp32 -> (B, N) = x @ weight.T + bias through
