@@ -228,3 +228,39 @@ def test_holes_filled_from_the_tail_and_groups_in_one_buffer_change_no_bit(tiny_
     monkeypatch.setattr(hf, "_tail_fill", lambda live: [i for i, x in enumerate(live) if x])
     monkeypatch.setattr(hf.HFEngine, "_prefill_into_one", lambda self, *a: None)
     assert _grouped_turns(model, tok) == new
+
+
+def _thp_setting() -> str | None:
+    """The kernel's transparent-huge-page mode ("always", "madvise", "never"), None off Linux."""
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    return text[text.index("[") + 1 : text.index("]")]
+
+
+def _huge_kib_under(t: torch.Tensor) -> int:
+    """AnonHugePages (KiB) of the mappings overlapping `t`'s bytes (/proc/self/smaps; the
+    advice splits a mapping at the 2 MiB boundaries)."""
+    start = t.data_ptr()
+    end, total, inside = start + t.numel() * t.element_size(), 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()[0]
+        if "-" in head and ":" not in head:  # a mapping's first line: "start-end perms ..."
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo < end and start < hi
+        elif inside and head == "AnonHugePages:":
+            total += int(line.split()[1])
+    return total
+
+
+@pytest.mark.skipif(_thp_setting() not in ("always", "madvise"), reason="no transparent huge pages here")
+def test_cache_buffers_sit_on_huge_pages():
+    """A KV buffer asks for huge pages before it is written (kv_cache.py's docstring: the
+    decode steps' writes into fresh room faulted in a 4 KiB page at a time)."""
+    from workbench.engines.kv_cache import _advise_huge_pages, _kv_buffer
+
+    buf = _kv_buffer((30, 2, 64, 3, 64, 64), torch.float32, torch.device("cpu"))  # 180 MiB, untouched
+    buf[:, :, :, :, 0].fill_(1.0)  # one position of every row and head, as a decode step writes
+    assert _huge_kib_under(buf) >= 64 * 1024  # mostly huge pages (4 KiB pages: 0 here)
+    assert not _advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page under it: nothing advised

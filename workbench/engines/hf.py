@@ -121,7 +121,7 @@ from workbench.engines.packed_matmul import PackedWeights, available as packed_a
 from workbench.engines.kv_cache import (_build_cache, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
                                         _prefill_groups, _assemble_groups, _select_rows,
-                                        _KVBlock, _new_growing, _tail_fill)
+                                        _KVBlock, _kv_buffer, _new_growing, _tail_fill)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
@@ -351,7 +351,7 @@ class HFEngine(GenerationEngine):
         kept = [n for n, _ in hits]
         width = [max(kept[u] for u in g) + max(len(uprompts[u]) - kept[u] for u in g) for g in groups]
         W = max(width)
-        buf = torch.empty((Lb, two, len(uprompts), KV, W + room, D), dtype=ref[0].dtype, device=self.device)
+        buf = _kv_buffer((Lb, two, len(uprompts), KV, W + room, D), ref[0].dtype, self.device)
         logits, next_pos, masks, r0 = [], [], [], 0
         for g, w in zip(groups, width):
             rows = slice(r0, r0 + len(g))

@@ -9,14 +9,55 @@
   new tokens and the decode steps; optionally into rows of a larger buffer), a cache's
   rows kept (finished rows leaving the batch: holes filled from the tail in place on the
   CPU, `_tail_fill`), one row's KV copied out.
+* `_kv_buffer`: a cache buffer; on a Linux CPU its memory asks for transparent huge
+  pages before anything is written (`madvise(MADV_HUGEPAGE)`). A decode step writes one
+  position of every row and KV head into room no one touched yet, so with 4 KiB pages
+  every 16 steps each (row, head) faulted in a fresh page: at 64 rows SmolLM2's 30
+  layers took ~720 page faults per step. Measured on a 2-core Xeon VM (fp32, 64 rows x
+  175 positions, 2026-11-26): the cache writes 8.4-10.6 -> 1.8 ms per step, the step 176-184
+  -> 168 ms; at 8 rows no change. Where the kernel's THP setting is "never", or off
+  Linux, the advice is not given (or ignored) and nothing else changes.
 """
 from __future__ import annotations
 
+import ctypes
+import sys
 import threading
 from collections import OrderedDict
 from typing import Any
 
 import torch
+
+_MADV_HUGEPAGE = 14  # <linux/mman.h>
+_HUGE_PAGE = 2 << 20  # x86-64 and arm64 (4 KiB base pages): the transparent huge page size
+_libc: Any = None  # loaded on first use, False where unavailable
+
+
+def _advise_huge_pages(t: torch.Tensor) -> bool:
+    """Ask the kernel for transparent huge pages under `t`'s whole 2 MiB-aligned pages
+    (call before writing it); True when advised. Linux CPU tensors only."""
+    global _libc
+    if t.device.type != "cpu" or not sys.platform.startswith("linux"):
+        return False
+    if _libc is None:
+        try:
+            _libc = ctypes.CDLL(None, use_errno=True)
+            _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        except (OSError, AttributeError):
+            _libc = False
+    if not _libc:
+        return False
+    start = t.data_ptr()
+    lo = -(-start // _HUGE_PAGE) * _HUGE_PAGE
+    hi = (start + t.numel() * t.element_size()) // _HUGE_PAGE * _HUGE_PAGE
+    return hi > lo and _libc.madvise(lo, hi - lo, _MADV_HUGEPAGE) == 0
+
+
+def _kv_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised cache buffer, huge pages asked for on a Linux CPU (module docstring)."""
+    buf = torch.empty(shape, dtype=dtype, device=device)
+    _advise_huge_pages(buf)
+    return buf
 
 
 class _PrefixCache:
@@ -163,7 +204,8 @@ class _GrowingLayerMixin:
         n = key_states.shape[-2]
         if self._length + n > self._kbuf.shape[-2]:  # room used up: a block of its own, twice the size
             cap = self._kbuf.shape[-2] + max(n, self._kbuf.shape[-2])
-            buf = self._kbuf.new_empty((1, 2, *self._kbuf.shape[:2], cap, self._kbuf.shape[-1]))
+            buf = _kv_buffer((1, 2, *self._kbuf.shape[:2], cap, self._kbuf.shape[-1]), self._kbuf.dtype,
+                             self._kbuf.device)
             buf[0, 0, :, :, : self._length] = self.keys
             buf[0, 1, :, :, : self._length] = self.values
             self._block, self._index = _KVBlock(buf, 1), 0
@@ -198,7 +240,8 @@ def _grow_layers(layers: list[Any], room: int) -> list[Any]:
     if len({(layer.keys.shape, layer.keys.dtype) for layer in layers}) > 1:
         return [_grow_layers([layer], room)[0] for layer in layers]
     B, KV, T, D = layers[0].keys.shape
-    buf = layers[0].keys.new_empty((len(layers), 2, B, KV, T + room, D))  # (L, 2, B, KV, T + room, D)
+    ref = layers[0].keys
+    buf = _kv_buffer((len(layers), 2, B, KV, T + room, D), ref.dtype, ref.device)  # (L, 2, B, KV, T + room, D)
     for li, layer in enumerate(layers):
         buf[li, 0, :, :, :T] = layer.keys
         buf[li, 1, :, :, :T] = layer.values
@@ -263,8 +306,7 @@ def _build_cache(rows: list[list[torch.Tensor] | None], kept: list[int], C: int,
     for bi, part in enumerate(ref):
         Lb, two, KV, _, D = part.shape
         # (L_b, 2, U, KV, C + room, D)
-        buf = into if into is not None else torch.empty((Lb, two, len(rows), KV, C + room, D), dtype=part.dtype,
-                                                        device=device)
+        buf = into if into is not None else _kv_buffer((Lb, two, len(rows), KV, C + room, D), part.dtype, device)
         for b, (r, n) in enumerate(zip(rows, kept)):
             buf[:, :, b, :, : C - n].zero_()  # padding: masked, but 0 * garbage could be NaN
             if r is not None and n:
@@ -365,7 +407,7 @@ def _assemble_groups(parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Te
     layers = []
     for bi, ref in enumerate(part_blocks[0]):
         Lb, two, _, KV, _, D = ref.buf.shape
-        buf = torch.empty((Lb, two, B, KV, W + room, D), dtype=ref.buf.dtype, device=device)  # (L, 2, B, KV, cap, D)
+        buf = _kv_buffer((Lb, two, B, KV, W + room, D), ref.buf.dtype, device)  # (L, 2, B, KV, cap, D)
         for g, blocks in enumerate(part_blocks):
             if not dst[g]:
                 continue
