@@ -19,8 +19,8 @@ LoRA layer with one plain active adapter is merged as one `addmm` into the copy'
 tensor (`W + scale * B @ A`, no temporaries) when its base or adapter changed; anything
 else (several adapters, adapters off, a fan-in-fan-out layout) goes through
 `hf_weight_items`'s merge. SmolLM2 with LoRA r=16 on every linear, after an optimizer
-step, on a 2-core Xeon: 0.28 s per refresh through `hf_weight_items` for every tensor,
-against a GRPO rollout of ~5 s; in place, see `benchmarks/update.py`'s note.
+step, on a 2-core Xeon (2026-11-26): 0.28 s per refresh through `hf_weight_items` for
+every tensor, against a GRPO rollout of ~5 s; in place, 0.02 s.
 
 Only plain LoRA adapters may be trained: anything else trainable (peft
 `modules_to_save`, full fine-tuning) or a LoRA variant (DoRA, ...) makes `merged_copy`
