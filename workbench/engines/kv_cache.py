@@ -15,8 +15,12 @@
   every 16 steps each (row, head) faulted in a fresh page: at 64 rows SmolLM2's 30
   layers took ~720 page faults per step. Measured on a 2-core Xeon VM (fp32, 64 rows x
   175 positions, 2026-11-26): the cache writes 8.4-10.6 -> 1.8 ms per step, the step 176-184
-  -> 168 ms; at 8 rows no change. Where the kernel's THP setting is "never", or off
-  Linux, the advice is not given (or ignored) and nothing else changes.
+  -> 168 ms; at 8 rows no change. The price is the first huge-page faults of a process:
+  on that VM a 470 MB buffer's first fill took 0.3-0.7 s against 0.07 s on 4 KiB pages,
+  and later fills 0.04 s (freed huge pages are reused); in the 128 x 4 engines benchmark
+  the first later turn's cache build paid it once (0.84 vs 0.09 s) and the run as a whole
+  still gained (fp32 208.4 -> 216.9 tok/s). Where the kernel's THP setting is "never", or
+  off Linux, the advice is not given (or ignored) and nothing else changes.
 """
 from __future__ import annotations
 
