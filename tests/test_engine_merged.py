@@ -151,3 +151,28 @@ def test_in_place_refresh_writes_what_the_generic_merge_gives(tiny_model_path):
         base = dict(model.named_parameters())[f"base_model.model.{q.replace('q_proj.', 'q_proj.base_layer.')}"]
         assert torch.equal(copy[q], base)
     assert_matches()  # adapters back on: merged again
+
+
+def test_a_frozen_modules_to_save_copy_is_refreshed_by_the_generic_merge(tiny_model_path):
+    """peft's `modules_to_save` copies are renamed only by `hf_weight_items`: a refresh sends
+    everything through it, and a write to the saved copy reaches the merged copy."""
+    from peft import LoraConfig, get_peft_model
+
+    from workbench.engines.weights import hf_weight_items
+    from workbench.models import load_model_and_tokenizer
+
+    base, _ = load_model_and_tokenizer(str(tiny_model_path), "float32", "cpu", False)
+    model = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    for n, p in model.named_parameters():
+        if "modules_to_save" in n:
+            p.requires_grad_(False)  # frozen: the copy may be merged
+    merged = merged_copy(model)
+    assert merged is not None
+    saved = next(p for n, p in model.named_parameters() if "modules_to_save" in n and n.endswith("weight"))
+    with torch.no_grad():
+        saved.mul_(2.0)
+    merged.refresh()
+    copy = merged.model.state_dict()
+    for name, tensor in hf_weight_items(model):
+        assert torch.allclose(copy[name], tensor, rtol=0, atol=1e-6), name
+    assert torch.equal(copy["lm_head.weight"], saved)

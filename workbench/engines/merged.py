@@ -49,6 +49,10 @@ def weights_state_key(model: Any) -> tuple[int, int, tuple[bool, ...]]:
     return id(model), versions, disabled
 
 
+#: `_refresh_in_place`'s answer when every tensor goes through `hf_weight_items`.
+ALL: Any = frozenset({"*"})
+
+
 def _signature(*tensors: torch.Tensor) -> tuple:
     """Changes when any of `tensors` is replaced or written in place."""
     return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
@@ -75,20 +79,25 @@ class MergedLoraCopy:
             slow = self._refresh_in_place()
             if slow:
                 for name, tensor in hf_weight_items(self.source):
-                    if name in slow:
+                    if slow is ALL or name in slow:
                         self._tensors[name].copy_(tensor)
+                        self._written.pop(name, None)
             self._key = key
             self.merges += 1
         return self.model
 
     def _refresh_in_place(self) -> set[str]:
         """Write every tensor that can be written in place (changed sources only); the
-        names left to `hf_weight_items`'s merge."""
+        names left to `hf_weight_items`'s merge (`ALL`: peft's `modules_to_save` copies,
+        whose names only that merge maps)."""
         slow: set[str] = set()
         lora_paths = {name for name, m in self.source.named_modules() if is_lora_layer(m)}
         modules = dict(self.source.named_modules())
-        for name, tensor in self.source.state_dict(keep_vars=True).items():
-            if ".lora_" in name or ".original_module." in name or ".modules_to_save." in name:
+        state = self.source.state_dict(keep_vars=True)
+        if any(".modules_to_save." in name or ".original_module." in name for name in state):
+            return ALL
+        for name, tensor in state.items():
+            if ".lora_" in name:
                 continue
             out = name.replace(".base_layer.", ".")
             out = out[len(PEFT_PREFIX):] if out.startswith(PEFT_PREFIX) else out
