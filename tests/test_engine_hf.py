@@ -293,6 +293,44 @@ def test_inverse_cdf_draws_follow_the_weights():
     assert a[0] == b[0]
 
 
+def test_two_level_inverse_cdf_matches_the_whole_row_search():
+    """Over more ids than a block (`_CDF_BLOCK`), the block-then-id search draws what a
+    float64 cumulative sum of the whole row draws (a plain loop here), never a zero-weight
+    id, even at uniforms next to 0 and 1 and weights on block edges; at temperature 1 the
+    weights from the caller's logprobs give the same ids as the softmax."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.sampling import _CDF_BLOCK, _inverse_cdf, _sample
+
+    g = torch.Generator().manual_seed(5)
+    N = 3 * _CDF_BLOCK + 17
+    weights = torch.rand(6, N, generator=g) ** 8  # (6, N): a few ids hold most of the mass
+    weights[1, : 2 * _CDF_BLOCK] = 0  # whole blocks without weight
+    weights[2] = 0
+    weights[2, [_CDF_BLOCK - 1, _CDF_BLOCK, N - 1]] = 1.0  # only block edges and the last id
+    weights[3, ::2] = 0
+    for trial in range(20):
+        u = torch.rand(6, generator=g, dtype=torch.float64)
+        if trial == 0:
+            u = torch.tensor([0.0, 1 - 2**-53, 0.0, 1 - 2**-53, 0.5, 2**-60], dtype=torch.float64)
+        draws = _inverse_cdf(weights, u)
+        assert (weights.gather(1, draws[:, None]) > 0).all()
+        for b in range(6):  # the plain loop: first id whose running float64 sum exceeds u * total
+            row = weights[b].double().tolist()
+            total, run, ref = sum(row), 0.0, N - 1
+            for i, x in enumerate(row):
+                run += x
+                if run > u[b].item() * total:
+                    ref = i
+                    break
+            while row[ref] == 0:  # a uniform at the very top: the last positive weight
+                ref -= 1
+            assert draws[b].item() == ref, (trial, b)
+    logits = torch.randn(8, N, generator=g) * 3
+    u = torch.rand(8, generator=g, dtype=torch.float64)
+    params = SamplingParams(max_tokens=4, temperature=1.0)
+    assert torch.equal(_sample(logits, params, u, torch.log_softmax(logits, -1)), _sample(logits, params, u))
+
+
 def test_prompts_that_missed_the_prefix_cache_share_chunks(tiny_model_and_tokenizer, monkeypatch):
     """Over more prompts than one chunk holds, chunks go by the tokens each prompt has to
     prefill: the next turns of kept episodes (short new suffixes) fill one chunk and fresh

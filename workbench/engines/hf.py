@@ -528,7 +528,7 @@ class _DecodeState:
                 u_host = torch.zeros(len(live), dtype=torch.float64)
                 u_host[draw] = torch.rand(len(draw), generator=self.gen, dtype=torch.float64)
             u = u_host.to(self.device, non_blocking=True)
-        tokens = _sample(logits, params, u)  # (B',)
+        tokens = _sample(logits, params, u, logprobs)  # (B',)
         self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
         done = torch.isin(tokens, self.stop) if self.stop.numel() else torch.zeros_like(tokens, dtype=torch.bool)
         host = torch.stack([tokens, done.long()]).cpu()  # (2, B'): the step's one read
