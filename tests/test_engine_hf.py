@@ -190,6 +190,36 @@ def test_prefix_cache_reuses_turns_and_changes_nothing(tiny_model_and_tokenizer)
             assert torch.allclose(torch.tensor(ep.rollout_logprobs[t.token_start:t.token_end]), torch.tensor(ref), atol=1e-4)
 
 
+def test_the_last_possible_turn_keeps_no_kv(tiny_model_and_tokenizer):
+    """A Rollout's call whose rows are all on their episode's last possible turn says
+    `keep_kv=False`, and the engine then stores none of its rows in the prefix cache: the
+    entries after a 3-turn run are the second turn's, not the third's. The samples are the
+    same as with every turn kept."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    seen: list[bool] = []
+
+    class Spy(HFEngine):  # the real engine, recording what each call asked
+        def generate_ids(self, prompts, params):
+            seen.append(params.keep_kv)
+            return super().generate_ids(prompts, params)
+
+    engine = Spy(model, tok)
+    episodes = _multi_turn(engine, temperature=1.0)
+    assert seen == [True, True, False]  # max_turns=3: the third call is every row's last
+    lengths = {len(k) for k in engine.prefix_cache.entries}
+    # kept: each episode's first two turns (prompt + sampled ids but the last), nothing longer
+    assert lengths == {ep.turns[1].token_end - 1 for ep in episodes}
+    kept_all = HFEngine(model, tok)
+    kept_all.generate_ids = lambda prompts, params: HFEngine.generate_ids(  # type: ignore[method-assign]
+        kept_all, prompts, SamplingParams(**{**params.__dict__, "keep_kv": True}))
+    for a, b in zip(episodes, _multi_turn(kept_all, temperature=1.0)):
+        assert a.token_ids == b.token_ids
+    assert max(len(k) for k in kept_all.prefix_cache.entries) > max(lengths)  # there the third turn was kept
+
+
 def test_prefix_cache_dropped_when_weights_change(tiny_model_path, prompts):
     """After an in-place weight update, no KV from the old weights may be reused."""
     from workbench.engines.hf import HFEngine

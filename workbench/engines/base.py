@@ -49,6 +49,10 @@ class SamplingParams:
     `inference.stop`); see `StopStrings` for where a reply ends."""
     seed: int | None = None
     """Seed for this call; None = engine's own random state."""
+    keep_kv: bool = True
+    """Whether a later call may extend these rows: the hf engine then keeps each row's KV
+    in its prefix cache (a copy per row). False when none will (an episode's last possible
+    turn); only a saving, the samples are the same either way."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:

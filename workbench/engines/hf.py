@@ -565,9 +565,10 @@ class _DecodeState:
         return keep_dev, keep.tolist()
 
     def _store(self, cache: Any, batch_rows: torch.Tensor) -> None:
-        """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache."""
+        """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache
+        (not when the call said no later call extends them: `SamplingParams.keep_kv`)."""
         prefix = self.engine.prefix_cache
-        if prefix is None:
+        if prefix is None or not self.params.keep_kv:
             return
         for j in batch_rows.tolist():
             r, n = int(self.rows[j]), int(self.length[self.rows[j]])

@@ -450,6 +450,8 @@ class Rollout(EpisodeQueue):
         for budget, idx in sorted(by_budget.items(), reverse=True):
             base = None if self.seed is None else self.seed * 100_003 + self.turn_counter * 101
             params = self._turn_params(budget, base)
+            # every row on its episode's last possible turn: no later call extends its KV
+            params.keep_kv = any(len(self.slots[i].episode.turns) + 1 < self.max_turns for i in idx)
             try:
                 results = self.engine.generate_ids([self.slots[i].episode.token_ids for i in idx], params)
             except Exception as exc:
