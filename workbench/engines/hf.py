@@ -27,7 +27,8 @@ whenever the policy's weights changed.
 
 Prefix cache (multi-turn): when a row finishes, its KV (prompt + sampled ids) is kept,
 keyed by those ids (unless the call's `SamplingParams.keep_kv` says no later call
-extends it: the Rollout's calls on every row's last possible turn). A later prompt that extends a kept sequence -- the same episode's
+extends it: the Rollout's calls on every row's last possible turn). A later prompt that
+extends a kept sequence -- the same episode's
 next turn: its previous context, the sampled turn, the observation delta -- prefills
 only the new tokens on top of the kept KV, instead of the whole conversation again.
 Entries are LRU-bounded (`prefix_cache_mb`), a row's newer entry replaces the one it

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from workbench.engines.base import EngineError
-from workbench.engines.weights import PEFT_PREFIX, hf_weight_items, is_lora_layer, is_peft_model
+from workbench.engines.weights import hf_name, hf_weight_items, is_lora_layer, is_peft_model
 
 
 def weights_state_key(model: Any) -> tuple[int, int, tuple[bool, ...]]:
@@ -91,16 +91,15 @@ class MergedLoraCopy:
         names left to `hf_weight_items`'s merge (`ALL`: peft's `modules_to_save` copies,
         whose names only that merge maps)."""
         slow: set[str] = set()
-        lora_paths = {name for name, m in self.source.named_modules() if is_lora_layer(m)}
         modules = dict(self.source.named_modules())
+        lora_paths = {name for name, m in modules.items() if is_lora_layer(m)}
         state = self.source.state_dict(keep_vars=True)
         if any(".modules_to_save." in name or ".original_module." in name for name in state):
             return ALL
         for name, tensor in state.items():
             if ".lora_" in name:
                 continue
-            out = name.replace(".base_layer.", ".")
-            out = out[len(PEFT_PREFIX):] if out.startswith(PEFT_PREFIX) else out
+            out = hf_name(name)
             dst = self._tensors.get(out)
             path, _, leaf = name.rpartition(".base_layer.")
             if dst is None:
@@ -116,7 +115,6 @@ class MergedLoraCopy:
                 continue
             if adapter is None or leaf != "weight":  # a layer the generic merge handles
                 slow.add(out)
-                self._written.pop(out, None)
                 continue
             a, b, scale = adapter  # (r, K), (N, r)
             sig = _signature(tensor, a, b) + (scale,)

@@ -96,16 +96,19 @@ def hf_weight_items(model: Any) -> Iterator[tuple[str, Any]]:
                         tensor = tensor + delta_w.to(tensor.dtype)
                     elif leaf == "bias" and delta_b is not None:
                         tensor = tensor + delta_b.to(tensor.dtype)
-                out_name = out_name.replace(".base_layer.", ".")
-            if out_name.startswith(PEFT_PREFIX):
-                out_name = out_name[len(PEFT_PREFIX):]
-            yield out_name, tensor
+            yield hf_name(out_name), tensor
 
 
 def normalise_state_dict_items(items: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
     for name, tensor in items:
         if ".lora_" in name:
             continue
-        if name.startswith(PEFT_PREFIX):
-            name = name[len(PEFT_PREFIX):]
-        yield name.replace(".base_layer.", "."), tensor.detach() if hasattr(tensor, "detach") else tensor
+        yield hf_name(name), tensor.detach() if hasattr(tensor, "detach") else tensor
+
+
+def hf_name(name: str) -> str:
+    """A peft state-dict name in plain Hugging Face naming: `base_model.model.` and
+    `.base_layer` dropped (`base_model.model.model.layers.0.mlp.up_proj.base_layer.weight` ->
+    `model.layers.0.mlp.up_proj.weight`); a plain name is returned as it is."""
+    name = name[len(PEFT_PREFIX):] if name.startswith(PEFT_PREFIX) else name
+    return name.replace(".base_layer.", ".")
