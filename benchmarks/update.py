@@ -317,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
                               1000 * r["update_seconds"] / r["padded_tokens"] for r in ours["bf16_rows"])
                               if ours["bf16_rows"] else None),
                           "matmul_peak_flops": peak,
-                          "matmul_bf16_flops": matmul_peak(device, torch.bfloat16)},
+                          # only with bf16 steps: capped at AVX2 (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2
+                          # MKL_ENABLE_INSTRUCTIONS=AVX2) one 1024^3 bf16 product took 2.3 s on the Xeon
+                          "matmul_bf16_flops": matmul_peak(device, torch.bfloat16) if ours["bf16_rows"] else None},
         "loads": [load()],
     }
     print(f"our update: {result['ours']['update_seconds_median']:.2f}s median, "
