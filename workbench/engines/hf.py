@@ -99,6 +99,13 @@ prefill) 2.1 s, the observation's prefill matmuls 1.6 s (at the matmul peak: ~15
 tokens for 64 rows). The prefill and the attention over the grown context are what a later turn adds;
 reading a prompt all rows share once (the first turn's, or the system prompt's in later
 turns, tried with the kept KV laid out from position 0) measured no faster on this CPU.
+`benchmarks/floors.py` sums the matmul and attention kernels' self time per turn (same
+machine and episodes, 128 x 4, 2026-11-26, load ~1): fp32 turn 0 11.4 s = matmuls 5.1 +
+attention 1.4 + everything else 4.8; turn 3 (context 230) 18.1 s = 7.0 + 3.9 + 7.2. Were a
+later turn's other work per token no more than turn 0's, its kernels alone would leave it at
+1.29 / 1.33 / 1.41x turn 0's time per token (bf16: 1.27 / 1.37 / 1.40x): the observation's
+prefill runs at the matmul peak, and the attention (torch's sdpa, at about 40% of the
+machine's stream bandwidth over the fp32 KV) would have to read at full bandwidth too.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are
