@@ -104,8 +104,10 @@ machine and episodes, 128 x 4, 2026-11-26, load ~1): fp32 turn 0 11.4 s = matmul
 attention 1.4 + everything else 4.8; turn 3 (context 230) 18.1 s = 7.0 + 3.9 + 7.2. Were a
 later turn's other work per token no more than turn 0's, its kernels alone would leave it at
 1.29 / 1.33 / 1.41x turn 0's time per token (bf16: 1.27 / 1.37 / 1.40x): the observation's
-prefill runs at the matmul peak, and the attention (torch's sdpa, at about 40% of the
-machine's stream bandwidth over the fp32 KV) would have to read at full bandwidth too.
+prefill's products and the attention over the grown context are what stays. Counting all
+its time as decode reads of the KV, torch's sdpa read the fp32 KV at ~9 GB/s in turn 3, about
+40% of the ~24 GB/s stream bandwidth of 2 threads here: 1.3x needs an attention at full
+bandwidth as well as a later turn's other work no more than turn 0's per token.
 
 `submit(prompt, params)` (the request API of `AsyncRollout`) goes through a
 `DynamicBatcher`: one worker thread runs a batched generate over whatever requests are
