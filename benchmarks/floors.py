@@ -140,21 +140,9 @@ def run_turns(args: argparse.Namespace) -> dict[str, Any]:
 
 # -- grpo -----------------------------------------------------------------------------
 def run_grpo(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks import update as U
-    from workbench.config import ConfigStore
-    from workbench.training.trainer import Trainer
-    from envs import make_env
+    from benchmarks.update import make_trainer
 
-    cfg = ConfigStore()
-    cfg.model.device, cfg.model.dtype = "cpu", args.dtype
-    cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules = 16, 32, "all-linear"
-    cfg.inference.multi_turn, cfg.inference.max_turns = False, 1
-    cfg.inference.max_tokens, cfg.inference.temperature = U.MAX_NEW, 1.0
-    t = cfg.training
-    t.adv_estimator, t.batch_size, t.group_size, t.micro_batch_size = "grpo", U.GROUP, U.GROUP, U.GROUP
-    t.learning_rate, t.loss_agg_mode, t.use_kl_loss, t.use_kl_in_reward = U.LR, "token-mean", False, False
-    trainer = Trainer(cfg, environment=make_env("guess_number", **U.ENV_PARAMS),
-                      reward_fn=lambda ep: U.reward_text(ep.turns[0].action if ep.turns else ""))
+    trainer = make_trainer("cpu", args.dtype)
     phases: dict[str, dict[str, float]] = {}
     collecting: dict[str, float] = {}  # seconds the profiler took to collect each phase's profile
     for name in ("rollout", "update"):  # profile each phase apart: kernel seconds by phase

@@ -101,10 +101,10 @@ def matmul_peak(device: Any, dtype: Any, n: int = 2048, reps: int = 5) -> float:
 
 
 # -- ours ---------------------------------------------------------------------------
-def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, Any]:
+def make_trainer(device: Any, dtype: Any) -> Any:
+    """Our side's `Trainer`: the module docstring's config (also benchmarks/floors.py's GRPO step)."""
     from envs import make_env
     from workbench.config import ConfigStore
-    from workbench.training.policy import shared_prefix_length
     from workbench.training.trainer import Trainer
 
     cfg = ConfigStore()
@@ -118,7 +118,13 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, 
     t.adv_estimator, t.batch_size, t.group_size, t.micro_batch_size = "grpo", GROUP, GROUP, GROUP
     t.learning_rate, t.loss_agg_mode, t.use_kl_loss, t.use_kl_in_reward = LR, "token-mean", False, False
     env = make_env("guess_number", **ENV_PARAMS)
-    trainer = Trainer(cfg, environment=env, reward_fn=lambda ep: reward_text(ep.turns[0].action if ep.turns else ""))
+    return Trainer(cfg, environment=env, reward_fn=lambda ep: reward_text(ep.turns[0].action if ep.turns else ""))
+
+
+def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, Any]:
+    from workbench.training.policy import shared_prefix_length
+
+    trainer = make_trainer(device, dtype)
     # Stage timers: old-logprob forward (inside compute_advantages) and update.
     timings: dict[str, float] = {}
     orig_logprobs = trainer.compute_logprobs
