@@ -1,6 +1,6 @@
 """Kernel floors: how much of a later turn and of a GRPO step is matmuls and attention.
 
-    python benchmarks/floors.py --dtype float32                 # both parts, ~4 min on 2 cores
+    python benchmarks/floors.py --dtype float32                 # both parts, ~6 min on 2 cores
     python benchmarks/floors.py --part turns --episodes 64      # one part, fewer episodes
 
 Two of the CPU speed targets are ratios: a later turn's seconds per generated token within
