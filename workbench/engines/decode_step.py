@@ -51,6 +51,7 @@ import torch.nn.functional as F
 
 from workbench.engines.decode_threads import MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights
+from workbench.engines.weights import is_lora_layer, version_signature
 
 #: Architectures whose decoder layer is LlamaDecoderLayer's math (qwen2: biased q/k/v).
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
@@ -152,8 +153,6 @@ class _Source:
 def _source(module: Any) -> _Source | None:
     """The `_Source` of an nn.Linear or a peft LoRA Linear; None for anything else or a
     LoRA variant this step does not reproduce."""
-    from workbench.engines.weights import is_lora_layer
-
     if is_lora_layer(module):
         base = module.get_base_layer()
         if type(base) is not torch.nn.Linear or getattr(module, "merged", False):
@@ -177,11 +176,6 @@ def _source(module: Any) -> _Source | None:
     if type(module) is torch.nn.Linear:
         return _Source(module.weight, module.bias, None)
     return None
-
-
-def _signature(tensors: list[torch.Tensor | None]) -> tuple:
-    """Changes when any of `tensors` is replaced or written in place."""
-    return tuple((t.data_ptr(), t._version) for t in tensors if t is not None)
 
 
 def _base_tensors(sources: list[_Source]) -> list[torch.Tensor | None]:
@@ -302,7 +296,7 @@ class DecodeStep:
         def cached(key: tuple[int, str], tensors: list[torch.Tensor | None], make: Any) -> Any:
             """`make()`, or the previous step's result when `tensors` are unchanged (the base
             weights of a LoRA policy are frozen: only its adapters are fused again)."""
-            sig = _signature(tensors)
+            sig = version_signature(tensors)
             fused[key] = old[key] if key in old and old[key][0] == sig else (sig, make())
             return fused[key][1]
 

@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from workbench.engines.base import EngineError
-from workbench.engines.weights import hf_name, hf_weight_items, is_lora_layer, is_peft_model
+from workbench.engines.weights import hf_name, hf_weight_items, is_lora_layer, is_peft_model, version_signature
 
 
 def weights_state_key(model: Any) -> tuple[int, int, tuple[bool, ...]]:
@@ -51,11 +51,6 @@ def weights_state_key(model: Any) -> tuple[int, int, tuple[bool, ...]]:
 
 #: `_refresh_in_place`'s answer when every tensor goes through `hf_weight_items`.
 ALL: Any = frozenset({"*"})
-
-
-def _signature(*tensors: torch.Tensor) -> tuple:
-    """Changes when any of `tensors` is replaced or written in place."""
-    return tuple((id(t), t.data_ptr(), t._version) for t in tensors)
 
 
 class MergedLoraCopy:
@@ -108,7 +103,7 @@ class MergedLoraCopy:
             adapter = _plain_adapter(modules[path]) if path and path in lora_paths else None
             if not path or path not in lora_paths or (leaf == "bias" and adapter is not None):
                 # a tensor outside the LoRA layers, or the bias of one whose adapter adds none
-                sig = _signature(tensor)
+                sig = version_signature((tensor,))
                 if self._written.get(out) != sig:
                     dst.copy_(tensor)
                     self._written[out] = sig
@@ -117,7 +112,7 @@ class MergedLoraCopy:
                 slow.add(out)
                 continue
             a, b, scale = adapter  # (r, K), (N, r)
-            sig = _signature(tensor, a, b) + (scale,)
+            sig = version_signature((tensor, a, b)) + (scale,)
             if self._written.get(out) != sig:
                 torch.addmm(tensor, b, a, alpha=scale, out=dst)  # (N, K) = W + scale * B @ A
                 self._written[out] = sig

@@ -16,6 +16,14 @@ PEFT_PREFIX = "base_model.model."
 
 
 
+def version_signature(tensors: Iterable[Any]) -> tuple:
+    """Changes when any of `tensors` is replaced (another object or storage) or written in
+    place (its version counter: an optimizer step, `copy_`, `load_state_dict`); None entries
+    are skipped. What the merged copy (`merged.py`) and the decode step's fused copies
+    (`decode_step.py`) compare to know whether to write again."""
+    return tuple((id(t), t.data_ptr(), t._version) for t in tensors if t is not None)
+
+
 def is_lora_layer(module: Any) -> bool:
     return hasattr(module, "base_layer") and hasattr(module, "lora_A") and hasattr(module, "get_delta_weight")
 
