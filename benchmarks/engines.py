@@ -77,7 +77,10 @@ def build_engine(backend: str, model, tokenizer, args) -> tuple[object, float]:
     return engine, time.perf_counter() - start
 
 
-def run_mode(engine, mode: str, args, first_seed: int = 1000) -> dict:
+def new_rollout(engine, args, first_seed: int = 1000, mode: str = "sync"):
+    """The benchmark's `args.episodes` episodes (`args.group_size` per seed from `first_seed`)
+    as a `Rollout` (`mode` "sync") or `AsyncRollout` ("async") over `engine`, not reset yet;
+    the engine's prefix cache (where it has one to reset) starts empty."""
     from workbench.rollout import AsyncRollout, Rollout
 
     n_groups = args.episodes // args.group_size
@@ -88,6 +91,18 @@ def run_mode(engine, mode: str, args, first_seed: int = 1000) -> dict:
                   max_context_tokens=args.max_context, seed=args.seed)
     if hasattr(engine, "reset_prefix_cache"):
         engine.reset_prefix_cache()  # every run starts cold (same prompts as the previous run)
+    return rollout
+
+
+def turn_tokens(rollout, live: list[int], k: int) -> int:
+    """Tokens generated in turn `k` by the episodes at `live` (the rollout's slots)."""
+    return sum(rollout.slots[i].episode.turns[k].token_end - rollout.slots[i].episode.turns[k].token_start
+               for i in live if len(rollout.slots[i].episode.turns) > k)
+
+
+def run_mode(engine, mode: str, args, first_seed: int = 1000) -> dict:
+    rollout = new_rollout(engine, args, first_seed, mode)
+    cls = type(rollout)
     stats0 = engine.stats()
     start = time.perf_counter()
     rollout.reset()
@@ -100,8 +115,7 @@ def run_mode(engine, mode: str, args, first_seed: int = 1000) -> dict:
             t0 = time.perf_counter()
             rollout.step()
             secs = time.perf_counter() - t0
-            tokens = sum(rollout.slots[i].episode.turns[k].token_end - rollout.slots[i].episode.turns[k].token_start
-                         for i in live if len(rollout.slots[i].episode.turns) > k)
+            tokens = turn_tokens(rollout, live, k)
             per_turn.append({"turn": k, "episodes": len(live), "seconds": round(secs, 3), "generated_tokens": tokens,
                              "mean_context_tokens": round(sum(context) / max(len(context), 1), 1),
                              "tokens_per_s": round(tokens / secs, 1)})
@@ -174,17 +188,13 @@ def _trim_memory_forever(threshold_gb: float = 2.5, every: float = 5.0) -> None:
     threading.Thread(target=loop, daemon=True, name="malloc-trim").start()
 
 
-def run_backend(backend: str, args) -> dict:
-    """Load the model, build the backend's engine, run every mode (in this process)."""
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
+def load_engine(backend: str, args) -> tuple[object, float, float]:
+    """The embedded model on `args.device` in `args.dtype` and the backend's engine over it,
+    after one short call (first-call allocations): (engine, model load s, engine start s)."""
     from workbench.config import EMBEDDED_MODEL, resolve_device, resolve_dtype
     from workbench.engines.base import SamplingParams
     from workbench.models import load_model_and_tokenizer
 
-    _trim_memory_forever()
     t0 = time.perf_counter()
     device = resolve_device(args.device, field="--device")
     model, tok = load_model_and_tokenizer(EMBEDDED_MODEL, dtype=resolve_dtype(args.dtype, device, field="--dtype"),
@@ -192,10 +202,21 @@ def run_backend(backend: str, args) -> dict:
     model.eval()
     load_s = time.perf_counter() - t0
     engine, start_s = build_engine(backend, model, tok, args)
-    startup = start_s + (load_s if backend == "hf" else 0.0)
     warm = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
                                    return_dict=False)
     engine.generate_ids([list(warm)] * 2, SamplingParams(max_tokens=4))  # first-call allocations
+    return engine, load_s, start_s
+
+
+def run_backend(backend: str, args) -> dict:
+    """Load the model, build the backend's engine, run every mode (in this process)."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _trim_memory_forever()
+    engine, load_s, start_s = load_engine(backend, args)
+    startup = start_s + (load_s if backend == "hf" else 0.0)
     warm_args = argparse.Namespace(**{**vars(args), "episodes": min(args.episodes, 16), "turns": 1,
                                       "group_size": min(args.episodes, 16)})
     run_mode(engine, "sync", warm_args, first_seed=0)  # warm-up rollout on other secrets (not reported)

@@ -82,42 +82,25 @@ def profiled(fn: Any) -> tuple[Any, float, dict[str, float]]:
 
 # -- turns ----------------------------------------------------------------------------
 def run_turns(args: argparse.Namespace) -> dict[str, Any]:
-    from benchmarks.engines import build_engine, make_envs
-    from workbench.config import EMBEDDED_MODEL, resolve_device, resolve_dtype
-    from workbench.engines.base import SamplingParams
-    from workbench.models import load_model_and_tokenizer
-    from workbench.rollout import Rollout
+    from benchmarks.engines import load_engine, new_rollout, turn_tokens
 
-    device = resolve_device("cpu", field="--device")
-    model, tok = load_model_and_tokenizer(EMBEDDED_MODEL, dtype=resolve_dtype(args.dtype, device, field="--dtype"),
-                                          device=device)
-    model.eval()
-    eng_args = argparse.Namespace(device="cpu", dtype=args.dtype, max_context=2048, seed=0,
-                                  prefix_cache_mb=args.prefix_cache_mb)
-    engine, _ = build_engine("hf", model, tok, eng_args)
-    warm = tok.apply_chat_template([{"role": "user", "content": "Hi"}], add_generation_prompt=True,
-                                   return_dict=False)
-    engine.generate_ids([list(warm)] * 2, SamplingParams(max_tokens=4))  # first-call allocations
-
-    def rollout(n: int, turns: int, first_seed: int) -> Rollout:
-        seeds = [first_seed + g for g in range(n // args.group_size) for _ in range(args.group_size)]
-        r = Rollout(engine, make_envs(len(seeds), turns), seeds=seeds, max_turns=turns, max_tokens=args.max_tokens,
-                    temperature=1.0, top_p=1.0, max_context_tokens=2048, seed=0)
-        if hasattr(engine, "reset_prefix_cache"):
-            engine.reset_prefix_cache()
-        r.reset()
-        return r
-
-    warm_up = rollout(min(args.episodes, 16), 1, 0)  # the engine's timed decode choice, on other secrets
+    # benchmarks/engines.py's settings for its defaults (its --max-context, --temperature, --seed)
+    bench = argparse.Namespace(device="cpu", dtype=args.dtype, max_context=2048, seed=0, temperature=1.0,
+                               prefix_cache_mb=args.prefix_cache_mb, episodes=args.episodes, turns=args.turns,
+                               group_size=args.group_size, max_tokens=args.max_tokens)
+    engine, _, _ = load_engine("hf", bench)
+    warm_up = new_rollout(engine, argparse.Namespace(**{**vars(bench), "episodes": min(args.episodes, 16),
+                                                        "turns": 1}), first_seed=0)
+    warm_up.reset()  # the engine's timed decode choice, on other secrets
     warm_up.step()
-    r = rollout(args.episodes, args.turns, 1000)
+    r = new_rollout(engine, bench)
+    r.reset()
     rows = []
     for k in range(args.turns):
         live = list(r.live)
         context = [r.slots[i].episode.num_tokens for i in live]
         _, secs, kern = profiled(r.step)
-        tokens = sum(r.slots[i].episode.turns[k].token_end - r.slots[i].episode.turns[k].token_start
-                     for i in live if len(r.slots[i].episode.turns) > k)
+        tokens = turn_tokens(r, live, k)
         kern.pop("profiler_seconds")
         other = secs - kern["matmul_seconds"] - kern["attention_seconds"]
         rows.append({"turn": k, "episodes": len(live), "seconds": round(secs, 3), "generated_tokens": tokens,
