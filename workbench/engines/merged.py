@@ -100,8 +100,9 @@ class MergedLoraCopy:
             if dst is None:
                 slow.add(out)  # a name only the generic merge maps: it raises if the copy lacks it
                 continue
-            adapter = _plain_adapter(modules[path]) if path and path in lora_paths else None
-            if not path or path not in lora_paths or (leaf == "bias" and adapter is not None):
+            in_lora = path in lora_paths  # "" (no `.base_layer.` in the name) is never one
+            adapter = _plain_adapter(modules[path]) if in_lora else None
+            if not in_lora or (leaf == "bias" and adapter is not None):
                 # a tensor outside the LoRA layers, or the bias of one whose adapter adds none
                 sig = version_signature((tensor,))
                 if self._written.get(out) != sig:
