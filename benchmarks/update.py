@@ -51,7 +51,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks._common import load  # noqa: E402
 
-from workbench.config import DTYPES, resolve_device, resolve_dtype  # noqa: E402
+from workbench.config import DTYPES, EMBEDDED_MODEL, resolve_device, resolve_dtype  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 GROUP = 8
@@ -101,14 +101,17 @@ def matmul_peak(device: Any, dtype: Any, n: int = 2048, reps: int = 5) -> float:
 
 
 # -- ours ---------------------------------------------------------------------------
-def make_trainer(device: Any, dtype: Any) -> Any:
-    """Our side's `Trainer`: the module docstring's config (also benchmarks/floors.py's GRPO step)."""
+def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: bool = True) -> Any:
+    """Our side's `Trainer`: the module docstring's config (also benchmarks/floors.py's GRPO step
+    and benchmarks/gpu.py's, there on another `model` folder and with `lora` off too)."""
     from envs import make_env
     from workbench.config import ConfigStore
     from workbench.training.trainer import Trainer
 
     cfg = ConfigStore()
+    cfg.model.model_name = model
     cfg.model.device, cfg.model.dtype = str(device), str(dtype).removeprefix("torch.")
+    cfg.model.use_lora = lora
     cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules = 16, 32, "all-linear"
     cfg.inference.multi_turn = False
     cfg.inference.max_turns = 1
@@ -121,10 +124,11 @@ def make_trainer(device: Any, dtype: Any) -> Any:
     return Trainer(cfg, environment=env, reward_fn=lambda ep: reward_text(ep.turns[0].action if ep.turns else ""))
 
 
-def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, Any]:
+def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = EMBEDDED_MODEL,
+             lora: bool = True) -> dict[str, Any]:
     from workbench.training.policy import shared_prefix_length
 
-    trainer = make_trainer(device, dtype)
+    trainer = make_trainer(device, dtype, model, lora)
     # Stage timers: old-logprob forward (inside compute_advantages) and update.
     timings: dict[str, float] = {}
     orig_logprobs = trainer.compute_logprobs
@@ -158,6 +162,7 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, 
                "tokens": timings["tokens"], "padded_tokens": timings["padded_tokens"],
                "fed_tokens": timings["fed_tokens"], "old_logprob_forward": timings["old_logprob_forward"],
                "completion_tokens": timings["completion_tokens"], "reward": m["reward/mean"],
+               "rollout_logprob_diff": m.get("actor/rollout_logprob_diff"),
                "load": (l0 + load()) / 2, "warmup": i == 0}
         rows.append(row)
         print(f"[ours] step {i}{' (warm-up)' if i == 0 else ''}: {dt:.2f}s (rollout {row['rollout_seconds']:.2f}s, "
@@ -180,7 +185,8 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any) -> dict[str, 
 
 
 # -- TRL ----------------------------------------------------------------------------
-def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any) -> dict[str, Any]:
+def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any, model_name: str = EMBEDDED_MODEL,
+            lora: bool = True) -> dict[str, Any]:
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -189,7 +195,7 @@ def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any) -> dict[str, Any]:
 
     from workbench.models.loading import resolve_model_path
 
-    path = resolve_model_path("smollm2-135m-instruct")
+    path = resolve_model_path(model_name)
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
     ds = Dataset.from_list([{"prompt": prompt_messages()} for _ in range(64)])
@@ -207,7 +213,7 @@ def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any) -> dict[str, Any]:
     peft_cfg = LoraConfig(r=16, lora_alpha=32, lora_dropout=0.0, target_modules="all-linear", bias="none",
                           task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=ds,
-                          processing_class=tok, peft_config=peft_cfg)
+                          processing_class=tok, peft_config=peft_cfg if lora else None)
     gen_times: list[float] = []
     completion_tokens: list[float] = []
     orig = trainer._generate_and_score_completions
