@@ -108,6 +108,30 @@ def test_qwen2_biases_match_the_model():
     _compare(_qwen2())
 
 
+def _qwen3(dtype=torch.float32):
+    """Qwen3: per-head RMSNorms on queries and keys (their weights random, so a skipped norm shows)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(2)
+    config = Qwen3Config(vocab_size=96, hidden_size=128, intermediate_size=192, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=256,
+                         tie_word_embeddings=True, use_sliding_window=False)
+    model = Qwen3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.self_attn.q_norm.weight.uniform_(0.5, 2.0)
+            layer.self_attn.k_norm.weight.uniform_(0.5, 2.0)
+    return model.to(dtype)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
+def test_qwen3_query_key_norms_match_the_model(dtype, atol):
+    from workbench.engines.decode_step import DecodeStep
+
+    assert DecodeStep.build(_qwen3()) is not None
+    assert _compare(_qwen3(dtype), steps=3, atol=atol) < atol
+
+
 def test_tiny_model_matches(tiny_model_and_tokenizer):
     _compare(tiny_model_and_tokenizer[0])
 

@@ -9,7 +9,7 @@ import copy
 import pytest
 import torch
 
-from tests.test_decode_step import _llama, _qwen2
+from tests.test_decode_step import _llama, _qwen2, _qwen3
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
@@ -33,7 +33,7 @@ def _prefill(model, rows: list[list[int]]):
 
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-3), (torch.bfloat16, 0.05)])
 @pytest.mark.parametrize("shared", [False, True])
-@pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-biases"])
+@pytest.mark.parametrize("make", [_llama, _qwen2, _qwen3], ids=["llama", "qwen2-biases", "qwen3-qk-norms"])
 def test_decode_step_on_cuda_matches_the_model(make, shared, dtype, atol):
     from workbench.engines.decode_step import DecodeStep
 
@@ -76,3 +76,24 @@ def test_engine_on_cuda_samples_the_model_forward_ids(tiny_model_and_tokenizer):
             assert a.token_ids == b.token_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-3
     assert fast_engine.stats()["fast_decode_steps"] > 0 and slow_engine.stats()["fast_decode_steps"] == 0
+
+
+def test_engine_on_cuda_samples_a_large_call_in_one_chunk(tiny_model_and_tokenizer):
+    """`max_batch_size` None on CUDA: 200 prompts of a tiny model fit one chunk (free memory
+    decides), so the call takes one decode step per token, not one per token per 64 rows."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.hf import HFEngine
+    from workbench.engines.kv_cache import chunk_rows
+
+    model, tok = tiny_model_and_tokenizer
+    model = copy.deepcopy(model).to("cuda")
+    assert chunk_rows(model, torch.device("cuda"), 32, 8) >= 200
+    prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in range(200)]
+    engine = HFEngine(model, tok)
+    engine.generate_ids(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=0, stop_token_ids=[]))
+    s = engine.stats()
+    assert s["fast_decode_steps"] + s["model_decode_steps"] == 7  # 8 tokens: a prefill, then 7 steps
+    chunked = HFEngine(model, tok, max_batch_size=64)
+    chunked.generate_ids(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=0, stop_token_ids=[]))
+    s = chunked.stats()
+    assert s["fast_decode_steps"] + s["model_decode_steps"] == 4 * 7  # 64 + 64 + 64 + 8 rows

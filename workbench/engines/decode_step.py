@@ -53,8 +53,9 @@ from workbench.engines.decode_threads import MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights
 from workbench.engines.weights import is_lora_layer, version_signature
 
-#: Architectures whose decoder layer is LlamaDecoderLayer's math (qwen2: biased q/k/v).
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+#: Architectures whose decoder layer is LlamaDecoderLayer's math (qwen2: biased q/k/v; qwen3: an
+#: RMSNorm over each head's queries and keys before the rotary embedding).
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 #: With a `MatmulHelper`, weights of at least this many bytes are multiplied in two halves
 #: at once. In the engine on this CPU (SmolLM2 + LoRA r=16, 8 rows, ms per decode step,
 #: one thread -> one thread + helper): fp32 67-69 -> 47-50 (two OpenMP threads: 60-63);
@@ -230,10 +231,12 @@ class _Layer:
     norm_post: torch.Tensor  # (E,) post_attention_layernorm weight
     eps_in: float
     eps_post: float
+    qk_norm: tuple[torch.Tensor, torch.Tensor, float, float] | None = None  # (D,) q_norm, k_norm weights, eps
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm: normalise in fp32, cast back, then scale. x: (B, E)."""
+    """LlamaRMSNorm (and Qwen3RMSNorm): normalise the last dimension in fp32, cast back,
+    then scale. x: (B, E), or (B, heads, D) for qwen3's per-head norms."""
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
     return weight * h.to(x.dtype)
@@ -314,15 +317,19 @@ class DecodeStep:
         layers = []
         for layer in body.layers:
             attn, mlp = layer.self_attn, layer.mlp
-            if getattr(attn, "q_norm", None) is not None:
-                return None
+            qk_norm = None
+            if getattr(attn, "q_norm", None) is not None or getattr(attn, "k_norm", None) is not None:
+                norms = (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None))
+                if any(type(n).__name__ != "Qwen3RMSNorm" for n in norms):
+                    return None
+                qk_norm = (norms[0].weight, norms[1].weight, norms[0].variance_epsilon, norms[1].variance_epsilon)
             projs = [group([attn.q_proj, attn.k_proj, attn.v_proj]), group([attn.o_proj]),
                      group([mlp.gate_proj, mlp.up_proj]), group([mlp.down_proj])]
             if any(p is None for p in projs):
                 return None
             layers.append(_Layer(*projs, layer.input_layernorm.weight, layer.post_attention_layernorm.weight,
                                  layer.input_layernorm.variance_epsilon,
-                                 layer.post_attention_layernorm.variance_epsilon))
+                                 layer.post_attention_layernorm.variance_epsilon, qk_norm))
         head = group([lm_head])
         if head is None:
             return None
@@ -365,7 +372,11 @@ class DecodeStep:
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
             q, k, v = layer.qkv(x, split, packed)
-            qk = torch.cat([q.reshape(B, H, D), k.reshape(B, KV, D)], dim=1)  # (B, H + KV, D): rotated at once
+            q, k = q.reshape(B, H, D), k.reshape(B, KV, D)
+            if layer.qk_norm is not None:  # qwen3: each head's queries and keys normalised before the rotation
+                q_w, k_w, q_eps, k_eps = layer.qk_norm
+                q, k = _rms_norm(q, q_w, q_eps), _rms_norm(k, k_w, k_eps)
+            qk = torch.cat([q, k], dim=1)  # (B, H + KV, D): rotated at once
             qk = qk * cos + _rotate_half(qk) * sin
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v)  # (B, KV, T, D) each
