@@ -388,3 +388,17 @@ def test_prompts_that_missed_the_prefix_cache_share_chunks(tiny_model_and_tokeni
     plain = HFEngine(model, tok, max_batch_size=4, prefix_cache=False).generate_ids(prompts, greedy)
     assert [r.token_ids for r in got] == [r.token_ids for r in plain]
     assert [r.num_cached_tokens > 0 for r in got] == [True, False] * 4
+
+
+def test_chunk_rows_on_a_cpu_and_the_kv_bytes_they_are_sized_by(tiny_model_and_tokenizer):
+    """`inference.max_batch_size` None: 64 rows a chunk on a CPU; on an accelerator chunks are
+    sized by `kv_bytes_per_token`, which is what a prefill's cache holds per token."""
+    from workbench.engines.kv_cache import chunk_rows, kv_bytes_per_token
+
+    model, _ = tiny_model_and_tokenizer
+    assert chunk_rows(model, torch.device("cpu"), 100, 64) == 64
+    ids = torch.tensor([[5, 9, 11, 3, 7, 2, 8]])  # (1, 7)
+    with torch.no_grad():
+        cache = model(input_ids=ids, use_cache=True).past_key_values
+    held = sum(t.numel() * t.element_size() for layer in cache.layers for t in (layer.keys, layer.values))
+    assert kv_bytes_per_token(model) == held // 7

@@ -132,13 +132,18 @@ def test_the_hf_engines_prefix_cache_settings_reach_every_engine(tiny_model_path
 
     config = distinct_config(tiny_model_path, tmp_path)
     config.inference.prefix_cache_mb = 3.0
+    config.inference.max_batch_size = 5
     assert Trainer(config).engine.prefix_cache.max_bytes == 3 * 2**20
+    assert Trainer(config).engine.max_batch_size == 5
     worker = RolloutWorker(config, make_env("guess_number"), torch_threads=2)
-    assert worker.engine.prefix_cache.max_bytes == 3 * 2**20
+    assert worker.engine.prefix_cache.max_bytes == 3 * 2**20 and worker.engine.max_batch_size == 5
     model, tok, loaded = load_policy("base", config)
-    assert hf_engine(loaded, model, tok).prefix_cache.max_bytes == 3 * 2**20
+    engine = hf_engine(loaded, model, tok)
+    assert engine.prefix_cache.max_bytes == 3 * 2**20 and engine.max_batch_size == 5
     config.inference.enable_prefix_caching = False
     assert Trainer(config).engine.prefix_cache is None
     assert hf_engine(config, model, tok).prefix_cache is None
     with pytest.raises(Exception, match=r"inference\.prefix_cache_mb must be > 0"):
         ConfigStore.from_dict({"inference": {"prefix_cache_mb": 0}})
+    with pytest.raises(Exception, match=r"inference\.max_batch_size"):
+        ConfigStore.from_dict({"inference": {"max_batch_size": 0}})

@@ -142,6 +142,13 @@ class InferenceConfig:
     in bfloat16; a lock-step rollout whose conversations outgrow it prefills the rest again
     (128 episodes of 4 turns reach ~1.3 GB of float32 KV by the last turn, so 1024 MB
     evicted a third of them and that turn ran at half the speed)."""
+    max_batch_size: int | None = None
+    """hf engine: most rows sampled together (one prefill, then one batched decode step per
+    token); a call with more prompts runs in chunks of this many, one after another. None:
+    64 on a CPU, where a step's time grows with its rows; on an accelerator, where a small
+    model's decode step costs about the same at 8 rows as at 512 (kernel launches, not
+    arithmetic), as many rows as the KV cache of each chunk's longest prompt plus
+    `max_tokens` fits in a quarter of the free device memory, between 64 and 1024."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"
@@ -587,6 +594,8 @@ class ConfigStore:
             raise ConfigError(f"inference.max_retries must be >= 0, got {i.max_retries!r}")
         _choice("inference.server_kind", i.server_kind, ("vllm", "sglang"))
         _choice("inference.vllm_dtype", i.vllm_dtype, ("auto",) + DTYPES)
+        if i.max_batch_size is not None:
+            _positive_int("inference.max_batch_size", i.max_batch_size)
         if not i.prefix_cache_mb > 0:
             raise ConfigError(f"inference.prefix_cache_mb must be > 0 (enable_prefix_caching=false turns the "
                               f"cache off), got {i.prefix_cache_mb!r}")

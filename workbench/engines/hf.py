@@ -129,7 +129,7 @@ from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights, available as packed_available
-from workbench.engines.kv_cache import (_build_cache, _GrowingLayer,  # noqa: F401
+from workbench.engines.kv_cache import (CPU_CHUNK_ROWS, chunk_rows, _build_cache, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
                                         _prefill_groups, _assemble_groups, _select_rows,
                                         _KVBlock, _kv_buffer, _new_growing, _tail_fill)
@@ -143,10 +143,12 @@ class HFEngine(GenerationEngine):
 
     name = "hf"
 
-    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int = 64, prefix_cache: bool = True,
+    def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None, prefix_cache: bool = True,
                  prefix_cache_mb: float = 2048.0, merge_lora: bool = True, compact_fraction: float | None = None,
                  fast_decode: bool = True):
-        """`compact_fraction`: finished rows leave the batch once they are this fraction of
+        """`max_batch_size`: rows sampled together (a call with more runs in chunks); None:
+        `kv_cache.chunk_rows` (64 on a CPU, by free memory on an accelerator).
+        `compact_fraction`: finished rows leave the batch once they are this fraction of
         it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator). `fast_decode`:
         decode steps of Llama-family models run `decode_step.DecodeStep` instead of the
         model's forward (False: always the model's forward)."""
@@ -227,7 +229,8 @@ class HFEngine(GenerationEngine):
         if self._batcher is None:
             with self._batcher_lock:
                 if self._batcher is None:
-                    self._batcher = DynamicBatcher(self._run_batch, max_batch_size=4 * self.max_batch_size,
+                    rows = self.max_batch_size or CPU_CHUNK_ROWS
+                    self._batcher = DynamicBatcher(self._run_batch, max_batch_size=4 * rows,
                                                    name="wb-hf-batcher")
         return self._batcher.submit(prompt, params)
 
@@ -273,14 +276,15 @@ class HFEngine(GenerationEngine):
         # cache keeps), so prompts that missed the cache share chunks: a chunk prefills every
         # row to its longest new suffix. Inside a chunk, rows go by length as always (the
         # order rows draw from a shared generator); results come back in prompt order.
-        if len(prompts) > self.max_batch_size and self.prefix_cache is not None:
+        rows = self.max_batch_size or chunk_rows(self.model, self.device, max(map(len, prompts)), params.max_tokens)
+        if len(prompts) > rows and self.prefix_cache is not None:
             new = [len(p) - self.prefix_cache.cached_length(p) for p in prompts]
         else:
             new = [len(p) for p in prompts]
         order = sorted(range(len(prompts)), key=lambda i: (new[i], len(prompts[i])))
         by_index: dict[int, GenerationResult] = {}
-        for start in range(0, len(order), self.max_batch_size):
-            chunk = sorted(order[start : start + self.max_batch_size], key=lambda i: (len(prompts[i]), i))
+        for start in range(0, len(order), rows):
+            chunk = sorted(order[start : start + rows], key=lambda i: (len(prompts[i]), i))
             chunk_gen = [gen[i] for i in chunk] if isinstance(gen, list) else gen
             for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen)):
                 by_index[i] = res

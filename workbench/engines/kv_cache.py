@@ -435,3 +435,30 @@ def _assemble_groups(parts: list[tuple[Any, torch.Tensor, torch.Tensor, torch.Te
         if dst[g]:
             mask[torch.tensor(dst[g]), W - part_mask.shape[1]:] = part_mask[torch.tensor(src[g])]
     return cache, logits, next_pos, mask
+
+
+#: Rows of one chunk on a CPU, and the bounds of the accelerator rule (`chunk_rows`).
+CPU_CHUNK_ROWS, MIN_CHUNK_ROWS, MAX_CHUNK_ROWS = 64, 64, 1024
+
+
+def kv_bytes_per_token(model: Any) -> int:
+    """Bytes of keys and values one token keeps over all layers in the model's dtype."""
+    config = model.config
+    heads = getattr(config, "num_attention_heads", 1)
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    element = next(model.parameters()).element_size()
+    return 2 * config.num_hidden_layers * kv * head_dim * element
+
+
+def chunk_rows(model: Any, device: torch.device, longest: int, max_tokens: int) -> int:
+    """Rows the hf engine samples together when `inference.max_batch_size` is None: 64 on a
+    CPU; on CUDA as many as the KV of `longest` prompt tokens plus `max_tokens` per row fits
+    in a quarter of the free device memory, within [64, 1024]; 256 on other accelerators."""
+    if device.type == "cpu":
+        return CPU_CHUNK_ROWS
+    if device.type != "cuda":
+        return 256
+    free, _ = torch.cuda.mem_get_info(device)
+    rows = free // 4 // max(kv_bytes_per_token(model) * (longest + max_tokens), 1)
+    return int(min(max(rows, MIN_CHUNK_ROWS), MAX_CHUNK_ROWS))
