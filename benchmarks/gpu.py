@@ -146,17 +146,26 @@ def _generate_turn(model: Any, prompts: list[list[int]], max_new: int, stop_ids:
 
 
 def _per_forward(model: Any, snap: Callable[[], int], call: Callable[[], Any]) -> list[tuple[int, int]]:
-    """(count before, count after) of each steady decode step of `call()`: a forward pre-hook
-    on the model's rotary embedding (the model's forward and the engine's decode step both call
-    it once) marks each forward; the prefill's forward, the first decode step and what follows
-    the last forward are left out. `snap()` reads the running count."""
+    """(count before, count after) of each steady decode step of `call()`: each token step of
+    the engine samples once (`decode_state._DecodeState.step`, whether its forward ran from
+    Python or from a CUDA graph), so those calls mark the steps; the first (after the prefill)
+    and the last are left out. `snap()` reads the running count."""
+    from workbench.engines import decode_state
+
     marks: list[int] = []
-    handle = model.model.rotary_emb.register_forward_pre_hook(lambda m, a, k: marks.append(snap()), with_kwargs=True)
+    original = decode_state._DecodeState.step
+
+    def step(self: Any, *args: Any, **kwargs: Any) -> Any:
+        marks.append(snap())
+        return original(self, *args, **kwargs)
+
+    decode_state._DecodeState.step = step  # type: ignore[method-assign]
     try:
         call()
     finally:
-        handle.remove()
-    return list(zip(marks[1:-1], marks[2:]))
+        decode_state._DecodeState.step = original  # type: ignore[method-assign]
+    marks.append(snap())
+    return list(zip(marks[1:-2], marks[2:-1]))
 
 
 def _syncs_per_step(engine: Any, model: Any, prompts: list[list[int]], params: Any, device: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@
     ray_cluster                   one local Ray cluster for every `ray` test of the session
 
 Models are session-scoped: tests must not change their weights. Torch uses 2 threads
-(the machine is shared).
+(the machine is shared), or OMP_NUM_THREADS when set.
 """
 from __future__ import annotations
 
@@ -25,7 +25,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-torch.set_num_threads(2 if _PASSIVE else 1)
+# OMP_NUM_THREADS, when set, wins (the suite also runs with 1 thread: `OMP_NUM_THREADS=1 make test`).
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]) if os.environ.get("OMP_NUM_THREADS", "").isdigit()
+                      else 2 if _PASSIVE else 1)
 
 
 @pytest.fixture(scope="session")

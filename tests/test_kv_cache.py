@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from workbench.engines.base import SamplingParams
+from tests.numerics import assert_same_samples
 
 
 def _plain_cache(model, ids: torch.Tensor, attention: torch.Tensor):
@@ -87,9 +88,10 @@ def _stop_heavy(model, tok):
     return [(r.token_ids, r.logprobs) for r in first + second]
 
 
-def test_rows_leaving_in_place_change_no_bit(tiny_model_and_tokenizer, monkeypatch):
-    """Two turns with rows finishing at many steps: the same ids and bit-identical logprobs
-    whether kept rows move in place or are gathered into a new buffer."""
+def test_rows_leaving_in_place_change_no_sample(tiny_model_and_tokenizer, monkeypatch):
+    """Two turns with rows finishing at many steps: the same ids, and logprobs within fp32
+    rounding (`tests/numerics.py`), whether kept rows move in place or are gathered into a
+    new buffer."""
     from workbench.engines import kv_cache
 
     model, tok = tiny_model_and_tokenizer
@@ -97,7 +99,7 @@ def test_rows_leaving_in_place_change_no_bit(tiny_model_and_tokenizer, monkeypat
     original = kv_cache._KVBlock.keep_rows
     monkeypatch.setattr(kv_cache._KVBlock, "keep_rows",
                         lambda self, index, keep, length: original(self, index, None, length))
-    assert _stop_heavy(model, tok) == in_place
+    assert_same_samples(_stop_heavy(model, tok), in_place)
 
 
 def test_bf16_decode_reads_the_bf16_cache(tiny_model_path, monkeypatch):
@@ -209,10 +211,12 @@ def _grouped_turns(model, tok):
     return [(r.token_ids, r.logprobs) for r in turns + got]
 
 
-def test_holes_filled_from_the_tail_and_groups_in_one_buffer_change_no_bit(tiny_model_and_tokenizer, monkeypatch):
+def test_holes_filled_from_the_tail_and_groups_in_one_buffer_change_no_sample(tiny_model_and_tokenizer,
+                                                                              monkeypatch):
     """Rows leaving by filling holes from the tail (the batch order then differs from the
-    prompt order) and groups prefilled straight into one buffer give the same ids and
-    bit-identical logprobs as rows moved up in order and groups assembled by a copy."""
+    prompt order) and groups prefilled straight into one buffer give the same ids, and
+    logprobs within fp32 rounding, as rows moved up in order and groups assembled by a copy
+    (the batch layout changes the kernels' rounding on some CPUs: `tests/numerics.py`)."""
     from workbench.engines import hf
     from workbench.engines.kv_cache import _tail_fill
 
@@ -225,9 +229,11 @@ def test_holes_filled_from_the_tail_and_groups_in_one_buffer_change_no_bit(tiny_
                         lambda self, *a: calls.append(1) or into_one(self, *a))
     new = _grouped_turns(model, tok)
     assert calls  # the chunk was prefilled in groups, into one buffer
-    monkeypatch.setattr(hf, "_tail_fill", lambda live: [i for i, x in enumerate(live) if x])
+    from workbench.engines import decode_state
+
+    monkeypatch.setattr(decode_state, "_tail_fill", lambda live: [i for i, x in enumerate(live) if x])
     monkeypatch.setattr(hf.HFEngine, "_prefill_into_one", lambda self, *a: None)
-    assert _grouped_turns(model, tok) == new
+    assert_same_samples(_grouped_turns(model, tok), new)
 
 
 def _thp_setting() -> str | None:

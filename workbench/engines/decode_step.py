@@ -349,7 +349,7 @@ class DecodeStep:
 
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
                  cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None) -> torch.Tensor:
+                 packed: "PackedWeights | None" = None, col: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
         appends this step's keys/values to it and returns the (B, V) fp32 logits.
@@ -358,8 +358,18 @@ class DecodeStep:
         in every row (a GRPO group's prompt, prefilled once). Attention then reads them
         from row 0 only, one matmul for all rows' queries, instead of once per row: the
         fp32 conversion and the reads of the cache are most of a decode step's attention.
-        `split`, `packed`: how the large matmuls run (`_Proj`)."""
+        `split`, `packed`: how the large matmuls run (`_Proj`).
+
+        `col` (a (1,) device tensor; the static form a CUDA graph replays, `graphed.py`):
+        `attention` is then the (B, cap) mask of the whole cache buffer, room included; the
+        step marks column `col` real in it, writes each layer's new keys/values there
+        (`write_at`) and attends over the whole buffer, so no shape changes from step to step.
+        The caller advances the layers' lengths after."""
         B = tokens.shape[0]
+        if col is not None:
+            if shared_prefix:
+                raise ValueError("the static step (col) reads no shared prefix")
+            attention.index_fill_(1, col, 1)
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         G = H // KV
         h = F.embedding(tokens, self.embed)  # (B, E)
@@ -379,7 +389,7 @@ class DecodeStep:
             qk = torch.cat([q, k], dim=1)  # (B, H + KV, D): rotated at once
             qk = qk * cos + _rotate_half(qk) * sin
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
-            keys, values = kv.update(k, v)  # (B, KV, T, D) each
+            keys, values = kv.update(k, v) if col is None else kv.write_at(col, k, v)  # (B, KV, T|cap, D) each
             out = self._attention(q, keys, values, allowed if bias is None else bias, shared_prefix)
             out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed)[0]

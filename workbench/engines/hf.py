@@ -118,6 +118,7 @@ queued. There every request samples from its own generator seeded with its
 from __future__ import annotations
 
 import threading
+import warnings
 from contextlib import contextmanager
 from concurrent.futures import Future
 from typing import Any
@@ -130,11 +131,13 @@ from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights, available as packed_available
 from workbench.engines.kv_cache import (CPU_CHUNK_ROWS, chunk_rows, _build_cache, _GrowingLayer,  # noqa: F401
-                                        _grow_layers, _is_growing, _plain_layers, _PrefixCache, _row_kv,
+                                        _grow_layers, _is_growing, _plain_layers, _PrefixCache,
                                         _prefill_groups, _assemble_groups, _select_rows,
-                                        _KVBlock, _kv_buffer, _new_growing, _tail_fill)
+                                        _KVBlock, _kv_buffer, _new_growing)
 from workbench.engines.merged import merged_copy, weights_state_key
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
+from workbench.engines.decode_state import _DecodeState
+from workbench.engines.graphed import GraphedDecode, usable as graph_usable
 from workbench.engines.sampling import _multinomial, _sample  # noqa: F401 (_multinomial: tests)
 
 
@@ -145,18 +148,21 @@ class HFEngine(GenerationEngine):
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None, prefix_cache: bool = True,
                  prefix_cache_mb: float = 2048.0, merge_lora: bool = True, compact_fraction: float | None = None,
-                 fast_decode: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = True):
         """`max_batch_size`: rows sampled together (a call with more runs in chunks); None:
         `kv_cache.chunk_rows` (64 on a CPU, by free memory on an accelerator).
         `compact_fraction`: finished rows leave the batch once they are this fraction of
         it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator). `fast_decode`:
         decode steps of Llama-family models run `decode_step.DecodeStep` instead of the
-        model's forward (False: always the model's forward)."""
+        model's forward (False: always the model's forward). `cuda_graphs`: on CUDA those
+        steps replay a CUDA graph per chunk (`graphed.py`; False: launched from Python)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
         self.fast_decode = fast_decode
-        self.decode_steps = {"fast": 0, "model": 0}  # decode steps run by each path (stats)
+        self.cuda_graphs = cuda_graphs
+        self.graph_error: str | None = None  # why a decode step could not be recorded (graphs then stay off)
+        self.decode_steps = {"fast": 0, "model": 0, "graphed": 0}  # decode steps by path ("graphed": of "fast")
         # A prompt every row of a call shares is read once by the decode step's attention
         # (True), or from each row (False); None: on accelerators only. On the CPU the one read
         # costs more ops than it saves bytes (SmolLM2, one decode step, 2-core Xeon avx512,
@@ -199,7 +205,8 @@ class HFEngine(GenerationEngine):
     def stats(self) -> dict[str, float]:
         out = {"prompt_tokens": self._prompt_tokens, "generated_tokens": self._generated,
                "lora_merges": self._merged.merges if self._merged is not None else 0,
-               "fast_decode_steps": self.decode_steps["fast"], "model_decode_steps": self.decode_steps["model"]}
+               "fast_decode_steps": self.decode_steps["fast"], "model_decode_steps": self.decode_steps["model"],
+               "graphed_decode_steps": self.decode_steps["graphed"]}
         if self.prefix_cache is not None:
             out.update(self.prefix_cache.stats())
         if self.decode_threads is not None:
@@ -452,6 +459,9 @@ class HFEngine(GenerationEngine):
         # `share_prompt_reads`).
         share = self.share_prompt_reads if self.share_prompt_reads is not None else device.type != "cpu"
         shared = attn_host.shape[1] if share and U == 1 and B > 1 else 0
+        graphed = None  # the chunk's steps from a CUDA graph (graphed.py): fixed rows, no shared-prompt read
+        if self.cuda_graphs and self.graph_error is None and graph_usable(fast, device) and _is_growing(cache.layers[0]):
+            graphed, shared = GraphedDecode(fast, cache, attention), 0
         if self.decode_threads is None:
             # fp32 on a CPU: MKL's packed products are a candidate too (packed_matmul.py)
             packed_bytes = fast.packed_bytes() if fast is not None else 0
@@ -466,14 +476,24 @@ class HFEngine(GenerationEngine):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
                 if not state.live.any() or step == params.max_tokens - 1:
                     break
-                kept_rows = state.compact(cache)  # rows kept (device, host); None: no compaction this step
-                if kept_rows is not None:
-                    keep, keep_host = kept_rows  # (B'',) each
-                    cache = _select_rows(cache, keep, keep_host)
-                    tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
-                attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
+                if graphed is None:
+                    kept_rows = state.compact(cache)  # rows kept (device, host); None: no compaction this step
+                    if kept_rows is not None:
+                        keep, keep_host = kept_rows  # (B'',) each
+                        cache = _select_rows(cache, keep, keep_host)
+                        tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
+                    attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
                 with stepper.step():
-                    if fast is not None:
+                    if graphed is not None:
+                        replays = graphed.replays
+                        logits = graphed(tokens, next_pos)  # (B, V), the cache written in place
+                        self.decode_steps["graphed"] += graphed.replays - replays
+                        if graphed.capture_error is not None and self.graph_error is None:
+                            self.graph_error = graphed.capture_error
+                            warnings.warn(f"hf engine: this model's decode step cannot be recorded in a CUDA graph "
+                                          f"({self.graph_error}); its steps are launched from Python from now on "
+                                          "(inference.cuda_graphs=false says so up front)", stacklevel=2)
+                    elif fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
                         # products through packed weights (both halves of split ones, when packing is on)
                         packed = self._packed if stepper.packed or stepper.split else None
@@ -488,116 +508,3 @@ class HFEngine(GenerationEngine):
                 self.decode_steps[path] += 1
                 next_pos = next_pos + 1
         return state.finish(cache)
-
-
-#: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
-#: they are at least this fraction of its rows; until then they decode along, their ids
-#: unused (a launch-bound step costs about the same with them). On the CPU each row costs
-#: compute, so rows leave as soon as they finish (measured: 0.25 was ~10% slower there).
-_COMPACT_FRACTION = 0.25
-
-
-class _DecodeState:
-    """One chunk's decoding state, on the host except the logprobs.
-
-    Per step the host reads back the sampled ids and the stop-id flags once (one (2, B')
-    copy); the sampling logprobs gather in a (T, B) device tensor read once when the turn
-    ends. Rows are tracked with host tensors (no Python loop over rows per step, except to
-    decode the tails of live rows when stop strings are set: text needs the tokenizer).
-    """
-
-    def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
-                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
-                 cached: list[int], rows: torch.Tensor | None = None):
-        B, T = len(prompts), params.max_tokens
-        self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
-        self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
-        self.stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long).to(device)  # (K,)
-        self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
-        self.attn_host = attn_host  # (B', C + S) prefill positions of each batch row: 1 = real
-        self.prefill_len = attn_host.shape[1]
-        self.rows = torch.arange(B) if rows is None else rows  # (B',) the chunk row each batch row holds
-        self.rows_dev = self.rows.to(device, non_blocking=True)  # (B',)
-        self.live = torch.ones(B, dtype=torch.bool)  # (B',) still decoding (finished rows stay until compacted)
-        self.ids = torch.full((B, T), engine.pad_id, dtype=torch.long)  # (B, T) sampled ids
-        self.length = torch.full((B,), T, dtype=torch.long)  # (B,) ids each row keeps
-        self.stopped = torch.zeros(B, dtype=torch.bool)  # (B,) finish reason "stop"
-        self.logprobs = torch.zeros((T, B), dtype=torch.float32, device=device)  # (T, B) read when the turn ends
-        # One generator per row: each row's uniforms for the whole turn, drawn now (a
-        # generator's n draws at once equal its n single draws, so rows keep their streams).
-        self.uniforms = None
-        if isinstance(gen, list) and params.temperature != 0:
-            self.uniforms = torch.stack([torch.rand(T, generator=g, dtype=torch.float64) for g in gen])  # (B, T)
-
-    def step(self, step: int, logits: torch.Tensor, cache: Any) -> torch.Tensor:
-        """Sample from (B', V) logits, record ids and logprobs, mark rows that finished."""
-        params, live = self.params, self.live
-        logprobs = torch.log_softmax(logits, dim=-1)  # (B', V) raw model distribution
-        u = None
-        if params.temperature != 0:
-            if self.uniforms is not None:
-                u_host = self.uniforms[self.rows, step]  # (B',)
-            else:  # one shared generator: live rows draw in chunk-row order (whatever their batch order)
-                draw = live.nonzero().flatten()  # (B'',)
-                draw = draw[torch.argsort(self.rows[draw])]
-                u_host = torch.zeros(len(live), dtype=torch.float64)
-                u_host[draw] = torch.rand(len(draw), generator=self.gen, dtype=torch.float64)
-            u = u_host.to(self.device, non_blocking=True)
-        tokens = _sample(logits, params, u, logprobs)  # (B',)
-        self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
-        done = torch.isin(tokens, self.stop) if self.stop.numel() else torch.zeros_like(tokens, dtype=torch.bool)
-        host = torch.stack([tokens, done.long()]).cpu()  # (2, B'): the step's one read
-        self.ids[self.rows, step] = host[0]
-        done = host[1].bool() & live  # (B',)
-        if self.stop_strings is not None:
-            for j in (live & ~done).nonzero().flatten().tolist():
-                if self.stop_strings.completes(self.ids[self.rows[j], : step + 1].tolist()):
-                    done[j] = True  # this token completed a stop string: the reply ends with it
-        finished = self.rows[done]
-        self.stopped[finished] = True
-        self.length[finished] = step + 1
-        live &= ~done
-        return tokens
-
-    def compact(self, cache: Any) -> tuple[torch.Tensor, list[int]] | None:
-        """Drop finished rows once they are `compact_fraction` of the batch: the kept rows'
-        index on the device and on the host (their KV stored in the prefix cache first), else None."""
-        n = len(self.live)
-        dead = n - int(self.live.sum())
-        fraction = self.engine.compact_fraction
-        if fraction is None:
-            fraction = 0.0 if self.device.type == "cpu" else _COMPACT_FRACTION
-        if dead == 0 or dead < fraction * n:
-            return None
-        self._store(cache, (~self.live).nonzero().flatten())
-        if self.device.type == "cpu":  # holes filled from the tail: only those rows' KV moves
-            keep = torch.tensor(_tail_fill(self.live.tolist()), dtype=torch.long)  # (B'',)
-        else:
-            keep = self.live.nonzero().flatten()  # (B'',)
-        keep_dev = keep.to(self.device, non_blocking=True)
-        self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
-        self.attn_host = self.attn_host[keep]
-        return keep_dev, keep.tolist()
-
-    def _store(self, cache: Any, batch_rows: torch.Tensor) -> None:
-        """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache
-        (not when the call said no later call extends them: `SamplingParams.keep_kv`)."""
-        prefix = self.engine.prefix_cache
-        if prefix is None or not self.params.keep_kv:
-            return
-        for j in batch_rows.tolist():
-            r, n = int(self.rows[j]), int(self.length[self.rows[j]])
-            where = torch.cat([self.attn_host[j].nonzero().flatten(),
-                               torch.arange(self.prefill_len, self.prefill_len + n - 1)])  # (n_real,)
-            kv = _row_kv(cache, j, where.to(self.device, non_blocking=True))
-            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), kv, extends=self.cached[r])
-
-    def finish(self, cache: Any) -> list[GenerationResult]:
-        """The turn ended: keep the remaining rows' KV, read the logprobs once, build results."""
-        self._store(cache, torch.arange(len(self.rows)))
-        logprobs = self.logprobs.cpu()  # (T, B)
-        self.engine._generated += int(self.length.sum())
-        return [GenerationResult(token_ids=self.ids[b, :n].tolist(), logprobs=logprobs[:n, b].tolist(),
-                                 finish_reason="stop" if self.stopped[b] else "length",  # type: ignore[arg-type]
-                                 num_cached_tokens=self.cached[b])
-                for b, n in enumerate(self.length.tolist())]

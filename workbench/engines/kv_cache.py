@@ -225,6 +225,27 @@ class _GrowingLayerMixin:
         self._block.keep_rows(indices, None, self._length)
         self._views()
 
+    def write_at(self, col: torch.Tensor, key_states: torch.Tensor, value_states: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write one position's (B, KV, 1, D) keys/values at column `col` (a (1,) device
+        tensor, so a CUDA graph can replay the write at the next column) and return the whole
+        (B, KV, cap, D) buffers, room included; `advance` moves the filled length after."""
+        self._kbuf.index_copy_(2, col, key_states)
+        self._vbuf.index_copy_(2, col, value_states)
+        return self._kbuf, self._vbuf
+
+    def advance(self, n: int = 1) -> None:
+        """`n` more positions are filled (written by `write_at`)."""
+        self._length += n
+        self.keys = self._kbuf[:, :, : self._length]
+        self.values = self._vbuf[:, :, : self._length]
+
+    def clear_room(self) -> None:
+        """Zero the positions after the filled part: a read of the whole buffer (`write_at`'s
+        callers mask them) must not meet NaN garbage (0 x NaN is NaN)."""
+        self._kbuf[:, :, self._length:].zero_()
+        self._vbuf[:, :, self._length:].zero_()
+
 
 _growing_class: type | None = None
 

@@ -28,7 +28,7 @@ INFERENCE_FIELDS: dict[str, str] = {
     "top_k": "rollout", "multi_turn": "rollout", "max_turns": "rollout", "max_context_tokens": "rollout",
     "stop": "engine", "seed": "rollout", "server_url": "engine", "server_kind": "engine",
     "request_timeout": "engine", "max_retries": "engine", "gpu_memory_utilization": "engine",
-    "enable_prefix_caching": "engine", "prefix_cache_mb": "engine", "max_batch_size": "engine",
+    "enable_prefix_caching": "engine", "prefix_cache_mb": "engine", "max_batch_size": "engine", "cuda_graphs": "engine",
     "enable_sleep_mode": "engine",
     "vllm_dtype": "engine",
     "async_rollout": "rollout",
