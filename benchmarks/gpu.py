@@ -22,6 +22,9 @@ others go on):
   `torch.cuda.set_sync_debug_mode("warn")`; on any device, the project's counter
   (`tests/host_sync.py`: host reads of device values and blocking uploads), over one engine
   call of the first turn's prompts, divided by its decode steps (prefill and finish included).
+* both parts also time ours with `inference.cuda_graphs` on (decode steps replayed from a CUDA
+  graph per chunk; off by default until such a run has checked it): rows "lora_graphs",
+  "full_graphs" and the rollout's "cuda_graphs" entry.
 * `grpo`: one GRPO step (benchmarks/update.py's config: 1 prompt x 8 completions, at most
   64 new tokens, guess_number's opening, a text reward) on the same 0.6B-shaped model, with
   LoRA (r=16, all linear layers) and in full fine-tuning, ours (`Trainer.train_step`, hf
@@ -261,6 +264,12 @@ def part_rollout(ctx: dict[str, Any]) -> dict[str, Any]:
     gen_peak = peak_gib(device)
     ours2, contexts2, _ = _ours_once(engine, args, device)
     stats = engine.stats()
+    # the same rollout with the decode steps replayed from CUDA graphs (inference.cuda_graphs)
+    config.inference.cuda_graphs = True
+    graphed_engine = make_engine(config, model, tok)
+    new_rollout(graphed_engine, argparse.Namespace(**{**vars(args), "episodes": 16, "turns": 2}), first_seed=50).run()
+    ours_g, _, _ = _ours_once(graphed_engine, args, device)
+    g_stats = graphed_engine.stats()
     turns = []
     for k, ((s1, n1), (s2, n2), (gs, gn)) in enumerate(zip(ours1, ours2, gen)):
         secs = (s1 + s2) / 2
@@ -280,6 +289,11 @@ def part_rollout(ctx: dict[str, Any]) -> dict[str, Any]:
             "generate_tokens": gen_tokens, "generate_tokens_per_s": round(gen_tps, 1),
             "ratio": round(ours_tps / gen_tps, 2), "ours_peak_gib": ours_peak, "generate_peak_gib": gen_peak,
             "same_tokens_both_runs": contexts2 == contexts,
+            "cuda_graphs": {"tokens_per_s": round(sum(n for _, n in ours_g) / sum(t for t, _ in ours_g), 1),
+                            "ratio_vs_generate": round(sum(n for _, n in ours_g) / sum(t for t, _ in ours_g) / gen_tps, 2),
+                            "per_turn_tokens_per_s": [round(n / t, 1) for t, n in ours_g],
+                            "graphed_decode_steps": g_stats.get("graphed_decode_steps"),
+                            "graph_error": graphed_engine.graph_error},
             "host_syncs": syncs, "engine_stats": {k: v for k, v in stats.items() if isinstance(v, (int, float))}}
 
 
@@ -292,13 +306,14 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {"model": Path(folder).name, "steps_timed": steps, "config": {
         "completions_per_step": upd.GROUP, "max_new_tokens": upd.MAX_NEW, "learning_rate": upd.LR,
         "lora": "r=16, alpha=32, all-linear", "kl": "off"}}
-    for mode, lora in (("lora", True), ("full", False)):
+    for mode, lora, graphs in (("lora", True, False), ("full", False, False), ("lora_graphs", True, True),
+                               ("full_graphs", False, True)):
         row: dict[str, Any] = {}
         try:
             peak_reset(device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # full fine-tuning in bf16 warns (no fp32 master copy)
-                ours = upd.run_ours(steps, 0, device, dtype, folder, lora)
+                ours = upd.run_ours(steps, 0, device, dtype, folder, lora, graphs)
             row["ours"] = {"step_seconds": upd.med(ours["rows"], "step_seconds"),
                            "rollout_seconds": upd.med(ours["rows"], "rollout_seconds"),
                            "update_seconds": upd.med(ours["rows"], "update_seconds"),
@@ -308,7 +323,9 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
             row["engine_trainer_gap"] = round(max(gaps), 6) if gaps else None
         except Exception as exc:  # noqa: BLE001 (recorded; the other side still runs)
             row["ours_error"] = _error(exc)
-        if ctx["trl"]:
+        if graphs and "trl" in out.get(mode.removesuffix("_graphs"), {}):
+            row["trl"] = out[mode.removesuffix("_graphs")]["trl"]  # the same TRL run: graphs are ours alone
+        elif ctx["trl"]:
             try:
                 peak_reset(device)
                 trl = upd.run_trl(steps, tempfile.mkdtemp(prefix="wb_trl_"), device, dtype, folder, lora)
@@ -429,12 +446,14 @@ def targets(res: dict[str, Any]) -> dict[str, Any]:
     r = res.get("rollout")
     if isinstance(r, dict) and "ratio" in r:
         t["rollout >= 1.0x generate"] = {"value": r["ratio"], "met": r["ratio"] >= 1.0}
+        t["rollout with cuda_graphs >= 1.0x generate"] = {"value": r["cuda_graphs"]["ratio_vs_generate"],
+                                                          "met": r["cuda_graphs"]["ratio_vs_generate"] >= 1.0}
         h = r["host_syncs"]
         t["host syncs per decode step <= 2"] = {"value": f"median {h['per_step']}, max {h['max_per_step']}",
                                                 "met": h["max_per_step"] <= 2}
     g = res.get("grpo")
     if isinstance(g, dict):
-        for mode in ("lora", "full"):
+        for mode in ("lora", "full", "lora_graphs", "full_graphs"):
             row = g.get(mode, {})
             if "speedup" in row:
                 t[f"GRPO step ({mode}) >= 3x TRL"] = {"value": row["speedup"], "met": row["speedup"] >= 3.0}
@@ -456,15 +475,18 @@ def markdown(res: dict[str, Any]) -> str:
                   f"{t['generate_tokens_per_s']} | {t['ratio']}x |" for t in r["per_turn"]]
         lines += [f"| all | | {r['ours_tokens_per_s']} | {r['generate_tokens_per_s']} | **{r['ratio']}x** |", "",
                   f"Peak memory: ours {r['ours_peak_gib']} GiB, generate {r['generate_peak_gib']} GiB. "
-                  f"Host syncs per decode step: {r['host_syncs']}.", ""]
+                  f"Host syncs per decode step: {r['host_syncs']}.", "",
+                  f"With `inference.cuda_graphs`: {r['cuda_graphs']}.", ""]
     g = res.get("grpo")
     if isinstance(g, dict) and ("lora" in g or "full" in g):
         lines += [f"## GRPO step: {g['model']}, 1 prompt x 8 completions, <= 64 new tokens, median of "
                   f"{g['steps_timed']} after a warm-up", "",
                   "| mode | ours s (generate / update) | TRL s (generate / update) | speedup | peak GiB ours / TRL | gap |",
                   "|---|---|---|---|---|---|"]
-        for mode in ("lora", "full"):
+        for mode in ("lora", "full", "lora_graphs", "full_graphs"):
             row = g.get(mode, {})
+            if not row:
+                continue
             o, t = row.get("ours"), row.get("trl")
             fo = f"{o['step_seconds']:.2f} ({o['rollout_seconds']:.2f} / {o['update_seconds']:.2f})" if o else "error"
             ft = f"{t['step_seconds']:.2f} ({t['rollout_seconds']:.2f} / {t['update_seconds']:.2f})" if t else "error"

@@ -101,9 +101,11 @@ def matmul_peak(device: Any, dtype: Any, n: int = 2048, reps: int = 5) -> float:
 
 
 # -- ours ---------------------------------------------------------------------------
-def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: bool = True) -> Any:
+def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: bool = True,
+                 cuda_graphs: bool = False) -> Any:
     """Our side's `Trainer`: the module docstring's config (also benchmarks/floors.py's GRPO step
-    and benchmarks/gpu.py's, there on another `model` folder and with `lora` off too)."""
+    and benchmarks/gpu.py's, there on another `model` folder, with `lora` off and with
+    `inference.cuda_graphs` on too)."""
     from envs import make_env
     from workbench.config import ConfigStore
     from workbench.training.trainer import Trainer
@@ -112,6 +114,7 @@ def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: boo
     cfg.model.model_name = model
     cfg.model.device, cfg.model.dtype = str(device), str(dtype).removeprefix("torch.")
     cfg.model.use_lora = lora
+    cfg.inference.cuda_graphs = cuda_graphs
     cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules = 16, 32, "all-linear"
     cfg.inference.multi_turn = False
     cfg.inference.max_turns = 1
@@ -125,10 +128,10 @@ def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: boo
 
 
 def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = EMBEDDED_MODEL,
-             lora: bool = True) -> dict[str, Any]:
+             lora: bool = True, cuda_graphs: bool = False) -> dict[str, Any]:
     from workbench.training.policy import shared_prefix_length
 
-    trainer = make_trainer(device, dtype, model, lora)
+    trainer = make_trainer(device, dtype, model, lora, cuda_graphs)
     # Stage timers: old-logprob forward (inside compute_advantages) and update.
     timings: dict[str, float] = {}
     orig_logprobs = trainer.compute_logprobs

@@ -72,6 +72,9 @@ def test_dry_run_rollout_counts_tokens_on_both_sides(dry_run):
     # a later turn's prompt holds the first turn's prompt, reply and the observation
     assert r["per_turn"][1]["mean_context_tokens"] > r["per_turn"][0]["mean_context_tokens"] + 8
     assert r["ours_tokens"] == sum(t["ours_tokens"] for t in r["per_turn"])
+    # the same rollout with inference.cuda_graphs on: on a CPU no step is graphed
+    assert r["cuda_graphs"]["graphed_decode_steps"] == 0 and r["cuda_graphs"]["graph_error"] is None
+    assert len(r["cuda_graphs"]["per_turn_tokens_per_s"]) == 2 and r["cuda_graphs"]["tokens_per_s"] > 0
     syncs = r["host_syncs"]["project_counter"]
     assert syncs["steps"] >= 5 and syncs["max"] <= 2 and syncs["whole_call"] >= syncs["steps"]
 
@@ -86,6 +89,8 @@ def test_dry_run_grpo_step_against_trl(dry_run):
         assert row["speedup"] == pytest.approx(row["trl"]["step_seconds"] / row["ours"]["step_seconds"], rel=0.01)
         assert 0 < row["ours"]["completion_tokens"] <= 8 * 64
         assert row["engine_trainer_gap"] < 1e-3  # fp32: trainer and engine compute the same logprobs
+        graphed = g[f"{mode}_graphs"]  # ours again with inference.cuda_graphs, against the same TRL run
+        assert graphed["trl"] == row["trl"] and graphed["ours"]["step_seconds"] > 0
 
 
 @needs_tokenizer

@@ -97,7 +97,7 @@ def test_engine_with_cuda_graphs_samples_the_ids_of_the_engine_without(tiny_mode
     prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128, 9)]
     prompts += [list(tok("Guess the number between 1 and 100.")["input_ids"])] * 4
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
-    graphed, plain = HFEngine(model, tok), HFEngine(model, tok, cuda_graphs=False)
+    graphed, plain = HFEngine(model, tok, cuda_graphs=True), HFEngine(model, tok)
     a = graphed.generate_ids(prompts, params)
     b = plain.generate_ids(prompts, params)
     nexts = [p + r.token_ids + [9, 8] for p, r in zip(prompts, a)]
@@ -124,12 +124,12 @@ def test_graphed_steps_see_weights_changed_in_place(tiny_model_and_tokenizer):
     model = copy.deepcopy(model).to("cuda")
     prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128)]
     greedy = SamplingParams(max_tokens=8, temperature=0.0)
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, cuda_graphs=True)
     before = [r.token_ids for r in engine.generate_ids(prompts, greedy)]
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.down_proj.weight.mul_(-3.0)  # in place, as AdamW writes
     after = [r.token_ids for r in engine.generate_ids(prompts, greedy)]
-    plain = [r.token_ids for r in HFEngine(model, tok, cuda_graphs=False).generate_ids(prompts, greedy)]
+    plain = [r.token_ids for r in HFEngine(model, tok).generate_ids(prompts, greedy)]
     assert after == plain and after != before
     assert engine.stats()["graphed_decode_steps"] > 0

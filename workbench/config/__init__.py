@@ -149,12 +149,15 @@ class InferenceConfig:
     model's decode step costs about the same at 8 rows as at 512 (kernel launches, not
     arithmetic), as many rows as the KV cache of each chunk's longest prompt plus
     `max_tokens` fits in a quarter of the free device memory, between 64 and 1024."""
-    cuda_graphs: bool = True
+    cuda_graphs: bool = False
     """hf engine on CUDA: replay each chunk's decode steps from a CUDA graph (recorded at its
     first step; `workbench/engines/graphed.py`), one launch for a step's ~1,000 kernels,
-    instead of launching them from Python (a small model's step is launch-bound there).
-    Finished rows then stay in the batch until the chunk ends. No effect on a CPU, or for
-    models the engine's decode step does not cover (they run the model's own forward)."""
+    instead of launching them from Python (a small model's step is launch-bound there:
+    30-50 ms per token step on an H100 for a 0.6B model). Finished rows then stay in the
+    batch until the chunk ends. Off by default until a GPU run of `benchmarks/gpu.py` (which
+    times both) and of `pytest -m gpu` has checked it; its static step is checked against the
+    ordinary one on the CPU. No effect on a CPU, or for models the engine's decode step does
+    not cover (they run the model's own forward)."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"

@@ -1,4 +1,5 @@
-"""The hf engine's decode steps replayed from a CUDA graph (`inference.cuda_graphs`).
+"""The hf engine's decode steps replayed from a CUDA graph (`inference.cuda_graphs`, off by
+default until a GPU run of `benchmarks/gpu.py` and `pytest -m gpu` has checked it).
 
 On a GPU a small model's decode step is launch-bound: measured on an H100 (2026-11-27,
 Qwen3-0.6B shape, bf16), a step of `decode_step.DecodeStep` took 30-50 ms at 8 rows whatever

@@ -148,14 +148,15 @@ class HFEngine(GenerationEngine):
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None, prefix_cache: bool = True,
                  prefix_cache_mb: float = 2048.0, merge_lora: bool = True, compact_fraction: float | None = None,
-                 fast_decode: bool = True, cuda_graphs: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = False):
         """`max_batch_size`: rows sampled together (a call with more runs in chunks); None:
         `kv_cache.chunk_rows` (64 on a CPU, by free memory on an accelerator).
         `compact_fraction`: finished rows leave the batch once they are this fraction of
         it (None: 0 on the CPU, `_COMPACT_FRACTION` on an accelerator). `fast_decode`:
         decode steps of Llama-family models run `decode_step.DecodeStep` instead of the
         model's forward (False: always the model's forward). `cuda_graphs`: on CUDA those
-        steps replay a CUDA graph per chunk (`graphed.py`; False: launched from Python)."""
+        steps replay a CUDA graph per chunk (`graphed.py`; False, the default until a GPU
+        run has checked it: launched from Python)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
