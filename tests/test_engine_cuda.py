@@ -97,3 +97,27 @@ def test_engine_on_cuda_samples_a_large_call_in_one_chunk(tiny_model_and_tokeniz
     chunked.generate_ids(prompts, SamplingParams(max_tokens=8, temperature=1.0, seed=0, stop_token_ids=[]))
     s = chunked.stats()
     assert s["fast_decode_steps"] + s["model_decode_steps"] == 4 * 7  # 64 + 64 + 64 + 8 rows
+
+
+def test_a_learner_on_cuda_joins_its_group_with_device_cuda(tiny_model_path):
+    """`model.device="cuda"` (no index, what "auto" resolves to) is a learner's own GPU: the
+    FSDP2 learner sets it, joins an nccl group of one and gathers only the trained weights."""
+    import socket
+
+    import torch.distributed as dist
+
+    from workbench.config import ConfigStore
+    from workbench.distributed.learners import LearnerWorker
+
+    config = ConfigStore()
+    config.model.model_name, config.model.device, config.model.lora_rank = str(tiny_model_path), "cuda", 2
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    learner = LearnerWorker(config, 0, 1)
+    try:
+        assert learner.setup("127.0.0.1", port) == "nccl"
+        state = learner.state_dict()["policy"]
+        assert state and all("lora_" in k for k in state)
+    finally:
+        dist.destroy_process_group()

@@ -131,8 +131,8 @@ class LearnerWorker:
         cfg = self.config
         device = cfg.model.resolved_device()
         backend = "nccl" if device.type == "cuda" else "gloo"
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        if device.type == "cuda":  # "cuda" names no index: the actor's own GPU (Ray sets CUDA_VISIBLE_DEVICES)
+            torch.cuda.set_device(device if device.index is not None else torch.device("cuda", 0))
         dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=self.rank,
                                 world_size=self.world_size)
         # Reference logprobs come from the controller; optimizers are built after sharding.
@@ -198,7 +198,9 @@ class LearnerWorker:
         out = {}
         for name, module in zip(("policy", "critic"), self._modules()):
             reshard(module)
-            full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            # frozen weights (a LoRA policy's base) are left out before the gather, not after it
+            full = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                         ignore_frozen_params=True))
             keep = set(trained_names(module))
             out[name] = {k: v for k, v in full.items() if k in keep}
         return out if self.rank == 0 else None
