@@ -343,10 +343,11 @@ def test_lm_head_gets_its_input_with_fresh_strides(rows):
 @pytest.mark.parametrize("make", [lambda: _llama(), lambda: _qwen2(), lambda: _qwen2().to(torch.bfloat16),
                                   lambda: _lora(_llama(torch.bfloat16))],
                          ids=["llama-fp32", "qwen2-biases-fp32", "qwen2-biases-bf16", "lora-bf16"])
-def test_split_matmuls_give_bit_identical_logits(monkeypatch, make):
+def test_split_matmuls_give_the_same_logits(monkeypatch, make):
     """With every weight split in two halves over the helper (threshold 0), the logits
-    and the appended keys are the same bits as without: fp32 (W @ x.T) and bf16 (x @ W.T)
-    matmuls, with q/k/v biases, with LoRA adapters."""
+    and the appended keys are those without, to the dtype's rounding: fp32 (W @ x.T) and bf16
+    (x @ W.T) matmuls, with q/k/v biases, with LoRA adapters. (A half-width product may run
+    another kernel than the whole one, so equal bits are not promised: `tests/numerics.py`.)"""
     from workbench.engines import decode_step
     from workbench.engines.decode_threads import MatmulHelper
 
@@ -358,24 +359,29 @@ def test_split_matmuls_give_bit_identical_logits(monkeypatch, make):
     step = DecodeStep.build(model)
     helper = MatmulHelper()
     try:
-        split_gives_the_same_bits(step, (cache, split_cache), mask, pos, torch.tensor([3, 17, 42]), helper)
+        split_gives_the_same_logits(step, (cache, split_cache), mask, pos, torch.tensor([3, 17, 42]), helper)
     finally:
         helper.close()
 
 
-def split_gives_the_same_bits(step, caches, mask, pos, tokens, helper, packed=None, steps: int = 3) -> None:
+def split_gives_the_same_logits(step, caches, mask, pos, tokens, helper, packed=None, steps: int = 3) -> None:
     """Decode `steps` tokens from two copies of one cache, the second with the large
     matmuls split over `helper` (both through `packed`, if given): the logits and the
-    appended keys and values are the same bits."""
+    appended keys and values agree to the cache dtype's rounding (fp32 1e-5, bf16 3e-2, relative
+    to the largest logit), and the greedy ids are the same."""
     whole_cache, split_cache = caches
+    tol = 1e-5 if whole_cache.layers[0].keys.dtype == torch.float32 else 3e-2
     for _ in range(steps):
         mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
         with torch.no_grad():
             whole = step(tokens, mask, pos, whole_cache, packed=packed)
             split = step(tokens, mask, pos, split_cache, split=helper, packed=packed)
-        assert torch.equal(whole, split)
+        scale = float(whole.abs().max())
+        assert torch.allclose(whole, split, atol=tol * scale, rtol=0), (whole - split).abs().max()
+        assert torch.equal(whole.argmax(-1), split.argmax(-1))
         for a, b in zip(whole_cache.layers, split_cache.layers):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+            assert torch.allclose(a.keys.float(), b.keys.float(), atol=tol * 10, rtol=tol)
+            assert torch.allclose(a.values.float(), b.values.float(), atol=tol * 10, rtol=tol)
         tokens, pos = whole.argmax(-1), pos + 1
 
 

@@ -14,7 +14,7 @@ from workbench.engines import packed_matmul
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.packed_matmul import PACKED_MIN_ROWS, PackedWeights, bucket
 
-from tests.test_decode_step import _llama, _prefill, _qwen2, split_gives_the_same_bits
+from tests.test_decode_step import _llama, _prefill, _qwen2, split_gives_the_same_logits
 
 pytestmark = pytest.mark.skipif(not packed_matmul.available(0), reason="this torch has no MKL packed GEMM")
 
@@ -210,7 +210,7 @@ def test_split_halves_packed_apart_give_the_packed_bits(monkeypatch, make):
     step = DecodeStep.build(model)
     helper, packed = MatmulHelper(), PackedWeights()
     try:
-        split_gives_the_same_bits(step, (cache, split_cache), mask, pos, torch.tensor([3, 17, 42, 5, 8]), helper,
+        split_gives_the_same_logits(step, (cache, split_cache), mask, pos, torch.tensor([3, 17, 42, 5, 8]), helper,
                                   packed)
     finally:
         helper.close()

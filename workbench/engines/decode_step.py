@@ -29,7 +29,8 @@ code over the model's own parameters (references, so an optimizer step or
 - with a `MatmulHelper` (`split`: the engine's timed "one thread + helper" mode,
   `decode_threads.py`), large weights are multiplied in two halves of their outputs at
   once, one per thread (`SPLIT_MIN_BYTES`; with `packed`, each half packed apart); the
-  logits are bit-identical either way.
+  logits are the same to the dtype's rounding (the same bits on the CPUs measured; a
+  half-width product may run another kernel elsewhere).
 
 The math is the model's (`modeling_llama`): RMSNorm in fp32 cast back before the weight,
 rotary embeddings from the model's own `rotary_emb`, residual adds in the model dtype,
