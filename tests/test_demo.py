@@ -69,12 +69,12 @@ def test_demo_takes_config_flags_for_its_training_part(tmp_path):
 
 
 def test_the_readme_lenient_demo_command_gives_the_lenient_run(tmp_path):
-    # README, Debugging a run: the demo as it trained until 2026-11-25
+    # docs/debugging.md: the demo as it trained until 2026-11-25
     cfg = demo_config(parse_args(["demo", "--output", str(tmp_path), "--environment.strict_format", "false",
                                   "--sft.steps", "0", "--training.num_iters_per_epoch", "8"]), tmp_path)
     assert cfg.environment.strict_format is False and cfg.sft.steps == 0
     assert cfg.training.num_epochs * cfg.training.num_iters_per_epoch == 8 == cfg.checkpoint.save_interval
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "debugging.md").read_text()
     assert ("python -m workbench demo --output /tmp/demo1 --environment.strict_format false --sft.steps 0 "
             "--training.num_iters_per_epoch 8") in readme
 

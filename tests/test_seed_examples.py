@@ -2,7 +2,7 @@
 (`setup`, `your_project`, `verl.protocol`, the seed's own module names -> `workbench`) and
 the model (the tiny one; never a hub download). Other changes are marked `CHANGED:` or
 `FILLED IN:` (a skeleton's `pass` body). Blocks that cannot run at all are listed in
-README.md ("Seed examples") with the reason.
+docs/seeds.md with the reason.
 """
 from __future__ import annotations
 
