@@ -109,6 +109,10 @@ class Turn:
     """"stop", "length" (hit max_tokens), "human" or "error"."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """Non-model chat messages appended after this turn."""
+    constraint: dict[str, Any] | None = None
+    """The grammar a model turn was sampled under (`Constraint.to_dict()` of
+    `workbench.engines.constraints`, plus the call's `stop_token_ids`), or None: free. Its
+    logprobs are of the masked distribution, and the trainer masks alike."""
 
 
 @dataclass

@@ -20,6 +20,12 @@ ends; rows are tracked with host tensors, not a Python loop (stop strings except
 they decode each live row's tail on the host). `tests/test_engine_host_reads.py` counts
 this on the CPU. Sampling (`sampling.py`) draws its uniforms from CPU generators.
 
+Constrained decoding: a call's `SamplingParams.constraint` (per request through `submit`,
+so the rows of one batch may each have their own or none) masks each constrained row's
+logits with its grammar before the step samples (`constraints.py`, `decode_state.py`): the
+host fills the masks from ids it already read, uploads them without waiting, and the
+recorded logprobs are of the masked distribution.
+
 The engine holds a reference to the policy module, so after an optimizer step it
 already samples from the new weights; `sync_weights(model)` just swaps the module.
 A LoRA policy is sampled through a merged copy (`merged.py`) that re-merges itself
@@ -126,6 +132,7 @@ import torch
 
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
+from workbench.engines.decode_state import _COMPACT_FRACTION, _DecodeState  # noqa: F401 (_COMPACT_FRACTION: tests)
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights, available as packed_available
@@ -222,7 +229,7 @@ class HFEngine(GenerationEngine):
             gen.manual_seed(params.seed)
         else:
             gen.seed()
-        return self._generate(prompts, params, gen)
+        return self._generate(prompts, params, gen, [params.constraint] * len(prompts))
 
     def submit(self, prompt: list[int], params: SamplingParams) -> "Future[GenerationResult]":
         """Queue one prompt for the dynamic batcher (see the module docstring)."""
@@ -244,7 +251,7 @@ class HFEngine(GenerationEngine):
             else:
                 g.seed()
             gens.append(g)
-        return self._generate(prompts, params_list[0], gens)
+        return self._generate(prompts, params_list[0], gens, [p.constraint for p in params_list])
 
     def close(self) -> None:
         batcher, self._batcher = self._batcher, None
@@ -257,8 +264,9 @@ class HFEngine(GenerationEngine):
             self._packed.clear()
         super().close()
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams,
-                  gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, gen: torch.Generator | list[torch.Generator],
+                  constraints: list[Any] | None = None) -> list[GenerationResult]:
+        """`constraints`: each prompt's grammar (`constraints.Constraint`, None: free), or None."""
         if not prompts:
             return []
         for i, p in enumerate(prompts):
@@ -286,7 +294,9 @@ class HFEngine(GenerationEngine):
         for start in range(0, len(order), rows):
             chunk = sorted(order[start : start + rows], key=lambda i: (len(prompts[i]), i))
             chunk_gen = [gen[i] for i in chunk] if isinstance(gen, list) else gen
-            for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen)):
+            grammar = [constraints[i] for i in chunk] if constraints is not None else None
+            for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen,
+                                                          grammar)):
                 by_index[i] = res
         return [by_index[i] for i in range(len(prompts))]
 
@@ -307,10 +317,11 @@ class HFEngine(GenerationEngine):
 
     @torch.no_grad()
     def _generate_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
-                        gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+                        gen: torch.Generator | list[torch.Generator],
+                        constraints: list[Any] | None = None) -> list[GenerationResult]:
         """`gen`: one generator for the chunk, or one per row (rows keep theirs as others finish)."""
         with gqa_attention(model), dense_head_input(model):
-            return self._decode_chunk(model, prompts, params, gen)
+            return self._decode_chunk(model, prompts, params, gen, constraints)
 
     def _prefill(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
                  room: int, into: torch.Tensor | None = None) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -386,7 +397,8 @@ class HFEngine(GenerationEngine):
         return cache, torch.cat(logits), torch.cat(next_pos), torch.cat(masks), order
 
     def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
-                      gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+                      gen: torch.Generator | list[torch.Generator],
+                      constraints: list[Any] | None = None) -> list[GenerationResult]:
         device = self.device
         B = len(prompts)
         # Identical prompts (a GRPO group's opening turn, greedy episodes that agree so
@@ -440,7 +452,8 @@ class HFEngine(GenerationEngine):
                     logits, next_pos, attn_host = logits[pick_dev], next_pos[pick_dev], attn_host[pick]
         attention = attn_host.to(device, non_blocking=True)  # (B, T) 1 at real cache positions
         cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
-        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached, rows)
+        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached, rows, constraints,
+                             logits.shape[-1])
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
         # adapters switched off; None: the model's forward decodes.
         fast = None
@@ -489,115 +502,3 @@ class HFEngine(GenerationEngine):
                 next_pos = next_pos + 1
         return state.finish(cache)
 
-
-#: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
-#: they are at least this fraction of its rows; until then they decode along, their ids
-#: unused (a launch-bound step costs about the same with them). On the CPU each row costs
-#: compute, so rows leave as soon as they finish (measured: 0.25 was ~10% slower there).
-_COMPACT_FRACTION = 0.25
-
-
-class _DecodeState:
-    """One chunk's decoding state, on the host except the logprobs.
-
-    Per step the host reads back the sampled ids and the stop-id flags once (one (2, B')
-    copy); the sampling logprobs gather in a (T, B) device tensor read once when the turn
-    ends. Rows are tracked with host tensors (no Python loop over rows per step, except to
-    decode the tails of live rows when stop strings are set: text needs the tokenizer).
-    """
-
-    def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
-                 gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
-                 cached: list[int], rows: torch.Tensor | None = None):
-        B, T = len(prompts), params.max_tokens
-        self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
-        self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
-        self.stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long).to(device)  # (K,)
-        self.stop_strings = engine.stop_strings(params)  # checked on the host after every sampled token
-        self.attn_host = attn_host  # (B', C + S) prefill positions of each batch row: 1 = real
-        self.prefill_len = attn_host.shape[1]
-        self.rows = torch.arange(B) if rows is None else rows  # (B',) the chunk row each batch row holds
-        self.rows_dev = self.rows.to(device, non_blocking=True)  # (B',)
-        self.live = torch.ones(B, dtype=torch.bool)  # (B',) still decoding (finished rows stay until compacted)
-        self.ids = torch.full((B, T), engine.pad_id, dtype=torch.long)  # (B, T) sampled ids
-        self.length = torch.full((B,), T, dtype=torch.long)  # (B,) ids each row keeps
-        self.stopped = torch.zeros(B, dtype=torch.bool)  # (B,) finish reason "stop"
-        self.logprobs = torch.zeros((T, B), dtype=torch.float32, device=device)  # (T, B) read when the turn ends
-        # One generator per row: each row's uniforms for the whole turn, drawn now (a
-        # generator's n draws at once equal its n single draws, so rows keep their streams).
-        self.uniforms = None
-        if isinstance(gen, list) and params.temperature != 0:
-            self.uniforms = torch.stack([torch.rand(T, generator=g, dtype=torch.float64) for g in gen])  # (B, T)
-
-    def step(self, step: int, logits: torch.Tensor, cache: Any) -> torch.Tensor:
-        """Sample from (B', V) logits, record ids and logprobs, mark rows that finished."""
-        params, live = self.params, self.live
-        logprobs = torch.log_softmax(logits, dim=-1)  # (B', V) raw model distribution
-        u = None
-        if params.temperature != 0:
-            if self.uniforms is not None:
-                u_host = self.uniforms[self.rows, step]  # (B',)
-            else:  # one shared generator: live rows draw in chunk-row order (whatever their batch order)
-                draw = live.nonzero().flatten()  # (B'',)
-                draw = draw[torch.argsort(self.rows[draw])]
-                u_host = torch.zeros(len(live), dtype=torch.float64)
-                u_host[draw] = torch.rand(len(draw), generator=self.gen, dtype=torch.float64)
-            u = u_host.to(self.device, non_blocking=True)
-        tokens = _sample(logits, params, u, logprobs)  # (B',)
-        self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
-        done = torch.isin(tokens, self.stop) if self.stop.numel() else torch.zeros_like(tokens, dtype=torch.bool)
-        host = torch.stack([tokens, done.long()]).cpu()  # (2, B'): the step's one read
-        self.ids[self.rows, step] = host[0]
-        done = host[1].bool() & live  # (B',)
-        if self.stop_strings is not None:
-            for j in (live & ~done).nonzero().flatten().tolist():
-                if self.stop_strings.completes(self.ids[self.rows[j], : step + 1].tolist()):
-                    done[j] = True  # this token completed a stop string: the reply ends with it
-        finished = self.rows[done]
-        self.stopped[finished] = True
-        self.length[finished] = step + 1
-        live &= ~done
-        return tokens
-
-    def compact(self, cache: Any) -> tuple[torch.Tensor, list[int]] | None:
-        """Drop finished rows once they are `compact_fraction` of the batch: the kept rows'
-        index on the device and on the host (their KV stored in the prefix cache first), else None."""
-        n = len(self.live)
-        dead = n - int(self.live.sum())
-        fraction = self.engine.compact_fraction
-        if fraction is None:
-            fraction = 0.0 if self.device.type == "cpu" else _COMPACT_FRACTION
-        if dead == 0 or dead < fraction * n:
-            return None
-        self._store(cache, (~self.live).nonzero().flatten())
-        if self.device.type == "cpu":  # holes filled from the tail: only those rows' KV moves
-            keep = torch.tensor(_tail_fill(self.live.tolist()), dtype=torch.long)  # (B'',)
-        else:
-            keep = self.live.nonzero().flatten()  # (B'',)
-        keep_dev = keep.to(self.device, non_blocking=True)
-        self.rows, self.rows_dev, self.live = self.rows[keep], self.rows_dev[keep_dev], self.live[keep]
-        self.attn_host = self.attn_host[keep]
-        return keep_dev, keep.tolist()
-
-    def _store(self, cache: Any, batch_rows: torch.Tensor) -> None:
-        """Keep rows' KV (prompt + every sampled id but the last, not fed) in the prefix cache
-        (not when the call said no later call extends them: `SamplingParams.keep_kv`)."""
-        prefix = self.engine.prefix_cache
-        if prefix is None or not self.params.keep_kv:
-            return
-        for j in batch_rows.tolist():
-            r, n = int(self.rows[j]), int(self.length[self.rows[j]])
-            where = torch.cat([self.attn_host[j].nonzero().flatten(),
-                               torch.arange(self.prefill_len, self.prefill_len + n - 1)])  # (n_real,)
-            kv = _row_kv(cache, j, where.to(self.device, non_blocking=True))
-            prefix.store(tuple(self.prompts[r]) + tuple(self.ids[r, : n - 1].tolist()), kv, extends=self.cached[r])
-
-    def finish(self, cache: Any) -> list[GenerationResult]:
-        """The turn ended: keep the remaining rows' KV, read the logprobs once, build results."""
-        self._store(cache, torch.arange(len(self.rows)))
-        logprobs = self.logprobs.cpu()  # (T, B)
-        self.engine._generated += int(self.length.sum())
-        return [GenerationResult(token_ids=self.ids[b, :n].tolist(), logprobs=logprobs[:n, b].tolist(),
-                                 finish_reason="stop" if self.stopped[b] else "length",  # type: ignore[arg-type]
-                                 num_cached_tokens=self.cached[b])
-                for b, n in enumerate(self.length.tolist())]

@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from workbench import algo
 from workbench.config import TrainingConfig
+from workbench.training.constrained import allowed_tokens, has_constraints, model_vocab_size
 from workbench.training.guards import all_finite, guarded_step
 from workbench.training.policy import forward_logprobs, micro_batches
 from workbench.trajectory import TrajectoryBatch
@@ -333,8 +334,11 @@ def zero_weight_inputs(batch: TrajectoryBatch, lengths: list[int],
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrajectoryBatch,
-                 t: TrainingConfig, plan: UpdatePlan) -> dict[str, float]:
+                 t: TrainingConfig, plan: UpdatePlan, tokenizer: Any = None) -> dict[str, float]:
     """PPO epochs over the plan's mini-batches (gradient accumulation over micro-batches).
+
+    Turns sampled under a constraint are scored under its masks (`constrained.py`), which
+    needs the policy's `tokenizer` (a ValueError without it when the batch has such turns).
 
     Sets `new_logprobs`, `ratio`, `entropy` on `batch` (and `old_logprobs`/`kl` when the batch
     had no old logprobs and the update is on-policy) and returns the `actor/...` metrics.
@@ -347,6 +351,12 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
         batch.require("old_logprobs")
     if t.use_kl_loss:
         batch.require("ref_logprobs")
+    allowed = None
+    if has_constraints(batch):
+        if tokenizer is None:
+            raise ValueError("update_actor: the batch has turns sampled under a constraint; pass the policy's "
+                             "tokenizer so their logprobs are of the same masked distribution")
+        allowed = allowed_tokens(batch, tokenizer, model_vocab_size(model))
     model.train()
     lengths = lengths_of(batch)
     groups = batch.group_ids  # micro-batches keep a group (and its shared prompt) together
@@ -380,7 +390,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             attn = batch.attention_mask[idx, :T].to(device)
             mask = batch.loss_mask[idx, :T].to(device)
             logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
-                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
+                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared,
+                                         allowed=allowed.select(idx, T) if allowed is not None else None)
             old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
             advantages = batch.advantages[idx, :T].to(device)  # (b, T)
             is_m: dict[str, float] = {}
