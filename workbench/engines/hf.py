@@ -229,6 +229,8 @@ class HFEngine(GenerationEngine):
             gen.manual_seed(params.seed)
         else:
             gen.seed()
+        if params.constraint is None:
+            return self._generate(prompts, params, gen)
         return self._generate(prompts, params, gen, [params.constraint] * len(prompts))
 
     def submit(self, prompt: list[int], params: SamplingParams) -> "Future[GenerationResult]":
@@ -251,7 +253,10 @@ class HFEngine(GenerationEngine):
             else:
                 g.seed()
             gens.append(g)
-        return self._generate(prompts, params_list[0], gens, [p.constraint for p in params_list])
+        constraints = [p.constraint for p in params_list]
+        if all(c is None for c in constraints):
+            return self._generate(prompts, params_list[0], gens)
+        return self._generate(prompts, params_list[0], gens, constraints)
 
     def close(self) -> None:
         batcher, self._batcher = self._batcher, None
