@@ -80,6 +80,9 @@ class Constraint:
     """JSON kinds and tool-call arguments: most whitespace characters in a row (None: any)."""
     tool_call_tags: tuple[str, str] = (TOOL_CALL_BEGIN, TOOL_CALL_END)
     """`tool_call`: the text around each call's JSON."""
+    reply: dict[str, Any] | None = None
+    """`tool_call` with `required`: another constraint (its `to_dict()`) a reply may follow
+    instead of being calls, e.g. the JSON schema of a final answer."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -166,9 +169,11 @@ class Constraint:
                 for t in self.tools or []]
         if not self.required:  # text, and at most one call in it
             return {"type": "triggered_tags", "triggers": [begin], "tags": tags, "stop_after_first": True}
-        if self.parallel:
-            return {"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
-        return {"type": "or", "elements": tags}
+        calls = ({"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
+                 if self.parallel else {"type": "or", "elements": tags})
+        if self.reply is not None:
+            return {"type": "or", "elements": [Constraint.from_dict(self.reply)._format(), calls]}
+        return calls
 
     def vllm_params(self) -> dict[str, Any]:
         """Keyword arguments of vLLM's `StructuredOutputsParams` for this constraint."""
