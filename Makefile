@@ -56,7 +56,7 @@ $(STAMP): $(CORE)
 ifneq ($(GPU),yes)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 endif
-	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway,bench]"
+	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway,agents,bench]"
 	# verl for the export test (workbench export-verl), without its GPU stack: 0.7.1 is the
 	# last release with verl.interactions; hydra composes its config.
 	$(BIN)/pip install -q --no-deps verl==0.7.1 tensordict==0.10.0 "pyvers>=0.1,<0.2"
