@@ -107,25 +107,41 @@ def _errors_listed(episodes: Sequence[Any]) -> str:
 
 def require_trained_tokens(batch: TrajectoryBatch) -> None:
     """Raise `NothingToTrainError` naming the episodes' errors when no episode of `batch`
-    has a token to train on (e.g. every reset raised), instead of a shape error deep
-    inside a forward pass."""
-    if any(ep.response_length for ep in batch.episodes):
+    has a token to train on (e.g. every reset raised, every episode ended in an environment
+    error), instead of a shape error deep inside a forward pass."""
+    if len(batch.untrained_rows()) < len(batch):
         return
+    if any(ep.response_length for ep in batch.episodes):
+        raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended in an environment error, so there "
+                                  f"is nothing to train on: {_errors_listed(batch.episodes)}. Fix the environment "
+                                  "(try it with workbench.check_env or one Rollout in a notebook cell)")
     raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended before the model took a turn, so "
                               f"there is nothing to train on: {_errors_listed(batch.episodes)}. Fix the "
                               "environment (try it with workbench.check_env or one Rollout in a notebook cell)")
 
 
 def failed_episodes_line(batch: TrajectoryBatch) -> str:
-    """One line naming the episodes of `batch` that have no trained token and so are left out
-    of the update (`TrajectoryBatch.untrained_rows`), with their errors; "" when there are none."""
+    """One line per reason naming the episodes of `batch` the update leaves out
+    (`TrajectoryBatch.untrained_rows`): those that failed before the model took a turn, and
+    those that ended in an environment error (their share and first error); "" when none."""
     rows = batch.untrained_rows()
     if not rows:
         return ""
     step = batch.meta.get("step")
     where = f"step {step}: " if step is not None else ""
-    return (f"{where}{len(rows)} of {len(batch)} episodes failed before the model took a turn and are left out "
-            f"of the update (rollout/failed_episodes): {_errors_listed([batch[i] for i in rows])}")
+    before = [batch[i] for i in rows if not batch[i].response_length]
+    env = [batch[i] for i in rows if batch[i].response_length]
+    lines = []
+    if before:
+        lines.append(f"{where}{len(before)} of {len(batch)} episodes failed before the model took a turn and are "
+                     f"left out of the update (counted in rollout/failed_episodes): {_errors_listed(before)}")
+    if env:
+        ids = [e.episode_id for e in env]
+        lines.append(f"{where}{len(env)} of {len(batch)} episodes ({len(env) / len(batch):.0%}) ended in an "
+                     f"environment error and are left out of the update, not trained as their reward "
+                     f"(env/environment_error_rate, counted in rollout/failed_episodes); first error: {env[0].environment_error}; episodes "
+                     f"{ids[:8]}{'...' if len(ids) > 8 else ''}")
+    return "\n".join(lines)
 
 
 def is_on_policy(t: TrainingConfig) -> bool:
@@ -147,7 +163,8 @@ def plan_update(batch: TrajectoryBatch, t: TrainingConfig, step: int) -> UpdateP
             if rows:
                 minis.append(MiniBatch(rows, float(batch.loss_mask[rows].sum().clamp(min=1)), len(rows)))
     trained = [i for i in range(B) if i not in untrained]
-    return UpdatePlan(minis, T, t.ppo_epochs if trained else 0, trained, float(batch.loss_mask.sum().clamp(min=1)))
+    return UpdatePlan(minis, T, t.ppo_epochs if trained else 0, trained,
+                      float(batch.loss_mask[trained].sum().clamp(min=1)))
 
 
 def split_groups(batch: TrajectoryBatch, n: int) -> list[list[int]]:
