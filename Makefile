@@ -64,7 +64,7 @@ endif
 	# OpenEnv for `--env openenv:...` (workbench/environments/adapters/openenv_env.py): the client and server
 	# without the gradio web UI that openenv-core also pulls in; its server imports fastmcp.
 	$(BIN)/pip install -q --no-deps openenv-core==0.3.0
-	$(BIN)/pip install -q fastmcp==4.2.3
+	$(BIN)/pip install -q fastmcp==4.2.3 jsonschema  # jsonschema: the adapter validates JSON actions
 	touch $(STAMP)
 
 install: $(STAMP) tokenizers
