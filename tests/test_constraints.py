@@ -247,3 +247,23 @@ def test_the_setting_is_refused_by_an_environment_without_an_action_grammar():
 
     with pytest.raises(ConfigError, match="has no action grammar"):
         make_env("text_game", {"constrained_decoding": True})
+
+
+@pytest.mark.slow
+def test_the_untrained_embedded_model_answers_bare_numbers_from_the_first_step(embedded_engine):
+    """The demo's game (1..8, strict format), 8 episodes at temperature 1: without the grammar
+    the untrained SmolLM2 writes sentences (format errors); with environment.constrained_decoding
+    every reply is a bare number and no turn is refused."""
+    from envs import make_env
+    from workbench.rollout import Rollout
+
+    def play(constrained: bool):
+        envs = [make_env("guess_number", strict_format=True, constrained_decoding=constrained, low=1, high=8,
+                         max_steps=4) for _ in range(8)]
+        return Rollout(embedded_engine, envs, seeds=list(range(8)), max_turns=2, max_tokens=8, temperature=1.0).run()
+
+    free, constrained = play(False), play(True)
+    assert free.summary()["env/parse_error_rate"] > 0.5
+    turns = [t for ep in constrained for t in ep.turns]
+    assert len(turns) >= 8 and all(re.fullmatch(r"[0-9]", t.action) and t.parse_error is None for t in turns)
+    assert constrained.summary()["env/parse_error_rate"] == 0.0
