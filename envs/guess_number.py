@@ -17,6 +17,10 @@ alone, the reward is `invalid_reward`, `info` has `invalid_action` and `parse_er
 costs the turn (one of the `max_steps` guesses' steps) but records no guess and leaves
 the range as it was.
 
+Constrained decoding (`environment.constrained_decoding=true`): every reply is sampled under
+the bare-number grammar (`action_constraint`: an optional minus when `low` < 0, then at most as
+many digits as the widest bound), so even the untrained model replies in the strict format.
+
 Rewards (defaults in `GuessNumberEnv.DEFAULT_PARAMS`):
   * correct guess: `success_reward` (1.0). With `scale_by_remaining=True` it is
     scaled by the share of the budget left, `success_reward * (max_steps - steps_used

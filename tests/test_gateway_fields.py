@@ -165,6 +165,9 @@ def test_neutral_values_and_max_completion_tokens(tiny_engine):
         assert r.status_code == 400 and r.json()["error"]["param"] == "suffix"
         r = httpx.post(f"{gw.base_url}/chat/completions", json={"messages": HI, "response_format": {"type": "xml"}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format.type"
+        r = httpx.post(f"{gw.base_url}/chat/completions", json={"messages": HI, "structured_outputs": {"regex": "[0-9"}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs", r.json()
+        assert "not a valid grammar" in r.json()["error"]["message"]
 
 
 def test_vllm_structured_outputs_extension(tiny_engine):

@@ -175,6 +175,17 @@ class Constraint:
             return {"type": "or", "elements": [Constraint.from_dict(self.reply)._format(), calls]}
         return calls
 
+    def check(self) -> "Constraint":
+        """Raise ConstraintError (with xgrammar's reason) unless the grammar builds: an invalid
+        regex or an unsupported schema, found before any engine compiles it. Returns self."""
+        import xgrammar as xgr
+
+        try:
+            xgr.Grammar.from_structural_tag(json.dumps(self.structural_tag()))
+        except Exception as exc:  # xgrammar's own words
+            raise ConstraintError(f"the {self.kind} constraint is not a valid grammar: {exc}") from None
+        return self
+
     def vllm_params(self) -> dict[str, Any]:
         """Keyword arguments of vLLM's `StructuredOutputsParams` for this constraint."""
         return {"structural_tag": json.dumps(self.structural_tag())}

@@ -171,7 +171,8 @@ def _vllm_structured(spec: Any) -> Constraint | None:
 def structured_outputs(body: dict[str, Any]) -> Constraint | None:
     """The constraint of a request's `structured_outputs` (vLLM's extension), or None."""
     try:
-        return _vllm_structured(body.get("structured_outputs"))
+        constraint = _vllm_structured(body.get("structured_outputs"))
+        return constraint.check() if constraint is not None else None
     except ConstraintError as exc:
         raise RequestError(str(exc), "structured_outputs") from None
 
@@ -184,9 +185,11 @@ def request_constraint(body: dict[str, Any], tools: list[dict[str, Any]]) -> Con
     """The grammar a chat request asks its reply to follow (None: free text); `tools` are the
     request's checked tools (`parse_tools`). RequestErrors name the field at fault."""
     try:
-        return _constraint(body, tools)
+        constraint = _constraint(body, tools)
+        return constraint.check() if constraint is not None else None
     except ConstraintError as exc:
-        raise RequestError(str(exc), "tools" if "tool" in str(exc) else "response_format") from None
+        field = next((f for f in ("structured_outputs", "response_format") if body.get(f) is not None), "tools")
+        raise RequestError(str(exc), field) from None
 
 
 def _constraint(body: dict[str, Any], tools: list[dict[str, Any]]) -> Constraint | None:
