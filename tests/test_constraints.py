@@ -267,3 +267,21 @@ def test_the_untrained_embedded_model_answers_bare_numbers_from_the_first_step(e
     turns = [t for ep in constrained for t in ep.turns]
     assert len(turns) >= 8 and all(re.fullmatch(r"[0-9]", t.action) and t.parse_error is None for t in turns)
     assert constrained.summary()["env/parse_error_rate"] == 0.0
+
+
+def test_a_replayed_turn_records_its_grammar_like_a_sampled_one(tiny_engine):
+    """Forks rebuild an episode's first turns with `Rollout.replay`: a replayed model turn of a
+    constrained environment records the grammar too, so the trainer masks it as it was sampled."""
+    from envs import make_env
+    from workbench.rollout import Rollout
+
+    def rollout():
+        env = make_env("guess_number", strict_format=True, constrained_decoding=True, low=1, high=8, max_steps=4)
+        return Rollout(tiny_engine, [env], seeds=[3], max_turns=2, max_tokens=6)
+
+    original = rollout().run()[0]
+    again = rollout().reset()
+    first = original.turns[0]
+    again.replay(0, original.token_ids[first.token_start:first.token_end],
+                 original.rollout_logprobs[first.token_start:first.token_end], first.finish_reason)
+    assert again.slots[0].episode.turns[0].constraint == first.constraint and first.constraint["kind"] == "regex"

@@ -371,6 +371,8 @@ class Rollout(EpisodeQueue):
         if index not in self.live:
             raise ValueError(f"episode {index} is not live; live episodes: {self.live}")
         human = finish_reason == "human"
+        if not human:  # the grammar the turn was sampled under, recorded on it as on a sampled turn
+            self._constraint_of(self.slots[index])
         self._apply_action(self.slots[index], list(ids), None if human else list(logprobs or []), finish_reason)
 
     def run(self, max_steps: int | None = None) -> TrajectoryBatch:
