@@ -56,7 +56,7 @@ $(STAMP): $(CORE)
 ifneq ($(GPU),yes)
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 endif
-	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway,bench]"
+	$(BIN)/pip install -q -e ".[notebook,dev,ray,adapters,tracking,gateway,agents,bench]"
 	# verl for the export test (workbench export-verl), without its GPU stack: 0.7.1 is the
 	# last release with verl.interactions; hydra composes its config.
 	$(BIN)/pip install -q --no-deps verl==0.7.1 tensordict==0.10.0 "pyvers>=0.1,<0.2"
@@ -64,7 +64,7 @@ endif
 	# OpenEnv for `--env openenv:...` (workbench/environments/adapters/openenv_env.py): the client and server
 	# without the gradio web UI that openenv-core also pulls in; its server imports fastmcp.
 	$(BIN)/pip install -q --no-deps openenv-core==0.3.0
-	$(BIN)/pip install -q fastmcp==4.2.3
+	$(BIN)/pip install -q fastmcp==4.2.3 jsonschema  # jsonschema: the adapter validates JSON actions
 	touch $(STAMP)
 
 install: $(STAMP) tokenizers

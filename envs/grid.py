@@ -30,6 +30,7 @@ from collections import deque
 from typing import Any
 
 from envs._common import ParamsEnvironment, find_direction_span, strict_span
+from workbench.engines.constraints import Constraint
 from workbench.environments.base import StepResult
 
 Cell = tuple[int, int]  # (row, col), 0-based
@@ -125,6 +126,10 @@ class GridEnv(ParamsEnvironment):
         """Draw a new solvable map and show it."""
         self._draw_map()
         return f"{self.render()}\n{self._where()}"
+
+    def action_constraint(self) -> Constraint:
+        """One of the four moves as a grammar (`environment.constrained_decoding`)."""
+        return Constraint.choice(list(MOVES))
 
     def step(self, action: str) -> StepResult:
         """Move one cell; see the module docstring for the rewards."""

@@ -17,6 +17,10 @@ alone, the reward is `invalid_reward`, `info` has `invalid_action` and `parse_er
 costs the turn (one of the `max_steps` guesses' steps) but records no guess and leaves
 the range as it was.
 
+Constrained decoding (`environment.constrained_decoding=true`): every reply is sampled under
+the bare-number grammar (`action_constraint`: an optional minus when `low` < 0, then at most as
+many digits as the widest bound), so even the untrained model replies in the strict format.
+
 Rewards (defaults in `GuessNumberEnv.DEFAULT_PARAMS`):
   * correct guess: `success_reward` (1.0). With `scale_by_remaining=True` it is
     scaled by the share of the budget left, `success_reward * (max_steps - steps_used
@@ -37,6 +41,7 @@ from typing import Any
 import re
 
 from envs._common import ParamsEnvironment, first_number_span, strict_span
+from workbench.engines.constraints import Constraint
 from workbench.environments.base import StepResult
 
 _BARE_INT_RE = re.compile(r"-?\d+")
@@ -125,6 +130,13 @@ class GuessNumberEnv(ParamsEnvironment):
             self.hi = min(self.hi, guess - 1)
             hint = f"{guess} is too high. Guess lower."
         return hint + reveal, -float(self.params["step_penalty"]), False, info
+
+    def action_constraint(self) -> Constraint:
+        """The bare-number reply as a grammar (`environment.constrained_decoding`): an optional
+        minus and at most as many digits as the range's widest bound, what the strict format
+        takes (the range itself is the game's to judge)."""
+        digits = max(len(str(abs(self.low))), len(str(abs(self.high))))
+        return Constraint.regex(("-?" if self.low < 0 else "") + f"[0-9]{{1,{digits}}}")
 
     def get_state_description(self) -> str:
         """The public state: range, guesses so far, guesses left."""

@@ -38,6 +38,7 @@ from typing import Any
 import re
 
 from envs._common import ParamsEnvironment, strict_span, word_spans
+from workbench.engines.constraints import Constraint
 from workbench.environments.base import StepResult
 
 WORDS_PATH = Path(__file__).parent / "data" / "words.txt"
@@ -134,6 +135,10 @@ class WordleEnv(ParamsEnvironment):
         if five:
             return None, f"{five[0][0].upper()} is not in the word list.", None
         return None, "No 5-letter word found.", None
+
+    def action_constraint(self) -> Constraint:
+        """One 5-letter word as a grammar (`environment.constrained_decoding`)."""
+        return Constraint.regex("[A-Za-z]{5}")
 
     def step(self, action: str) -> StepResult:
         """Score one guess; see the module docstring for the rewards."""

@@ -33,9 +33,9 @@ class TimedEngine(HFEngine):
         super().__init__(*args, **kwargs)
         self.calls: list[tuple[float, float, int, int]] = []  # (start, end, prompts, sampled tokens)
 
-    def _generate(self, prompts, params, gen):
+    def _generate(self, prompts, params, gen, *rest):
         start = time.perf_counter()
-        results = super()._generate(prompts, params, gen)
+        results = super()._generate(prompts, params, gen, *rest)
         self.calls.append((start, time.perf_counter(), len(prompts), sum(len(r.token_ids) for r in results)))
         return results
 

@@ -380,7 +380,7 @@ def test_prompts_that_missed_the_prefix_cache_share_chunks(tiny_model_and_tokeni
     chunks = []
     run_chunk = engine._generate_chunk
     monkeypatch.setattr(engine, "_generate_chunk",
-                        lambda model, ps, params, gen: chunks.append(ps) or run_chunk(model, ps, params, gen))
+                        lambda model, ps, params, gen, *rest: chunks.append(ps) or run_chunk(model, ps, params, gen, *rest))
     got = engine.generate_ids(prompts, greedy)
     assert sorted(map(sorted, [[tuple(p) for p in c] for c in chunks])) == sorted(
         [sorted(map(tuple, nexts)), sorted(map(tuple, fresh))])

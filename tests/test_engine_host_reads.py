@@ -1,4 +1,5 @@
-"""The hf engine's decode loop stops a GPU at most twice per token (counted on the CPU).
+"""The hf engine's decode loop stops a GPU at most twice per token (counted on the CPU), with
+a grammar constraint on every row too (its masks go up without waiting).
 
 `tests/host_sync.py` counts the operations that would wait for the device on a GPU
 (host reads of device values, blocking uploads) and every ATen op; a forward pre-hook on
@@ -12,6 +13,7 @@ import pytest
 
 from tests.host_sync import Counts, SyncCounter
 from workbench.engines.base import SamplingParams
+from workbench.engines.constraints import Constraint
 
 #: Host reads allowed per decode step in the steady state: the sampled ids (and, with
 #: top-p, whether the top candidates hold the nucleus).
@@ -51,7 +53,8 @@ def prompts_64(tiny_model_and_tokenizer):
     SamplingParams(max_tokens=16, temperature=1.0, seed=0),
     SamplingParams(max_tokens=16, temperature=1.0, top_p=0.9, seed=0),
     SamplingParams(max_tokens=16, temperature=0.0),
-], ids=["sampled", "top_p", "greedy"])
+    SamplingParams(max_tokens=16, temperature=1.0, seed=0, constraint=Constraint.json_object()),
+], ids=["sampled", "top_p", "greedy", "constrained"])
 @pytest.mark.parametrize("fast_decode", [True, False], ids=["decode_step", "model_forward"])
 def test_decode_step_reads_the_host_at_most_twice(tiny_model_and_tokenizer, prompts_64, params, fast_decode):
     from workbench.engines.hf import HFEngine

@@ -20,7 +20,7 @@ from workbench.rollout.configured import ENVIRONMENT_FIELDS, INFERENCE_FIELDS
 ROLLOUT_VALUES = {"max_tokens": 7, "temperature": 0.55, "top_p": 0.9, "top_k": 13, "max_turns": 3,
                   "max_context_tokens": 999, "seed": 5}
 ENV_VALUES = {"max_steps": 2, "system_prompt": "Be brief.", "params": {"low": 1, "high": 9}, "step_timeout": 7.5,
-              "strict_format": True}
+              "strict_format": True, "constrained_decoding": True}
 
 
 def distinct_config(tiny_model_path, tmp_path, async_rollout: bool = False) -> ConfigStore:
@@ -44,7 +44,7 @@ def assert_reached(rollout: Rollout, async_rollout: bool) -> None:
     for env in rollout.environments:
         assert env.max_steps == 2 and env.get_prompt_prefix() == "Be brief."
         assert (env.low, env.high) == (1, 9)
-        assert env.strict_format is True
+        assert env.strict_format is True and env.constrained_decoding is True
 
 
 def test_every_field_says_where_it_takes_effect():
@@ -71,7 +71,7 @@ def test_settings_reach_a_ray_rollout_workers_rollout(tiny_model_path, tmp_path,
     config = distinct_config(tiny_model_path, tmp_path, async_rollout)
     # The trainer hands the workers its environment object, whose own step_timeout is the default 60 s.
     env = make_env("guess_number", max_steps=2, system_prompt="Be brief.", low=1, high=9,
-                   strict_format=True)
+                   strict_format=True, constrained_decoding=True)
     worker = RolloutWorker(config, env, torch_threads=2)  # the class Ray runs as an actor, here in-process
     assert_reached(worker.make_rollout([0, 1], [0, 0], None, 0), async_rollout)
 
@@ -102,7 +102,7 @@ def test_settings_reach_the_cli_rollout(tiny_model_path, tmp_path):
 def test_step_timeout_in_the_config_is_what_runs_with_an_environment_object(tiny_model_path, tmp_path):
     config = distinct_config(tiny_model_path, tmp_path)
     env = make_env("guess_number", max_steps=2, system_prompt="Be brief.", low=1, high=9,
-                   strict_format=True)  # step_timeout 60
+                   strict_format=True, constrained_decoding=True)  # step_timeout 60
     trainer = Trainer(config, environment=env)
     assert config.environment.step_timeout == 7.5
     assert trainer.make_rollout([0], 1).step_timeouts == [7.5]
@@ -111,7 +111,7 @@ def test_step_timeout_in_the_config_is_what_runs_with_an_environment_object(tiny
 def test_a_conflicting_setting_is_warned_about_naming_both_values(tiny_model_path, tmp_path):
     config = distinct_config(tiny_model_path, tmp_path)  # max_steps=2, system_prompt "Be brief.", high=9
     env = make_env("guess_number", max_steps=5, system_prompt="Be brief.", low=1, high=9,
-                   strict_format=True)
+                   strict_format=True, constrained_decoding=True)
     with pytest.warns(ConfigOverrideWarning, match=r"config.environment.max_steps is 2 but the environment object "
                                                    r"given to the trainer \(GuessNumberEnv\) has 5"):
         trainer = Trainer(config, environment=env)
@@ -120,7 +120,7 @@ def test_a_conflicting_setting_is_warned_about_naming_both_values(tiny_model_pat
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConfigOverrideWarning)  # the same settings: no word
         Trainer(config, environment=make_env("guess_number", max_steps=2, system_prompt="Be brief.", low=1, high=9,
-                                             strict_format=True))
+                                             strict_format=True, constrained_decoding=True))
 
 
 def test_the_hf_engines_prefix_cache_settings_reach_every_engine(tiny_model_path, tmp_path):

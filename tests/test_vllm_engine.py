@@ -246,3 +246,39 @@ def test_stop_ids_seeds_and_errors(vllm_tiny_engine, vllm_tiny_model_path):
         engine.sleep(1)
     assert engine.name == "vllm" and engine.is_cpu
     assert {"prompt_tokens", "cached_prompt_tokens", "generated_tokens", "prefix_cache_hit_rate"} <= set(engine.stats())
+
+
+def test_constraints_reach_vllm_with_the_hf_engines_grammar(vllm_tiny_engine, vllm_tiny_model_path):
+    """A constraint goes to vLLM as the same xgrammar structural tag the hf engine compiles: the
+    replies follow it (generate_ids and submit), and the raw logprobs vLLM returns are of the
+    masked distribution: equal, within LOGPROB_TOL, to a float32 forward masked by the grammar
+    replayed over the reply (workbench.engines.constraints.replay), not to the unmasked one."""
+    import json
+    import re
+
+    from workbench.engines.constraints import Constraint, grammars_for, replay, unpack
+    from workbench.models.loading import load_model, load_tokenizer
+    from workbench.rollout import stop_token_ids
+
+    tok = load_tokenizer(str(vllm_tiny_model_path))
+    model = load_model(str(vllm_tiny_model_path), dtype="float32").eval()
+    stops = stop_token_ids(tok)
+    prompt = _prompts(tok)[0]
+    schema = {"type": "object", "properties": {"guess": {"enum": [3, 8, 12]}}, "required": ["guess"]}
+    cases = [(Constraint.regex("[0-9]{1,2}"), lambda t: re.fullmatch("[0-9]{1,2}", t)),
+             (Constraint.json_schema(schema), lambda t: json.loads(t)["guess"] in (3, 8, 12))]
+    grammars = grammars_for(tok, model.config.vocab_size)
+    for constraint, valid in cases:
+        params = SamplingParams(max_tokens=40, temperature=1.0, seed=4, stop_token_ids=stops, constraint=constraint)
+        results = vllm_tiny_engine.generate_ids([prompt] * 3, params)
+        results.append(vllm_tiny_engine.submit(prompt, params).result(timeout=120))
+        for r in results:
+            assert r.finish_reason == "stop" and r.token_ids[-1] in stops, tok.decode(r.token_ids)
+            assert valid(tok.decode(r.token_ids[:-1])), tok.decode(r.token_ids)
+            packed, refused = replay(grammars, constraint, r.token_ids, stops)
+            assert refused is None
+            full, raw = _hf_logprobs(model, prompt, r.token_ids)
+            masked = torch.log_softmax(full.masked_fill(~unpack(packed, full.shape[-1]), float("-inf")), -1)
+            picked = masked[torch.arange(len(r.token_ids)), torch.tensor(r.token_ids)]
+            assert (torch.tensor(r.logprobs) - picked).abs().max().item() < LOGPROB_TOL
+            assert (torch.tensor(r.logprobs) - raw).abs().max().item() > MIN_UPDATE_EFFECT

@@ -109,6 +109,10 @@ class Turn:
     """"stop", "length" (hit max_tokens), "human" or "error"."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """Non-model chat messages appended after this turn."""
+    constraint: dict[str, Any] | None = None
+    """The grammar a model turn was sampled under (`Constraint.to_dict()` of
+    `workbench.engines.constraints`, plus the call's `stop_token_ids`), or None: free. Its
+    logprobs are of the masked distribution, and the trainer masks alike."""
 
 
 @dataclass
@@ -210,6 +214,18 @@ class Episode:
     def response_length(self) -> int:
         """Number of policy-sampled tokens."""
         return int(sum(self.loss_mask))
+
+    @property
+    def environment_error(self) -> str | None:
+        """What the environment raised when the episode ended in an environment error (a turn's
+        `env_error`, a reset or a step that raised or overran its timeout), else None. Its reward
+        says nothing about the policy, so the update leaves the episode out (`untrained_rows`)."""
+        for turn in self.turns:
+            if turn.env_error:
+                return turn.env_error
+        if self.error and self.error.startswith("environment "):
+            return self.error.split(": ", 1)[-1] if self.error.startswith("environment error: ") else self.error
+        return None
 
     @property
     def num_tool_calls(self) -> int:
@@ -383,11 +399,12 @@ class TrajectoryBatch:
         return [self.episodes[i].outcome for i in rows if self.episodes[i].response_length]
 
     def untrained_rows(self) -> list[int]:
-        """Rows of episodes without a single trained (policy-sampled) token, e.g. every
-        episode whose `reset` raised or whose agent never called the model. Every stage
-        leaves them out: no forward pass sees them, no loss counts them, and they are no
+        """Rows the update leaves out: episodes without a single trained (policy-sampled)
+        token (every episode whose `reset` raised, or whose agent never called the model), and
+        episodes that ended in an environment error (`Episode.environment_error`: their reward
+        is the environment's failure, not the policy's). No loss counts them, and they are no
         member of their group's baseline (`update_group_ids`)."""
-        return [i for i, e in enumerate(self.episodes) if e.response_length == 0]
+        return [i for i, e in enumerate(self.episodes) if e.response_length == 0 or e.environment_error]
 
     def update_group_ids(self) -> list[str]:
         """`group_ids` as the advantage estimators see them: an episode without a trained
@@ -415,6 +432,7 @@ class TrajectoryBatch:
             "env/turns_mean": sum(e.num_turns for e in eps) / n,
             "env/truncated_rate": sum(e.truncated for e in eps) / n,
             "env/error_rate": sum(e.error is not None for e in eps) / n,
+            "env/environment_error_rate": sum(e.environment_error is not None for e in eps) / n,
             "env/tool_calls_mean": sum(e.num_tool_calls for e in eps) / n,
             "env/parse_error_rate": sum(1 for e in eps for t in e.turns if t.parse_error) / max(1, sum(e.num_turns for e in eps)),
             "rollout/response_length_mean": sum(e.response_length for e in eps) / n,

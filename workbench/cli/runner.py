@@ -118,9 +118,11 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
                 write(f"held-out after {sft_steps} SFT step{'' if sft_steps == 1 else 's'}: {evals[-1]}")
             return
         failed = m.get("rollout/failed_episodes", 0)  # named on the line train_step wrote before
+        env_errors = round(m.get("env/environment_error_rate", 0) * m["episodes"])  # of those: environment errors
         write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
               f"ppo_kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
-              f"{m['perf/step_seconds']:.1f}s" + (f"  failed {failed:.0f}/{m['episodes']:.0f}" if failed else ""))
+              f"{m['perf/step_seconds']:.1f}s" + (f"  failed {failed:.0f}/{m['episodes']:.0f}" if failed else "")
+              + (f" ({env_errors} environment errors)" if env_errors else ""))
 
     # fit resumes (checkpoint.resume), then its jsonl logger writes OUT/metrics.jsonl through
     # open_metrics_log, dropping lines of steps after the checkpoint (they are redone).

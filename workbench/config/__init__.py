@@ -352,6 +352,14 @@ class EnvironmentConfig:
     lenient parsing that pulls the action out of a sentence. Read by `BaseEnvironment`
     (`env.strict_format`); the rollout builds the environment's parser strict from it.
     An environment without a strict mode (`supports_strict_format`) refuses True."""
+    constrained_decoding: bool = False
+    """Sample every model turn under the environment's action grammar
+    (`BaseEnvironment.action_constraint()`, `workbench.engines.constraints`): the engine can
+    only produce a reply in the action format (a bare number for guess_number, one of the
+    four moves for grid, the action's JSON for OpenEnv), so format errors cannot happen,
+    from the first step of an untrained model on. The turns record their grammar, and the
+    trainer scores them under the same masks. An environment without an action grammar
+    refuses True."""
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "EnvironmentConfig":

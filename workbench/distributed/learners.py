@@ -50,6 +50,7 @@ import torch.nn as nn
 from workbench.config import ConfigError, ConfigStore, TrainingConfig
 from workbench.distributed.placement import Placement, require_ray, reserve, start_error, wait_started
 from workbench.training.models import build_models, build_optimizers
+from workbench.training.constrained import allowed_tokens, model_vocab_size
 from workbench.training.policy import Critic, Policy, forward_logprobs, forward_rows, micro_batches
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rollout_is_level, rollout_logprob_diff, rows_of, set_actor_fields, shard_plan,
@@ -160,7 +161,7 @@ class LearnerWorker:
         """This rank's share of the update: metrics (equal on every rank) and its rows'
         new_logprobs and entropy."""
         model = self.policy.model
-        metrics = update_actor(model, self.optimizer, batch, t, plan)
+        metrics = update_actor(model, self.optimizer, batch, t, plan, self.policy.tokenizer)
         if self.critic is not None and t.adv_estimator == "gae":
             metrics.update(update_critic(self.critic, self.critic_optimizer, batch, t, plan))
         model.eval()
@@ -175,6 +176,7 @@ class LearnerWorker:
         model.eval()
         device = next(model.parameters()).device
         lengths = lengths_of(batch)
+        allowed = allowed_tokens(batch, self.policy.tokenizer, model_vocab_size(model))  # constrained turns' masks
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)  # (b, T)
         parts = micro_batches(lengths, t.micro_batch_size, batch.group_ids, forward_rows(lengths, batch.loss_mask))
         for idx in parts + [[]] * (micro_steps - len(parts)):
@@ -186,7 +188,8 @@ class LearnerWorker:
             mask = batch.loss_mask[idx, :T].to(device)  # (b, T)
             lp, _ = forward_logprobs(model, batch.input_ids[idx, :T].to(device),
                                      batch.attention_mask[idx, :T].to(device), autocast=t.autocast_bf16,
-                                     loss_mask=mask, share_prefix=False)
+                                     loss_mask=mask, share_prefix=False,
+                                     allowed=allowed.select(idx, T) if allowed is not None else None)
             out[idx, :T] = (lp * mask).float().cpu()  # the forward fills positions trained in any row: mask them
         reshard(model)
         return out

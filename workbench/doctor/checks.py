@@ -12,13 +12,12 @@ Core layer: imports only `trajectory` and `doctor.findings`, so `training` can c
 """
 from __future__ import annotations
 
-import math
-import re
-import time
+import math, re, time  # noqa: E401
 from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
+from workbench.doctor.env_errors import check_environment_errors
 from workbench.doctor.findings import BatchStats, DoctorConfig, EpisodeRecord, Evidence, Finding, History, model_turns
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
@@ -436,8 +435,8 @@ def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:
     return _finding(
         "format-errors", "warning", share, cfg.format_error_share, share >= cfg.format_error_share,
         f"{len(bad)} of {len(turns)} replies could not be parsed or were invalid actions",
-        "Warm up with SFT on the environment's scripted expert (sft.steps, e.g. 4: the policy learns the "
-        "format from demonstrations), show the reply format in the system prompt, or use a lenient parser.",
+        "Warm up with SFT on the environment's scripted expert (sft.steps, e.g. 4), sample under the action's "
+        "grammar (environment.constrained_decoding), show the format in the system prompt, or parse leniently.",
         h, [h.evidence(ep, t) for ep, t in bad], cfg)
 
 
@@ -536,6 +535,7 @@ CHECKS: dict[str, Check] = {
     "kl-spike": check_kl_spike,
     "zero-variance-groups": check_zero_variance_groups,
     "format-errors": check_format_errors,
+    "environment-errors": check_environment_errors,
     "tokenization-mismatch": check_tokenization_mismatch,
     "engine-trainer-gap": check_engine_trainer_gap,
     "off-policy-clipped": check_off_policy_clipped,

@@ -84,6 +84,9 @@ class DoctorConfig:
     """...and at least this large."""
     format_error_share: float = 0.3
     """format-errors fires when at least this share of model turns could not be parsed or was invalid."""
+    environment_error_share: float = 0.0
+    """environment-errors fires when more than this share of a batch's episodes ended in an
+    environment error (those episodes are left out of the update)."""
     mismatch_share: float = 0.0
     """tokenization-mismatch fires when more than this share of episodes has an alignment warning."""
     engine_logprob_gap: float = 0.1
@@ -108,6 +111,7 @@ class DoctorConfig:
 _SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "collapse_fraction", "bare_collapse_share",
            "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
            "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share",
+           "environment_error_share",
            "whole_action_share", "off_policy_clipped_share", "heldout_regression_share")
 #: Fields that count something: integers, with their least sensible value.
 _COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}

@@ -8,6 +8,10 @@ Logprob convention: `logprobs[i]` is log p(token_i | prefix) under the model's r
 distribution (log_softmax of the unscaled logits, i.e. temperature 1), whatever
 temperature/top_p was used to sample. That is what the trainer recomputes, so
 rollout and training logprobs are directly comparable (vLLM's "raw_logprobs").
+Under a constraint (`SamplingParams.constraint`) the logits' disallowed ids are -inf
+first, so `logprobs[i]` is of that masked distribution (at temperature 1), as vLLM's
+raw_logprobs are under structured outputs; the trainer masks alike
+(`workbench.engines.constraints`).
 
 Request-level API (continuous batching, used by `AsyncRollout`): `submit(prompt,
 params)` queues one prompt and returns a `concurrent.futures.Future`, so episodes can
@@ -25,7 +29,10 @@ import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from workbench.engines.constraints import Constraint
 
 FinishReason = Literal["stop", "length", "error"]
 
@@ -53,6 +60,10 @@ class SamplingParams:
     """Whether a later call may extend these rows: the hf engine then keeps each row's KV
     in its prefix cache (a copy per row). False when none will (an episode's last possible
     turn); only a saving, the samples are the same either way."""
+    constraint: "Constraint | None" = None
+    """A grammar the reply must follow (`workbench.engines.constraints.Constraint`: JSON
+    object or schema, regex, choice, tool calls); None: free text. Logprobs are then of the
+    masked distribution (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if self.max_tokens < 1:
@@ -72,7 +83,8 @@ class GenerationResult:
     token_ids: list[int]
     """Sampled ids, including the stop id when generation stopped on one."""
     logprobs: list[float]
-    """Raw-model log-probability of each sampled id (same length as token_ids)."""
+    """Raw-model log-probability of each sampled id (same length as token_ids); of the masked
+    distribution when the call had a constraint."""
     finish_reason: FinishReason
     """"stop" (hit a stop id), "length" (max_tokens reached) or "error"."""
     error: str | None = None

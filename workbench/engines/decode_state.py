@@ -1,24 +1,25 @@
-"""One chunk's decoding state for the hf engine (`hf.HFEngine._decode_chunk`): the sampled
-ids and their logprobs, which rows still decode, and the rows that leave the batch.
+"""One hf decode chunk's state (`HFEngine._decode_chunk`): what each row sampled, when it
+stopped, its logprobs, and the rows' grammar matchers when the call is constrained.
 
 Per step the host reads back the sampled ids and the stop-id flags once (one (2, B')
 copy); the sampling logprobs gather in a (T, B) device tensor read once when the turn
-ends. Finished rows leave the batch (`compact`): on the CPU at once, on an accelerator once
-they are `_COMPACT_FRACTION` of it. A row's KV (prompt + sampled ids) goes to the engine's
-prefix cache when it leaves or when the turn ends.
+ends. Rows are tracked with host tensors (no Python loop over rows per step, except to
+decode the tails of live rows when stop strings are set, and to step the grammar
+matchers of constrained rows: both need host values the step already read). A
+constraint's mask goes up without waiting and is applied on the device before the step
+samples (`constraints.DecodeMasks`), so the recorded logprob of a constrained row is of
+the masked distribution (`workbench.engines.constraints`).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from workbench.engines.base import GenerationResult, SamplingParams
+from workbench.engines.constraints import Constraint, DecodeMasks, grammars_for
 from workbench.engines.kv_cache import _row_kv, _tail_fill
 from workbench.engines.sampling import _sample
-
-if TYPE_CHECKING:
-    from workbench.engines.hf import HFEngine
 
 #: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
 #: they are at least this fraction of its rows; until then they decode along, their ids
@@ -28,17 +29,14 @@ _COMPACT_FRACTION = 0.25
 
 
 class _DecodeState:
-    """One chunk's decoding state, on the host except the logprobs.
+    """One chunk's decoding state, on the host except the logprobs (see the module docstring)."""
 
-    Per step the host reads back the sampled ids and the stop-id flags once (one (2, B')
-    copy); the sampling logprobs gather in a (T, B) device tensor read once when the turn
-    ends. Rows are tracked with host tensors (no Python loop over rows per step, except to
-    decode the tails of live rows when stop strings are set: text needs the tokenizer).
-    """
-
-    def __init__(self, engine: "HFEngine", prompts: list[list[int]], params: SamplingParams,
+    def __init__(self, engine: Any, prompts: list[list[int]], params: SamplingParams,
                  gen: torch.Generator | list[torch.Generator], attn_host: torch.Tensor, device: torch.device,
-                 cached: list[int], rows: torch.Tensor | None = None):
+                 cached: list[int], rows: torch.Tensor | None = None,
+                 constraints: list[Constraint | None] | None = None, vocab_size: int = 0):
+        """`constraints`: each chunk row's grammar (None: free), or None for none at all;
+        `vocab_size`: the logits' width (the grammars' bitmask covers it)."""
         B, T = len(prompts), params.max_tokens
         self.cached = cached  # (B,) prompt tokens each row reused from the prefix cache
         self.engine, self.prompts, self.params, self.gen, self.device = engine, prompts, params, gen, device
@@ -58,11 +56,17 @@ class _DecodeState:
         self.uniforms = None
         if isinstance(gen, list) and params.temperature != 0:
             self.uniforms = torch.stack([torch.rand(T, generator=g, dtype=torch.float64) for g in gen])  # (B, T)
+        self.masks = None  # the constrained rows' grammar matchers (constraints.py)
+        if constraints is not None and any(c is not None for c in constraints):
+            self.masks = DecodeMasks(grammars_for(engine.tokenizer, vocab_size), constraints,
+                                     list(params.stop_token_ids), device)
 
     def step(self, step: int, logits: torch.Tensor, cache: Any) -> torch.Tensor:
         """Sample from (B', V) logits, record ids and logprobs, mark rows that finished."""
         params, live = self.params, self.live
-        logprobs = torch.log_softmax(logits, dim=-1)  # (B', V) raw model distribution
+        if self.masks is not None:  # disallowed ids of constrained rows -> -inf (an upload, no read)
+            self.masks.apply(logits, self.rows, live)
+        logprobs = torch.log_softmax(logits, dim=-1)  # (B', V) the distribution sampled from (masked or raw)
         u = None
         if params.temperature != 0:
             if self.uniforms is not None:
@@ -79,6 +83,8 @@ class _DecodeState:
         host = torch.stack([tokens, done.long()]).cpu()  # (2, B'): the step's one read
         self.ids[self.rows, step] = host[0]
         done = host[1].bool() & live  # (B',)
+        if self.masks is not None:
+            self.masks.accept(self.rows, host[0], live)
         if self.stop_strings is not None:
             for j in (live & ~done).nonzero().flatten().tolist():
                 if self.stop_strings.completes(self.ids[self.rows[j], : step + 1].tolist()):

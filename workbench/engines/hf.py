@@ -20,6 +20,12 @@ ends; rows are tracked with host tensors, not a Python loop (stop strings except
 they decode each live row's tail on the host). `tests/test_engine_host_reads.py` counts
 this on the CPU. Sampling (`sampling.py`) draws its uniforms from CPU generators.
 
+Constrained decoding: a call's `SamplingParams.constraint` (per request through `submit`,
+so the rows of one batch may each have their own or none) masks each constrained row's
+logits with its grammar before the step samples (`constraints.py`, `decode_state.py`): the
+host fills the masks from ids it already read, uploads them without waiting, and the
+recorded logprobs are of the masked distribution.
+
 The engine holds a reference to the policy module, so after an optimizer step it
 already samples from the new weights; `sync_weights(model)` just swaps the module.
 A LoRA policy is sampled through a merged copy (`merged.py`) that re-merges itself
@@ -127,6 +133,7 @@ import torch
 
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
+from workbench.engines.decode_state import _COMPACT_FRACTION, _DecodeState  # noqa: F401 (_COMPACT_FRACTION: tests)
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
 from workbench.engines.packed_matmul import PackedWeights, available as packed_available
@@ -230,7 +237,9 @@ class HFEngine(GenerationEngine):
             gen.manual_seed(params.seed)
         else:
             gen.seed()
-        return self._generate(prompts, params, gen)
+        if params.constraint is None:
+            return self._generate(prompts, params, gen)
+        return self._generate(prompts, params, gen, [params.constraint] * len(prompts))
 
     def submit(self, prompt: list[int], params: SamplingParams) -> "Future[GenerationResult]":
         """Queue one prompt for the dynamic batcher (see the module docstring)."""
@@ -252,7 +261,10 @@ class HFEngine(GenerationEngine):
             else:
                 g.seed()
             gens.append(g)
-        return self._generate(prompts, params_list[0], gens)
+        constraints = [p.constraint for p in params_list]
+        if all(c is None for c in constraints):
+            return self._generate(prompts, params_list[0], gens)
+        return self._generate(prompts, params_list[0], gens, constraints)
 
     def close(self) -> None:
         batcher, self._batcher = self._batcher, None
@@ -265,8 +277,9 @@ class HFEngine(GenerationEngine):
             self._packed.clear()
         super().close()
 
-    def _generate(self, prompts: list[list[int]], params: SamplingParams,
-                  gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+    def _generate(self, prompts: list[list[int]], params: SamplingParams, gen: torch.Generator | list[torch.Generator],
+                  constraints: list[Any] | None = None) -> list[GenerationResult]:
+        """`constraints`: each prompt's grammar (`constraints.Constraint`, None: free), or None."""
         if not prompts:
             return []
         for i, p in enumerate(prompts):
@@ -294,7 +307,9 @@ class HFEngine(GenerationEngine):
         for start in range(0, len(order), rows):
             chunk = sorted(order[start : start + rows], key=lambda i: (len(prompts[i]), i))
             chunk_gen = [gen[i] for i in chunk] if isinstance(gen, list) else gen
-            for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen)):
+            grammar = [constraints[i] for i in chunk] if constraints is not None else None
+            for i, res in zip(chunk, self._generate_chunk(model, [prompts[i] for i in chunk], params, chunk_gen,
+                                                          grammar)):
                 by_index[i] = res
         return [by_index[i] for i in range(len(prompts))]
 
@@ -315,10 +330,11 @@ class HFEngine(GenerationEngine):
 
     @torch.no_grad()
     def _generate_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
-                        gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+                        gen: torch.Generator | list[torch.Generator],
+                        constraints: list[Any] | None = None) -> list[GenerationResult]:
         """`gen`: one generator for the chunk, or one per row (rows keep theirs as others finish)."""
         with gqa_attention(model), dense_head_input(model):
-            return self._decode_chunk(model, prompts, params, gen)
+            return self._decode_chunk(model, prompts, params, gen, constraints)
 
     def _prefill(self, model: Any, uprompts: list[list[int]], hits: list[tuple[int, Any]],
                  room: int, into: torch.Tensor | None = None) -> tuple[Any, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -394,7 +410,8 @@ class HFEngine(GenerationEngine):
         return cache, torch.cat(logits), torch.cat(next_pos), torch.cat(masks), order
 
     def _decode_chunk(self, model: Any, prompts: list[list[int]], params: SamplingParams,
-                      gen: torch.Generator | list[torch.Generator]) -> list[GenerationResult]:
+                      gen: torch.Generator | list[torch.Generator],
+                      constraints: list[Any] | None = None) -> list[GenerationResult]:
         device = self.device
         B = len(prompts)
         # Identical prompts (a GRPO group's opening turn, greedy episodes that agree so
@@ -448,7 +465,8 @@ class HFEngine(GenerationEngine):
                     logits, next_pos, attn_host = logits[pick_dev], next_pos[pick_dev], attn_host[pick]
         attention = attn_host.to(device, non_blocking=True)  # (B, T) 1 at real cache positions
         cached = [kept[inverse[b]] for b in range(B)]  # (B,) tokens each row reused from the prefix cache
-        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached, rows)
+        state = _DecodeState(self, prompts, params, gen, attn_host, device, cached, rows, constraints,
+                             logits.shape[-1])
         # Built per call (references to the parameters, ~1 ms): sees swapped modules and
         # adapters switched off; None: the model's forward decodes.
         fast = None
@@ -493,7 +511,7 @@ class HFEngine(GenerationEngine):
                             self.graph_error = graphed.capture_error
                             warnings.warn(f"hf engine: this model's decode step cannot be recorded in a CUDA graph "
                                           f"({self.graph_error}); its steps are launched from Python from now on "
-                                          "(inference.cuda_graphs=false says so up front)", stacklevel=2)
+                                          "(inference.cuda_graphs=false skips the attempt)", stacklevel=2)
                     elif fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
                         # products through packed weights (both halves of split ones, when packing is on)

@@ -13,7 +13,9 @@ vLLM (`kind="vllm"`, e.g. `vllm serve <model folder> --port 8001`):
   which is checked against the ids), `stop_token_ids`, `ignore_eos=true`, and stop
   strings as `stop` with `include_stop_str_in_output=true`. Logprobs
   are raw (temperature-1) as long as the server runs with its default
-  `--logprobs-mode raw_logprobs`. Start it with `--enable-prompt-tokens-details` to
+  `--logprobs-mode raw_logprobs`. A call's `SamplingParams.constraint` goes as
+  `structured_outputs` (its structural tag, `workbench.engines.constraints`; the logprobs
+  are then of the masked distribution). Start it with `--enable-prompt-tokens-details` to
   get prefix-cache hits back in `num_cached_tokens`.
 
 SGLang (`kind="sglang"`, `python -m sglang.launch_server --model-path ... --port 30000`):
@@ -24,7 +26,8 @@ SGLang (`kind="sglang"`, `python -m sglang.launch_server --model-path ... --port
   from `meta_info.finish_reason`, cache hits from `meta_info.cached_tokens`. SGLang
   returns logprobs of the temperature-scaled distribution unless the server is
   started with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`; set it, or sample at
-  temperature 1, to get the raw logprobs the trainer expects.
+  temperature 1, to get the raw logprobs the trainer expects. A constrained call is refused
+  (EngineError): this backend does not pass constraints to SGLang.
 
 Failures: connection errors, timeouts and HTTP 5xx are retried `max_retries` times
 with exponential backoff (`backoff * 2**attempt` seconds); then EngineError names the
@@ -292,6 +295,9 @@ class ServerEngine(GenerationEngine):
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         if not prompts:
             return []
+        if params.constraint is not None and self.kind != "vllm":
+            raise EngineError(f"{self._where()}: constrained decoding (SamplingParams.constraint) is not passed to "
+                              "SGLang servers by this backend; use a vLLM server, or the hf or vllm backend")
         if self.kind == "vllm":
             self._model_name()  # once, before the threads start
         jobs = [(i, [int(t) for t in p]) for i, p in enumerate(prompts)]
@@ -375,6 +381,8 @@ class ServerEngine(GenerationEngine):
             body["include_stop_str_in_output"] = True
         if seed is not None:
             body["seed"] = seed
+        if params.constraint is not None:
+            body["structured_outputs"] = params.constraint.vllm_params()
         return body
 
     @staticmethod

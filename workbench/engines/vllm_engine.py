@@ -15,6 +15,13 @@ Logprobs follow the contract of `workbench.engines.base`: the engine is started 
 token only), so each returned logprob is log_softmax of the unscaled logits at the
 sampled id, whatever temperature/top_p/top_k sampled it.
 
+Constraints: a call's `SamplingParams.constraint` goes to vLLM as
+`StructuredOutputsParams(structural_tag=...)`, the JSON the hf engine compiles
+(`workbench.engines.constraints`), and the engine starts with
+`structured_outputs_config={"backend": "xgrammar"}`, so both engines mask with the same
+xgrammar grammar. vLLM applies the mask to the logits before its sampler, so the raw
+logprobs it returns are of the masked distribution, as the hf engine's are.
+
 Stopping: generation stops on `SamplingParams.stop_token_ids` (vLLM's own EOS
 stop is disabled with `ignore_eos=True`, so all engines agree on when a turn ends);
 the stop id is kept in the returned ids, like every workbench engine. Stop strings
@@ -200,6 +207,7 @@ class VLLMEngine(GenerationEngine):
             tensor_parallel_size=tensor_parallel_size,
             seed=seed,
             logprobs_mode="raw_logprobs",
+            structured_outputs_config={"backend": "xgrammar"},  # the grammar library of the hf engine
         )
         if self.is_cpu:
             kwargs["enforce_eager"] = True
@@ -255,7 +263,17 @@ class VLLMEngine(GenerationEngine):
             include_stop_str_in_output=True,
             detokenize=stops is not None,  # vLLM matches stop strings on its detokenized text
             skip_special_tokens=stops is not None,  # as `StopStrings` decodes
+            structured_outputs=self._structured(params.constraint),
         )
+
+    @staticmethod
+    def _structured(constraint: Any) -> Any:
+        """vLLM's `StructuredOutputsParams` for a `Constraint` (None without one)."""
+        if constraint is None:
+            return None
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return StructuredOutputsParams(**constraint.vllm_params())
 
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         llm = self.llm

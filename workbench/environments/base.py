@@ -37,6 +37,12 @@ anything else with a format error: an observation saying what to write, and
 records as the turn's `parse_error`). The rollout builds the environment's parser strict
 too (`workbench.tools.MultiTurnManager`). Asking a class without a strict mode for one
 raises a `ConfigError`, so the setting is never ignored in silence.
+
+Constrained decoding: `config.constrained_decoding` is read into `env.constrained_decoding`.
+An environment whose action format is a grammar overrides `action_constraint()` to return it
+(a `workbench.engines.constraints.Constraint`: a regex, choices, a JSON schema, tool calls);
+the rollout then samples every model turn under it, so a reply is always in the format. A
+class that does not override it refuses the setting with a `ConfigError`.
 """
 from __future__ import annotations
 
@@ -148,6 +154,16 @@ class BaseEnvironment:
                 f"(its class does not set supports_strict_format = True); set environment.strict_format "
                 f"to false, or give the environment a strict mode (refuse a reply that is not exactly the "
                 f"action with an observation and info['parse_error']) and set supports_strict_format = True")
+        constrained = getattr(self.config, "constrained_decoding", False)
+        if not isinstance(constrained, bool):
+            raise ConfigError(f"environment.constrained_decoding must be true or false, got {constrained!r}")
+        #: Sample model turns under `action_constraint()` (see the module docstring).
+        self.constrained_decoding: bool = constrained
+        if constrained and type(self).action_constraint is BaseEnvironment.action_constraint:
+            raise ConfigError(
+                f"environment.constrained_decoding is true but {type(self).__name__} has no action grammar (its "
+                f"class does not override action_constraint()); set environment.constrained_decoding to false, or "
+                f"give the environment an action_constraint() returning a workbench.engines.constraints.Constraint")
 
     # -- seed-compatible aliases ------------------------------------------------
     @property
@@ -177,6 +193,12 @@ class BaseEnvironment:
     def get_prompt_prefix(self) -> str:
         """System prompt for the model. Override to describe the task."""
         return self.config.system_prompt or "You are a helpful assistant."
+
+    def action_constraint(self) -> Any:
+        """The grammar every reply must follow when `constrained_decoding` is set (a
+        `workbench.engines.constraints.Constraint`, asked before each model turn), or None for
+        free text. Default: None, and a class that keeps it refuses `constrained_decoding`."""
+        return None
 
     def get_tools(self) -> list:
         """Tools the model may call in this environment (default: none)."""

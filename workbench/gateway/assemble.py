@@ -92,7 +92,8 @@ def assemble_episode(calls: list[CallRecord], builder: PromptBuilder, episode_id
                     finish_reason=call.finish_reason, parse_error=reply.parse_error,
                     tool_calls=[{"name": c["function"]["name"], "arguments": c["function"]["arguments"],
                                  "success": None, "result": None, "id": c["id"]} for c in reply.tool_calls],
-                    info={"route": call.route, "reused_replies": call.reused_replies, "seconds": call.seconds})
+                    info={"route": call.route, "reused_replies": call.reused_replies, "seconds": call.seconds},
+                    constraint=None if edited else call.constraint)
         ep.turns.append(turn)
         ep.actions.append(reply.text)
         ep.rewards.append(0.0)

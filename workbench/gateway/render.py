@@ -287,18 +287,28 @@ class PromptBuilder:
         return seg
 
     # -- replies ---------------------------------------------------------------------------
-    def reply(self, token_ids: list[int], logprobs: list[float], parse_tools: bool) -> Reply:
-        """The OpenAI message for sampled ids (tool calls parsed when the request had tools)."""
+    def reply(self, token_ids: list[int], logprobs: list[float], parse_tools: bool,
+              stop: list[str] | None = None) -> Reply:
+        """The OpenAI message for sampled ids (tool calls parsed when the request had tools); its
+        content ends before the first of the `stop` strings, as OpenAI's does (`text` and the
+        ids stay as sampled)."""
         ids = token_ids[:-1] if token_ids and token_ids[-1] in self.stop_ids else token_ids
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if not parse_tools or "<tool_call>" not in text:
-            return Reply(list(token_ids), list(logprobs), text, text)
-        parsed = self.parser.parse(text)
+        content = cut_at_stop(text, stop or [])
+        if not parse_tools or "<tool_call>" not in content:
+            return Reply(list(token_ids), list(logprobs), text, content)
+        parsed = self.parser.parse(content)
         if parsed.error:
-            return Reply(list(token_ids), list(logprobs), text, text, parse_error=parsed.error)
+            return Reply(list(token_ids), list(logprobs), text, content, parse_error=parsed.error)
         calls = [{"id": c.id, "type": "function",
                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed.tool_calls]
         return Reply(list(token_ids), list(logprobs), text, parsed.content or None, calls)
+
+
+def cut_at_stop(text: str, stops: list[str]) -> str:
+    """`text` up to (not including) the first occurrence of any of `stops`."""
+    at = min((i for i in (text.find(s) for s in stops if s) if i >= 0), default=len(text))
+    return text[:at]
 
 
 def _arguments(value: Any) -> Any:

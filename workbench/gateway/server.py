@@ -29,6 +29,15 @@ the server's log. The server only binds 127.0.0.1. `stream=true` gets the reply 
 server-sent events once it is generated (`workbench.gateway.stream`; `stream_options.include_usage` adds the usage chunk). Not
 supported (a 400 says so): `n` > 1, `top_logprobs` > 0 (the engines give the sampled
 token's logprob only), non-text content.
+
+Request fields: every field the gateway knows is in `workbench.gateway.fields` (supported,
+accepted only at its neutral value, or refused); anything it cannot honour, or does not know,
+is a 400 naming the field, never accepted and ignored. `response_format` (json_object,
+json_schema), `tool_choice` ("required", a named function) and `parallel_tool_calls: false`
+become a grammar the reply is sampled under (`workbench.engines.constraints`); the call
+records it, and the trainer scores the reply under the same masks. Stop strings end the
+returned text before the stop string, as OpenAI's API does; the recorded ids stay as sampled
+(up to the token that completed the stop string).
 """
 # No `from __future__ import annotations` here: FastAPI reads the route functions' annotations
 # (`request: Request`) as objects, and `Request` is imported inside `_build_app`.
@@ -45,7 +54,8 @@ from typing import Any
 
 from workbench.engines.base import EngineError, GenerationEngine, SamplingParams
 from workbench.gateway.checks import check_choices, check_seed, number, parse_body, user
-from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, parse_tools
+from workbench.gateway.fields import check_fields, max_tokens_of, request_constraint, structured_outputs
+from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, cut_at_stop, parse_tools
 from workbench.gateway.stream import check_stream, response_chunks, sse_events
 from workbench.rollout.chat import encode
 from workbench.rollout.fork import first_difference
@@ -85,6 +95,9 @@ class CallRecord:
     source: str = "model"
     """"model" (sampled now), "replayed" (a recorded reply given again) or "edited" (typed text),
     the last two from a script (`Gateway.script`)."""
+    constraint: dict[str, Any] | None = None
+    """The grammar the reply was sampled under (`Constraint.to_dict()` plus `stop_token_ids`:
+    from `response_format`, `tool_choice`, `parallel_tool_calls`), or None."""
 
 
 @dataclass
@@ -321,10 +334,10 @@ class Gateway:
     # -- serving ---------------------------------------------------------------------------
     def _sampling(self, body: dict[str, Any], prompt_len: int, field_name: str = "messages") -> SamplingParams:
         """The request's sampling parameters; its seed only when it sent one (see `_seeded`)."""
-        max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+        max_tokens, name = max_tokens_of(body)
         max_tokens = self.max_tokens if max_tokens is None else max_tokens
         if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens < 1:
-            raise RequestError(f"max_tokens must be a positive integer, got {max_tokens!r}", "max_tokens")
+            raise RequestError(f"{name} must be a positive integer, got {max_tokens!r}", name)
         room = self.max_context_tokens - prompt_len
         if room < 1:
             raise RequestError(f"the prompt is {prompt_len} tokens; this gateway's context is "
@@ -333,16 +346,25 @@ class Gateway:
         stop = [stop] if isinstance(stop, str) else stop
         if not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
             raise RequestError("stop must be a string or a list of strings", "stop")
+        top_k = body.get("top_k")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or (top_k < 1 and top_k != -1)):
+            raise RequestError(f"top_k must be -1 (off) or an integer >= 1, got {top_k!r}", "top_k")
         try:
             return SamplingParams(max_tokens=min(max_tokens, room),
                                   temperature=number(body, "temperature", self.temperature, 0.0, 2.0),
                                   top_p=number(body, "top_p", 1.0, 0.0, 1.0, low_open=True),
+                                  top_k=-1 if top_k is None else top_k,
                                   stop=[s for s in stop if s], stop_token_ids=list(self.builder.stop_ids),
                                   seed=check_seed(body))
         except ValueError as exc:
             if isinstance(exc, RequestError):
                 raise
             raise RequestError(str(exc), None) from None
+
+    def _stops(self, params: SamplingParams) -> list[str]:
+        """The stop strings of a call (the engine's and the request's)."""
+        stops = self.engine.stop_strings(params)
+        return stops.stops if stops is not None else []
 
     def _seeded(self, params: SamplingParams, episode_id: str | None, k: int | None) -> SamplingParams:
         """`params` with the seed of call number `k` of the episode, when the request sent none."""
@@ -390,25 +412,25 @@ class Gateway:
     async def chat(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
         """Serve one `/v1/chat/completions` request body (raises RequestError for a 400)."""
         start = time.monotonic()
+        check_fields(body, "chat")  # a field the gateway would ignore is a 400 (fields.py)
         check_stream(body)  # before generating: a malformed stream_options is a 400, not a wasted reply
         want_logprobs = check_choices(body)
         messages = check_messages(body.get("messages"))
         tools = parse_tools(body.get("tools"))
-        if body.get("tool_choice") not in (None, "auto", "none"):
-            raise RequestError("tool_choice must be 'auto' or 'none' (the model decides)", "tool_choice")
+        constraint = request_constraint(body, tools)  # response_format, tool_choice, parallel_tool_calls
         if body.get("tool_choice") == "none":
             tools = []
         episode_id = episode_id or user(body)
         replies = self._check_open(episode_id)
         self._check_length(sum(len(m["content"]) for m in messages), "messages")
         prompt, msgs, reused = await self._off_loop(self.builder.prompt_ids, messages, tools, replies)
-        params = self._sampling(body, len(prompt))
+        params = replace(self._sampling(body, len(prompt)), constraint=constraint)
         k = self._admit(episode_id)
         try:
             ids, logprobs, finish, source = await self._reply_ids(episode_id, k, prompt, params)
-            reply = self.builder.reply(ids, logprobs, parse_tools=bool(tools))
+            reply = self.builder.reply(ids, logprobs, parse_tools=bool(tools), stop=self._stops(params))
             self._record(episode_id, k, CallRecord(0, prompt, reply, finish, msgs, tools, reused, "chat",
-                                                   time.monotonic() - start, source))
+                                                   time.monotonic() - start, source, _recorded(params)))
         finally:
             self._release(episode_id, k)
         finish = "tool_calls" if reply.tool_calls else finish
@@ -426,6 +448,7 @@ class Gateway:
     async def completions(self, body: dict[str, Any], episode_id: str | None) -> dict[str, Any]:
         """Serve one `/v1/completions` request body: a text prompt (tokenised as sent) or token ids."""
         start = time.monotonic()
+        check_fields(body, "completions")
         check_stream(body)
         check_choices(body, chat=False)
         prompt = body.get("prompt")
@@ -443,14 +466,15 @@ class Gateway:
             raise RequestError("prompt must be a non-empty string or a non-empty list of token ids (one prompt)",
                                "prompt")
         episode_id = episode_id or user(body)
-        params = self._sampling(body, len(ids), "prompt")
+        params = replace(self._sampling(body, len(ids), "prompt"), constraint=structured_outputs(body))
         k = self._admit(episode_id)
         try:
             out, logprobs, finish, source = await self._reply_ids(episode_id, k, ids, params)
-            text = self.tokenizer.decode(out, skip_special_tokens=True)
-            reply = Reply(list(out), list(logprobs), text, text)
+            full = self.tokenizer.decode(out, skip_special_tokens=True)
+            text = cut_at_stop(full, self._stops(params))  # OpenAI's text ends before the stop string
+            reply = Reply(list(out), list(logprobs), full, text)
             self._record(episode_id, k, CallRecord(0, ids, reply, finish, [], [], 0, "completions",
-                                                   time.monotonic() - start, source))
+                                                   time.monotonic() - start, source, _recorded(params)))
         finally:
             self._release(episode_id, k)
         return {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": int(time.time()),
@@ -526,6 +550,13 @@ class Gateway:
     def __repr__(self) -> str:
         state = f"serving {self.base_url}" if self._thread is not None else "stopped"
         return f"Gateway({self.engine!r}, {state}, episodes={len(self._episodes)})"
+
+
+def _recorded(params: SamplingParams) -> dict[str, Any] | None:
+    """What a call record keeps of its constraint (the trainer replays it: training/constrained.py)."""
+    if params.constraint is None:
+        return None
+    return {**params.constraint.to_dict(), "stop_token_ids": list(params.stop_token_ids)}
 
 
 def _usage(prompt: list[int], reply: Reply) -> dict[str, int]:

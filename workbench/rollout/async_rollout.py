@@ -179,7 +179,13 @@ class AsyncRollout(Rollout):
             return None
         turn = len(slot.episode.turns)
         base = None if self.seed is None else self.seed * 100_003 + turn * 101 + index
-        return self._turn_params(budget, base)
+        try:
+            constraint = self._constraint_of(slot)
+        except Exception as exc:  # a failing action_constraint ends this episode only, as in Rollout
+            self._fail(slot, f"{type(slot.env).__name__}.action_constraint raised {type(exc).__name__}: {exc}")
+            self._event("done", index, len(slot.episode.turns))
+            return None
+        return self._turn_params(budget, base, constraint)
 
     def _request_turn(self, index: int, events: queue.SimpleQueue, turns_left: dict[int, int | None]) -> int:
         """Submit episode `index`'s next turn to the engine; returns 1 if a request is in flight."""

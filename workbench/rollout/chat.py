@@ -257,3 +257,42 @@ def _show(tokenizer: Any, tok: int | None) -> str:
     if tok is None:
         return "<end>"
     return f"{tok} ({tokenizer.decode([tok], skip_special_tokens=False)!r})"
+
+
+def longest_fitting_prefix(renderer: "ChatRenderer", opening: Any, obs: str, note: str,
+                           limit: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
+    """(observation prefix + `note`, the messages `opening(text)` makes of it, their ids) for
+    the longest prefix of `obs` whose messages take at most `limit` tokens; None if not even
+    the empty one fits.
+
+    The prefix length doubles from `limit` characters until an opening does not fit
+    (or the prefix reaches `max_chars_per_token * limit` characters, beyond which none
+    can fit), then is bisected between the last two lengths: the text tokenized stays
+    within a few times the kept prefix, however long `obs` is.
+    """
+    def attempt(n: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
+        text = obs[:n] + note
+        cand = opening(text)
+        cand_ids = renderer.prompt_ids(cand)
+        return (text, cand, cand_ids) if len(cand_ids) <= limit else None
+
+    best = attempt(0)
+    if best is None:
+        return None
+    cap = min(len(obs), renderer.max_chars_per_token() * max(limit, 1))
+    lo, hi, n = 0, cap, min(cap, max(limit, 1))
+    while n > lo:  # doubling: lo fits, find an n that does not
+        got = attempt(n)
+        if got is None:
+            hi = n - 1
+            break
+        best, lo = got, n
+        n = min(cap, 2 * n)
+    while lo < hi:  # bisecting: lo fits, hi + 1 does not
+        mid = (lo + hi + 1) // 2
+        got = attempt(mid)
+        if got is None:
+            hi = mid - 1
+        else:
+            best, lo = got, mid
+    return best

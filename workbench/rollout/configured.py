@@ -38,6 +38,7 @@ ENVIRONMENT_FIELDS: dict[str, str] = {
     "name": "environment", "max_steps": "environment", "seed": "environment", "system_prompt": "environment",
     "params": "environment", "import_path": "environment", "step_timeout": "rollout",
     "strict_format": "environment",  # env.strict_format; MultiTurnManager builds the parser strict from it
+    "constrained_decoding": "environment",  # env.constrained_decoding; Rollout asks env.action_constraint()
 }
 
 _FROM_CONFIG = object()  # sampling_seed default: inference.seed as written

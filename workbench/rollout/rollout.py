@@ -46,8 +46,9 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
+from workbench.engines.constraints import Constraint
 from workbench.environments.registry import make_environment
-from workbench.rollout.chat import ChatRenderer, check_token_alignment
+from workbench.rollout.chat import ChatRenderer, check_token_alignment, longest_fitting_prefix
 from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
@@ -75,6 +76,7 @@ class _Slot:
     episode: Episode
     env: Any
     manager: MultiTurnManager
+    constraint: dict[str, Any] | None = None  # the grammar of the turn being sampled (recorded on it)
 
 
 def invalid_text(text: Any, what: str) -> str | None:
@@ -292,39 +294,10 @@ class Rollout(EpisodeQueue):
     def _longest_fitting_prefix(self, system: str, obs: str, note: str,
                                 limit: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
         """(observation prefix + `note`, opening messages, their ids) for the longest prefix of
-        `obs` whose opening takes at most `limit` tokens; None if not even the empty one fits.
-
-        The prefix length doubles from `limit` characters until an opening does not fit
-        (or the prefix reaches `max_chars_per_token * limit` characters, beyond which none
-        can fit), then is bisected between the last two lengths: the text tokenized stays
-        within a few times the kept prefix, however long `obs` is.
-        """
-        def attempt(n: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
-            text = obs[:n] + note
-            cand = self._opening_messages(system, text)
-            cand_ids = self.renderer.prompt_ids(cand)
-            return (text, cand, cand_ids) if len(cand_ids) <= limit else None
-
-        best = attempt(0)
-        if best is None:
-            return None
-        cap = min(len(obs), self.renderer.max_chars_per_token() * max(limit, 1))
-        lo, hi, n = 0, cap, min(cap, max(limit, 1))
-        while n > lo:  # doubling: lo fits, find an n that does not
-            got = attempt(n)
-            if got is None:
-                hi = n - 1
-                break
-            best, lo = got, n
-            n = min(cap, 2 * n)
-        while lo < hi:  # bisecting: lo fits, hi + 1 does not
-            mid = (lo + hi + 1) // 2
-            got = attempt(mid)
-            if got is None:
-                hi = mid - 1
-            else:
-                best, lo = got, mid
-        return best
+        `obs` whose opening takes at most `limit` tokens; None if not even the empty one fits
+        (`chat.longest_fitting_prefix`)."""
+        return longest_fitting_prefix(self.renderer, lambda text: self._opening_messages(system, text), obs, note,
+                                      limit)
 
     def fault_metrics(self) -> dict[str, float]:
         """`rollout/env_timeouts`: episodes ended by a `step_timeout` overrun;
@@ -398,6 +371,8 @@ class Rollout(EpisodeQueue):
         if index not in self.live:
             raise ValueError(f"episode {index} is not live; live episodes: {self.live}")
         human = finish_reason == "human"
+        if not human:  # the grammar the turn was sampled under, recorded on it as on a sampled turn
+            self._constraint_of(self.slots[index])
         self._apply_action(self.slots[index], list(ids), None if human else list(logprobs or []), finish_reason)
 
     def run(self, max_steps: int | None = None) -> TrajectoryBatch:
@@ -433,23 +408,42 @@ class Rollout(EpisodeQueue):
             return None
         return min(self.sampling["max_tokens"], remaining)
 
-    def _turn_params(self, budget: int, seed: int | None) -> SamplingParams:
+    def _turn_params(self, budget: int, seed: int | None, constraint: Constraint | None = None) -> SamplingParams:
         """Sampling settings of one turn with `budget` tokens; `seed` is the turn's base
-        seed (None: unseeded), made distinct per budget."""
+        seed (None: unseeded), made distinct per budget; `constraint`: its grammar."""
         return SamplingParams(stop_token_ids=self.renderer.stop_ids, seed=None if seed is None else seed + budget,
-                              **{**self.sampling, "max_tokens": budget})
+                              constraint=constraint, **{**self.sampling, "max_tokens": budget})
+
+    def _constraint_of(self, slot: _Slot) -> Constraint | None:
+        """The grammar of the slot's next turn: its environment's `action_constraint()` when the
+        environment constrains decoding (`environment.constrained_decoding`), else None. Kept
+        on the slot, so the turn records it."""
+        constraint = slot.env.action_constraint() if getattr(slot.env, "constrained_decoding", False) else None
+        slot.constraint = None if constraint is None else {**constraint.to_dict(),
+                                                            "stop_token_ids": list(self.renderer.stop_ids)}
+        return constraint
 
     def _generate(self, indices: list[int]) -> list[tuple[int, GenerationResult]]:
         """One engine call per distinct token budget (usually exactly one call)."""
-        by_budget: dict[int, list[int]] = {}
+        by_budget: dict[tuple[int, str], list[int]] = {}  # (budget, constraint) -> episodes
+        grammar: dict[str, Constraint | None] = {"": None}
         for i in indices:
             budget = self._turn_budget(self.slots[i])
-            if budget is not None:
-                by_budget.setdefault(budget, []).append(i)
+            if budget is None:
+                continue
+            try:
+                constraint = self._constraint_of(self.slots[i])
+            except Exception as exc:  # a failing action_constraint ends this episode only
+                self._fail(self.slots[i], f"{type(self.slots[i].env).__name__}.action_constraint raised "
+                                          f"{type(exc).__name__}: {exc}")
+                continue
+            key = constraint.key() if constraint is not None else ""
+            grammar[key] = constraint
+            by_budget.setdefault((budget, key), []).append(i)
         out = []
-        for budget, idx in sorted(by_budget.items(), reverse=True):
+        for (budget, key), idx in sorted(by_budget.items(), reverse=True):
             base = None if self.seed is None else self.seed * 100_003 + self.turn_counter * 101
-            params = self._turn_params(budget, base)
+            params = self._turn_params(budget, base, grammar[key])
             # every row on its episode's last possible turn: no later call extends its KV
             params.keep_kv = any(len(self.slots[i].episode.turns) + 1 < self.max_turns for i in idx)
             try:
@@ -489,6 +483,7 @@ class Rollout(EpisodeQueue):
                         for c in tr.tool_calls],
             parse_error=tr.parse_error, env_error=tr.env_error, token_start=start,
             token_end=start + len(ids), finish_reason=finish, messages=list(tr.messages),
+            constraint=slot.constraint if trained else None,
         )
         ep.turns.append(turn)
         ep.actions.append(text)

@@ -26,6 +26,7 @@ import torch.nn as nn
 from workbench.engines.model_hooks import dense_head_input, gqa_attention
 from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
+from workbench.training.constrained import AllowedTokens, mask_logits
 from workbench.training.head_logprobs import fused_head_weight, head_as_input, head_logprobs
 from workbench.training.lora_linear import use_lean_lora
 from workbench.training.packing import packed_attention, plan_packing
@@ -242,7 +243,8 @@ def _n_params(model: nn.Module) -> int:
 def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                      with_entropy: bool = False, autocast: bool = False,
                      loss_mask: torch.Tensor | None = None, share_prefix: bool = True,
-                     pack: bool = True, entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     pack: bool = True, entropy_grad: bool = True,
+                     allowed: AllowedTokens | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs (and entropies) of `input_ids` under `model`.
 
     With `loss_mask` (B, T), the LM head and softmax run only where tokens are trained
@@ -254,6 +256,8 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
       * `share_prefix`: otherwise, the prefix all rows share (`shared_prefix_length`,
         a GRPO group's prompt) runs once and its KV is repeated for every row.
     `entropy_grad=False` computes the entropy without a gradient (a metric only).
+    `allowed` (the rows' `AllowedTokens.select`): at constrained positions the logprobs and
+    entropy are of the masked distribution the engine sampled from (`constrained.py`).
     On plain-head architectures (a bias-free linear head that is not a LoRA layer) without
     autocast, the logprobs come from the head's input a chunk of rows at a time
     (`head_logprobs.py`), never holding a float32 (K, V) tensor.
@@ -264,7 +268,8 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     B, T = input_ids.shape
     if loss_mask is not None:
-        head_weight = None if autocast else fused_head_weight(model)  # (V, E): the model returns head inputs
+        # (V, E): the model returns head inputs (not under masks: they need the logits)
+        head_weight = None if autocast or allowed is not None else fused_head_weight(model)
         head_ctx = head_as_input(model) if head_weight is not None else contextlib.nullcontext()
         prefix = shared_prefix_length(input_ids, attention_mask, loss_mask) if share_prefix else 0
         config = getattr(model, "config", None)
@@ -277,6 +282,7 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
                                attention_mask=plan.attention_mask(config, dtype),
                                logits_to_keep=plan.source).logits[0]  # (K, V), or (K, E) head inputs
             targets = plan.targets  # (K,)
+            where = allowed.index.to(plan.rows.device)[plan.rows, plan.cols] if allowed is not None else None  # (K,)
 
             def place(v: torch.Tensor) -> torch.Tensor:  # (K,) -> (B, T)
                 return torch.zeros(B, T, dtype=v.dtype, device=v.device).index_put((plan.rows, plan.cols), v)
@@ -288,17 +294,24 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
             with ctx, gqa_attention(model), head_ctx:
                 logits = _model_logits(model, input_ids, attention_mask, cols - 1, prefix)  # (B, K, V) or (B, K, E)
             targets = input_ids[:, cols]  # (B, K)
+            where = allowed.index.to(cols.device)[:, cols] if allowed is not None else None  # (B, K)
 
             def place(v: torch.Tensor) -> torch.Tensor:  # (B, K) -> (B, T)
                 return torch.zeros(B, T, dtype=v.dtype, device=v.device).index_copy(1, cols, v)
         if head_weight is not None:
             lp, e = head_logprobs(logits, head_weight, targets, with_entropy, entropy_grad)
         else:
-            lp, e = _logprobs_and_entropy(logits.float(), targets, with_entropy, entropy_grad)
+            logits = logits.float()
+            if where is not None:
+                logits = mask_logits(logits, where, allowed.masks)
+            lp, e = _logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
         return place(lp), (place(e) if e is not None else None)
     with ctx:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
-    lp, e = _logprobs_and_entropy(logits[:, :-1].float(), input_ids[:, 1:], with_entropy, entropy_grad)  # (B, T-1)
+    logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
+    if allowed is not None:
+        logits = mask_logits(logits, allowed.index[:, 1:], allowed.masks)
+    lp, e = _logprobs_and_entropy(logits, input_ids[:, 1:], with_entropy, entropy_grad)  # (B, T-1)
     logp = torch.cat([torch.zeros_like(lp[:, :1]), lp], dim=1)  # (B, T)
     ent = torch.cat([torch.zeros_like(e[:, :1]), e], dim=1) if e is not None else None  # (B, T)
     return logp, ent
@@ -307,9 +320,11 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
 @torch.no_grad()
 def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    lengths: list[int], micro_batch_size: int, autocast: bool = False,
-                   loss_mask: torch.Tensor | None = None, groups: list[Any] | None = None) -> torch.Tensor:
+                   loss_mask: torch.Tensor | None = None, groups: list[Any] | None = None,
+                   allowed: AllowedTokens | None = None) -> torch.Tensor:
     """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches
-    (kept within `groups`, see `micro_batches`).
+    (kept within `groups`, see `micro_batches`); masked at constrained positions with
+    `allowed` (the batch's `constrained.allowed_tokens`).
 
     With `loss_mask`, only positions of trained tokens are computed (others are 0), and
     rows without a trained token (a failed episode) are left out of every forward.
@@ -321,7 +336,8 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         ids = input_ids[idx, :T].to(device)  # (b, T)
         mask = attention_mask[idx, :T].to(device)
         lm = loss_mask[idx, :T].to(device) if loss_mask is not None else None
-        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm)  # (b, T)
+        sub = allowed.select(idx, T) if allowed is not None else None
+        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm, allowed=sub)  # (b, T)
         if lm is not None:  # the forward fills every position trained in any row of the micro-batch
             lp = lp * lm
         out[idx, :T] = lp.float().cpu()

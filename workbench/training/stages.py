@@ -66,7 +66,7 @@ class LocalStages:
     def update(self, trainer: Any, batch: TrajectoryBatch) -> dict[str, float]:
         t = trainer.config.training
         plan = plan_update(batch, t, trainer.global_step)
-        metrics = update_actor(trainer.policy.model, trainer.optimizer, batch, t, plan)
+        metrics = update_actor(trainer.policy.model, trainer.optimizer, batch, t, plan, trainer.tokenizer)
         if trainer.critic is not None:
             metrics.update(update_critic(trainer.critic, trainer.critic_optimizer, batch, t, plan))
         return metrics

@@ -53,6 +53,7 @@ from workbench.training import dynamic_sampling
 from workbench.training.async_fit import RolloutAhead, stamp_versions, staleness_metrics
 from workbench.training.fit_loop import FitTargetReachedWarning, run_fit  # noqa: F401 (the warning stays importable here)
 from workbench.training.models import build_models
+from workbench.training.constrained import allowed_tokens, model_vocab_size
 from workbench.training.policy import batch_logprobs, batch_values
 from workbench.training.sft import expert_demonstrations, sft_step
 from workbench.training.stages import LocalStages, check_stages, make_stages
@@ -270,14 +271,17 @@ class Trainer:
         model.eval()
         lengths = self._lengths(batch)
         groups = batch.group_ids  # micro-batches keep a group (and its shared prompt) together
+        # constrained turns: the masked distribution the engine sampled from (training/constrained.py)
+        allowed = allowed_tokens(batch, self.tokenizer, model_vocab_size(model))
         if old_logprobs:
             batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
-                                                     t.micro_batch_size, t.autocast_bf16, batch.loss_mask, groups))
+                                                     t.micro_batch_size, t.autocast_bf16, batch.loss_mask, groups,
+                                                     allowed))
         if self.needs_reference:
             with self.policy.reference() as ref:
                 batch.set("ref_logprobs", batch_logprobs(ref, batch.input_ids, batch.attention_mask, lengths,
                                                          t.micro_batch_size, t.autocast_bf16, batch.loss_mask,
-                                                         groups))
+                                                         groups, allowed))
         return batch
 
     @torch.no_grad()

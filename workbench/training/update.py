@@ -45,6 +45,7 @@ import torch.distributed as dist
 
 from workbench import algo
 from workbench.config import TrainingConfig
+from workbench.training.constrained import allowed_tokens, has_constraints, model_vocab_size
 from workbench.training.guards import all_finite, guarded_step
 from workbench.training.policy import forward_logprobs, micro_batches
 from workbench.trajectory import TrajectoryBatch
@@ -106,25 +107,41 @@ def _errors_listed(episodes: Sequence[Any]) -> str:
 
 def require_trained_tokens(batch: TrajectoryBatch) -> None:
     """Raise `NothingToTrainError` naming the episodes' errors when no episode of `batch`
-    has a token to train on (e.g. every reset raised), instead of a shape error deep
-    inside a forward pass."""
-    if any(ep.response_length for ep in batch.episodes):
+    has a token to train on (e.g. every reset raised, every episode ended in an environment
+    error), instead of a shape error deep inside a forward pass."""
+    if len(batch.untrained_rows()) < len(batch):
         return
+    if any(ep.response_length for ep in batch.episodes):
+        raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended in an environment error, so there "
+                                  f"is nothing to train on: {_errors_listed(batch.episodes)}. Fix the environment "
+                                  "(try it with workbench.check_env or one Rollout in a notebook cell)")
     raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended before the model took a turn, so "
                               f"there is nothing to train on: {_errors_listed(batch.episodes)}. Fix the "
                               "environment (try it with workbench.check_env or one Rollout in a notebook cell)")
 
 
 def failed_episodes_line(batch: TrajectoryBatch) -> str:
-    """One line naming the episodes of `batch` that have no trained token and so are left out
-    of the update (`TrajectoryBatch.untrained_rows`), with their errors; "" when there are none."""
+    """One line per reason naming the episodes of `batch` the update leaves out
+    (`TrajectoryBatch.untrained_rows`): those that failed before the model took a turn, and
+    those that ended in an environment error (their share and first error); "" when none."""
     rows = batch.untrained_rows()
     if not rows:
         return ""
     step = batch.meta.get("step")
     where = f"step {step}: " if step is not None else ""
-    return (f"{where}{len(rows)} of {len(batch)} episodes failed before the model took a turn and are left out "
-            f"of the update (rollout/failed_episodes): {_errors_listed([batch[i] for i in rows])}")
+    before = [batch[i] for i in rows if not batch[i].response_length]
+    env = [batch[i] for i in rows if batch[i].response_length]
+    lines = []
+    if before:
+        lines.append(f"{where}{len(before)} of {len(batch)} episodes failed before the model took a turn and are "
+                     f"left out of the update (counted in rollout/failed_episodes): {_errors_listed(before)}")
+    if env:
+        ids = [e.episode_id for e in env]
+        lines.append(f"{where}{len(env)} of {len(batch)} episodes ({len(env) / len(batch):.0%}) ended in an "
+                     f"environment error and are left out of the update, not trained as their reward "
+                     f"(env/environment_error_rate, counted in rollout/failed_episodes); first error: {env[0].environment_error}; episodes "
+                     f"{ids[:8]}{'...' if len(ids) > 8 else ''}")
+    return "\n".join(lines)
 
 
 def is_on_policy(t: TrainingConfig) -> bool:
@@ -146,7 +163,8 @@ def plan_update(batch: TrajectoryBatch, t: TrainingConfig, step: int) -> UpdateP
             if rows:
                 minis.append(MiniBatch(rows, float(batch.loss_mask[rows].sum().clamp(min=1)), len(rows)))
     trained = [i for i in range(B) if i not in untrained]
-    return UpdatePlan(minis, T, t.ppo_epochs if trained else 0, trained, float(batch.loss_mask.sum().clamp(min=1)))
+    return UpdatePlan(minis, T, t.ppo_epochs if trained else 0, trained,
+                      float(batch.loss_mask[trained].sum().clamp(min=1)))
 
 
 def split_groups(batch: TrajectoryBatch, n: int) -> list[list[int]]:
@@ -333,8 +351,11 @@ def zero_weight_inputs(batch: TrajectoryBatch, lengths: list[int],
 
 
 def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: TrajectoryBatch,
-                 t: TrainingConfig, plan: UpdatePlan) -> dict[str, float]:
+                 t: TrainingConfig, plan: UpdatePlan, tokenizer: Any = None) -> dict[str, float]:
     """PPO epochs over the plan's mini-batches (gradient accumulation over micro-batches).
+
+    Turns sampled under a constraint are scored under its masks (`constrained.py`), which
+    needs the policy's `tokenizer` (a ValueError without it when the batch has such turns).
 
     Sets `new_logprobs`, `ratio`, `entropy` on `batch` (and `old_logprobs`/`kl` when the batch
     had no old logprobs and the update is on-policy) and returns the `actor/...` metrics.
@@ -347,6 +368,12 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
         batch.require("old_logprobs")
     if t.use_kl_loss:
         batch.require("ref_logprobs")
+    allowed = None
+    if has_constraints(batch):
+        if tokenizer is None:
+            raise ValueError("update_actor: the batch has turns sampled under a constraint; pass the policy's "
+                             "tokenizer so their logprobs are of the same masked distribution")
+        allowed = allowed_tokens(batch, tokenizer, model_vocab_size(model))
     model.train()
     lengths = lengths_of(batch)
     groups = batch.group_ids  # micro-batches keep a group (and its shared prompt) together
@@ -380,7 +407,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             attn = batch.attention_mask[idx, :T].to(device)
             mask = batch.loss_mask[idx, :T].to(device)
             logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
-                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
+                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared,
+                                         allowed=allowed.select(idx, T) if allowed is not None else None)
             old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
             advantages = batch.advantages[idx, :T].to(device)  # (b, T)
             is_m: dict[str, float] = {}

@@ -10,10 +10,18 @@ OpenEnv (`openenv-core`, tested with 0.3.0) environments are servers: `create_ap
 ActionCls, ObservationCls)` serves reset/step/state, and clients hold one WebSocket session
 per episode (`GenericEnvClient(base_url).sync()`, plain dicts in and out). This adapter:
 
-  * action: the reply text goes into one field of the action dict, `action_field` (param);
-    by default the field is read from the server's `/schema`: the action's only required
-    field, else `message` or `text` when the schema has one. `action_json=True` instead
-    parses the reply as a JSON object and sends it as the whole action.
+  * action: read from the server's `/schema` when the environment is made (a server that
+    cannot be reached yet is asked at the first step), in one of two forms
+    (`openenv_actions.ActionFormat`): the reply text as one string field (`action_field`
+    param, or the action's only required field when it is a string, else `message`/`text`),
+    or the reply as the action's JSON (any other action, or `action_json=True`): then the
+    system prompt says the format (fields, types, allowed values), a reply in a ```json fence
+    counts, and a reply that is not JSON or does not validate is a format error the model
+    reads as its next observation (`info["parse_error"]` names the field; counted in
+    `env/parse_error_rate`; the server never sees it). An action the adapter cannot fill
+    (`action_field` not a string field, or other required fields beside it) is refused when
+    the environment is made. `environment.constrained_decoding` samples every reply under
+    the action's JSON schema (`action_constraint()`).
   * observation: the text in `observation_field` (param); by default the first of `text`,
     `message`, `prompt`, `content`, `output`, `observation` the observation has, else a
     ValueError naming the observation's keys and the param to set.
@@ -57,12 +65,13 @@ import weakref
 from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
+from workbench.config import ConfigError
+from workbench.environments.adapters.openenv_actions import ActionFormat
 from workbench.environments.adapters.openenv_capacity import ServerPlaces, capacity_limit, server_words
 from workbench.environments.base import BaseEnvironment, EnvironmentBusy, StepResult, as_environment_config
 from workbench.utils.imports import import_object
 
 OBSERVATION_FIELDS = ("text", "message", "prompt", "content", "output", "observation")
-ACTION_FIELDS = ("message", "text")
 
 
 def _import_openenv() -> Any:
@@ -211,6 +220,8 @@ class OpenEnvEnvironment(BaseEnvironment):
             self.places.given(max_concurrent)
         self._session = _Session(self.places)
         weakref.finalize(self, self._session.close).atexit = False  # a dropped environment gives its place back
+        self.action_format: ActionFormat | None = None  # read from /schema (openenv_actions.py)
+        self._read_action_format(startup=True)
 
     def _count_param(self, name: str) -> int | None:
         """The env param `name` as a whole number >= 1, or None when not set."""
@@ -275,23 +286,45 @@ class OpenEnvEnvironment(BaseEnvironment):
         (read from a socket it closed)."""
         return RuntimeError(f"{words} [the OpenEnv server at {self.url} closed the connection: {type(exc).__name__}]")
 
-    def _schema_action_field(self) -> str:
-        import httpx
+    _schemas: dict[str, dict[str, Any]] = {}  # url -> the action's JSON schema (read once per process)
 
-        try:
-            schema = httpx.get(f"{self.url}/schema", timeout=10).json().get("action", {})
-        except Exception as exc:  # noqa: BLE001
-            raise ValueError(f"cannot read the action schema of {self.url}/schema ({exc}); set the env param "
-                             "action_field") from exc
-        props = [p for p in schema.get("properties", {}) if p != "metadata"]
-        required = [p for p in schema.get("required", []) if p != "metadata"]
-        if len(required) == 1:
-            return required[0]
-        for name in ACTION_FIELDS:
-            if name in props:
-                return name
-        raise ValueError(f"cannot tell which action field takes the reply: the action has fields {props}; "
-                         "set the env param action_field (e.g. --env-param action_field=NAME) or action_json=true")
+    def _read_action_format(self, startup: bool = False) -> ActionFormat | None:
+        """The action's form (read from the server's /schema once); at startup None when the
+        server cannot be reached yet (asked again at the first step). Raises ValueError for an
+        action the adapter cannot fill, ConfigError for `constrained_decoding` with nothing to
+        constrain."""
+        if self.action_format is not None:
+            return self.action_format
+        schema = self._schemas.get(self.url)
+        if schema is None:
+            import httpx
+
+            try:
+                schema = httpx.get(f"{self.url}/schema", timeout=10).json().get("action", {})
+            except Exception as exc:  # noqa: BLE001
+                if startup:
+                    return None
+                raise ValueError(f"cannot read the action schema of {self.url}/schema ({exc}); set the env param "
+                                 "action_field") from exc
+            self._schemas[self.url] = schema
+        form = ActionFormat.from_schema(schema, self.action_field, self.action_json or None)
+        if self.constrained_decoding and form.constraint() is None:
+            raise ConfigError(f"environment.constrained_decoding is true, but the action of {self.url} is the free "
+                              f"text of its field {form.text_field!r}: there is no format to constrain; set it to "
+                              "false, or action_json=true to sample the action's JSON")
+        self.action_format, self.action_field = form, form.text_field
+        return form
+
+    def get_prompt_prefix(self) -> str:
+        """The system prompt, and the action's format when the reply is its JSON."""
+        base = super().get_prompt_prefix()
+        form = self._read_action_format()
+        return f"{base}\n\n{form.instructions()}" if form is not None and form.is_json else base
+
+    def action_constraint(self) -> Any:
+        """The action's JSON schema (or a text field's allowed values) as a grammar."""
+        form = self._read_action_format()
+        return form.constraint() if form is not None else None
 
     def _text(self, observation: Any) -> str:
         if isinstance(observation, str):
@@ -336,25 +369,16 @@ class OpenEnvEnvironment(BaseEnvironment):
         self.last_info = {}
         return self._text(result.observation)
 
-    def _action(self, text: str) -> dict[str, Any]:
-        if self.action_json:
-            try:
-                action = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"action_json is set but the reply is not JSON: {exc}") from None
-            if not isinstance(action, dict):
-                raise ValueError("action_json is set but the reply is not a JSON object")
-            return action
-        if self.action_field is None:
-            self.action_field = self._schema_action_field()
-        return {self.action_field: text}
-
     def step(self, action: str) -> StepResult:
         if self._session.client is None:
             raise RuntimeError(f"the OpenEnv environment at {self.url} has no open session: reset() first "
                                "(end_episode() or close() ended the last one)")
+        payload, error = self._read_action_format().parse(action)
+        if error is not None:  # a format error: the model reads it, the server never sees the reply
+            form = self.action_format
+            return (f"That is not a valid action: {error}. {form.instructions()}", 0.0, False,
+                    {"invalid_action": True, "parse_error": error})
         client = self._connect()
-        payload = self._action(action)
         try:
             result = client.step(payload)
         except Exception as exc:
