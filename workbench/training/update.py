@@ -46,7 +46,7 @@ import torch.distributed as dist
 from workbench import algo
 from workbench.config import TrainingConfig
 from workbench.training.guards import all_finite, guarded_step
-from workbench.training.policy import forward_logprobs, micro_batches
+from workbench.training.policy import forward_logprobs, micro_batches, positions_of
 from workbench.trajectory import TrajectoryBatch
 
 Pairs = dict[str, list[tuple[float, float]]]
@@ -380,7 +380,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             attn = batch.attention_mask[idx, :T].to(device)
             mask = batch.loss_mask[idx, :T].to(device)
             logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
-                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared)
+                                         loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared,
+                                         position_ids=positions_of(batch, idx, T, device))
             old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
             advantages = batch.advantages[idx, :T].to(device)  # (b, T)
             is_m: dict[str, float] = {}
@@ -470,7 +471,8 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
                 continue
             T = max(lengths[i] for i in idx)
             mask = batch.loss_mask[idx, :T].to(device)  # (b, T)
-            v = critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device))
+            v = critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device),
+                       positions_of(batch, idx, T, device))
             loss, m = algo.compute_value_loss(
                 vpreds=v, returns=batch.returns[idx, :T].to(device), old_values=batch.values[idx, :T].to(device),
                 response_mask=mask, cliprange_value=t.cliprange_value, loss_agg_mode="token-mean")

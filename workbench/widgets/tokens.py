@@ -58,7 +58,7 @@ FIELD_KINDS: dict[str, tuple[str, float]] = {
     "diff_logprobs_a": ("logprob", 0.0),
     "diff_logprobs_b": ("logprob", 0.0),
 }
-_NOT_SHOWN = ("input_ids", "attention_mask")
+_NOT_SHOWN = ("input_ids", "attention_mask", "position_ids")
 
 
 def available_fields(batch: TrajectoryBatch) -> list[str]:
