@@ -210,20 +210,26 @@ class ChatRenderer:
         return typed_action_ids(self.tokenizer, text)
 
     def reasoning_tokens(self, action_ids: list[int], answer_start: int, cut: bool) -> int:
-        """How many of `action_ids` make up the reasoning block: all of them but a trailing stop
-        id when the reply was `cut` inside it, else the fewest whose text reaches `answer_start`
-        (the character where the answer starts in `action_text(action_ids)`)."""
-        ids = action_ids[:-1] if action_ids and action_ids[-1] in self.stop_ids else action_ids
-        if cut:
-            return len(ids)
-        lo, hi = 0, len(ids)
-        while lo < hi:  # the decoded prefix grows with k: bisect for the first k reaching answer_start
-            mid = (lo + hi) // 2
-            if len(self.tokenizer.decode(ids[:mid], skip_special_tokens=False)) >= answer_start:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
+        """`reasoning_token_count` with this renderer's tokenizer and stop ids."""
+        return reasoning_token_count(self.tokenizer, action_ids, self.stop_ids, answer_start, cut)
+
+
+def reasoning_token_count(tokenizer: Any, action_ids: list[int], stop_ids: list[int], answer_start: int,
+                          cut: bool) -> int:
+    """How many of `action_ids` make up the reasoning block: all of them but a trailing stop
+    id when the reply was `cut` inside it, else the fewest whose text reaches `answer_start`
+    (the character where the answer starts in the ids' text, decoded with special tokens)."""
+    ids = action_ids[:-1] if action_ids and action_ids[-1] in stop_ids else action_ids
+    if cut:
+        return len(ids)
+    lo, hi = 0, len(ids)
+    while lo < hi:  # the decoded prefix grows with k: bisect for the first k reaching answer_start
+        mid = (lo + hi) // 2
+        if len(tokenizer.decode(ids[:mid], skip_special_tokens=False)) >= answer_start:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @dataclass

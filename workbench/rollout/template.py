@@ -287,28 +287,30 @@ def _tool_call_format(source: str) -> str | None:
 
 
 def normalize_messages(messages: list[dict[str, Any]], system_role: bool, tool_role: bool,
-                       alternating: bool) -> list[dict[str, Any]]:
+                       alternating: bool, keep_keys: bool = False) -> list[dict[str, Any]]:
     """Messages as a template with these role rules accepts them: without a system role the
     system text opens the first user message; without a tool role tool results are user
     messages; with strict alternation consecutive messages of one role are joined with a
-    blank line. Each message keeps only "role" and "content". Unchanged for a template
-    that has every role and no alternation rule."""
+    blank line. Each message keeps only "role" and "content" (with `keep_keys`, its other
+    keys too: tool calls, `reasoning_content`, ...). Unchanged for a template that has every
+    role and no alternation rule."""
     out: list[dict[str, Any]] = []
     system: str | None = None
     for m in messages:
         role, content = m["role"], m.get("content") or ""
+        extra = {k: v for k, v in m.items() if k not in ("role", "content")} if keep_keys else {}
         if role == "system" and not system_role:
             system = content if system is None else f"{system}\n\n{content}"
             continue
         if role == "tool" and not tool_role:
-            role = "user"
+            role, extra = "user", {}
         if system is not None and role == "user":
             content = f"{system}\n\n{content}" if system else content
             system = None
         if alternating and out and out[-1]["role"] == role and role != "assistant":
-            out[-1] = {"role": role, "content": f"{out[-1]['content']}\n\n{content}"}
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n\n{content}"}
             continue
-        out.append({"role": role, "content": content})
+        out.append({"role": role, "content": content, **extra})
     if system:  # only a system message: it stays a user message
         out.append({"role": "user", "content": system})
     return out
