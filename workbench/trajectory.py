@@ -278,9 +278,10 @@ class Episode:
         return chain
 
     def context_ids(self) -> list[int]:
-        """The ids the next turn is sampled after: the last sequence (all ids for one sequence)."""
+        """The ids the next turn is sampled after: the last sequence (for a one-sequence
+        episode `token_ids` itself, not a copy)."""
         if not self.segments:
-            return list(self.token_ids)
+            return self.token_ids
         return [self.token_ids[p] for p in self._chains()[-1]]
 
     @property

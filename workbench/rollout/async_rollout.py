@@ -194,7 +194,7 @@ class AsyncRollout(Rollout):
         ep = self.slots[index].episode
         self._event("submit", index, len(ep.turns), ep.context_length)
         try:
-            fut = self.engine.submit(ep.context_ids(), params)
+            fut = self.engine.submit(list(ep.context_ids()), params)
         except Exception as exc:  # e.g. a closed engine
             fut = Future()
             fut.set_exception(exc)
