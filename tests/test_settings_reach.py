@@ -100,6 +100,24 @@ def test_settings_reach_the_cli_rollout(tiny_model_path, tmp_path):
         assert len(ep["turns"]) <= 2 and all(t["token_end"] - t["token_start"] <= 7 for t in ep["turns"])
 
 
+def test_chat_settings_reach_the_play_widget_and_the_gateway(tiny_model_path, tmp_path, tiny_engine):
+    """inference.history / tool_format reach a PlayWidget given the run's config and a gateway
+    started from it (`chat_settings`); what the widget is given by hand wins."""
+    pytest.importorskip("ipywidgets")
+    from workbench.gateway import Gateway, GatewayRollout
+    from workbench.rollout.configured import chat_settings
+    from workbench.widgets import PlayWidget
+
+    config = distinct_config(tiny_model_path, tmp_path)  # history "rendered", tool_format "prompt"
+    widget = PlayWidget(make_env("guess_number"), tiny_engine, config=config)
+    assert widget.rollout.history == "rendered" and widget.rollout.tool_format == "prompt"
+    assert PlayWidget(make_env("guess_number"), tiny_engine, config=config, history="sampled").rollout.history == "sampled"
+    assert Gateway(tiny_engine, **chat_settings(config)).builder.history == "rendered"
+    assert Gateway(tiny_engine).builder.history == "sampled"  # "auto" on a prefix-stable template
+    rollout = GatewayRollout(tiny_engine, lambda *a: 0.0, [0], config=config)
+    assert rollout._gateway_args["history"] == "rendered" and rollout._gateway_args["tool_format"] == "prompt"
+
+
 def test_enable_thinking_reaches_the_template_on_every_path(tiny_model_path, tmp_path):
     """inference.enable_thinking goes to the chat template; the tiny model's ChatML template has
     no such switch, so every path refuses the run at its start, naming the model and the fix."""
