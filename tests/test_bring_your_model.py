@@ -250,6 +250,15 @@ def test_the_action_is_read_after_the_reasoning_block(engines):
     assert turn.reasoning_tokens == len(think)
     span = turn.info["action_span"]
     assert turn.action[span[0]:span[1]] == "Answer: 7"
+    # The views show the reasoning apart: collapsed in its own colour, its tokens marked.
+    from workbench.trajectory import TrajectoryBatch
+    from workbench.widgets.conversation import render_episode_html
+    from workbench.widgets.tokens import render_tokens_html
+
+    html = render_episode_html(ep, highlight={0: span})
+    assert f'<details class="wb-reasoning"><summary>reasoning · {len(think)} tokens</summary>' in html
+    assert '<mark class="wb-span">Answer: 7</mark>' in html
+    assert render_tokens_html(TrajectoryBatch([ep]), 0, "loss_mask", tok).count(" wb-reason\"") == len(think)
 
 
 def test_a_reply_cut_inside_its_reasoning_is_named(engines):
@@ -405,6 +414,12 @@ def test_reasoning_content_goes_out_apart_and_comes_back(engines):
             sent = out.model_dump(exclude_none=True)
             follow = [{"role": "tool", "tool_call_id": out.tool_calls[0].id, "content": "2"}]
             client.chat.completions.create(model="policy", messages=question + [sent] + follow, tools=TOOLS)
+            gateway.script("s", [ScriptedReply(prompt, ids, [0.0] * len(ids), "stop", "edited")])
+            streamer = openai.OpenAI(base_url=gateway.episode_url("s"), api_key="none", max_retries=0)
+            chunks = list(streamer.chat.completions.create(model="policy", messages=question, tools=TOOLS,
+                                                           stream=True))
+            deltas = [getattr(c.choices[0].delta, "reasoning_content", None) for c in chunks if c.choices]
+            assert [d for d in deltas if d] == ["Add them."]  # one delta, before the tool call's
             other = dict(sent, reasoning_content="Something else.")
             client.chat.completions.create(model="policy", messages=question + [other] + follow, tools=TOOLS)
             calls = gateway.calls("e")

@@ -1,7 +1,7 @@
 """Reasoning blocks: the `<think>...</think>` part of a reply is not the action.
 
     split = split_reasoning("<think>\\nmaybe 5\\n</think>\\n\\n6")
-    split.answer, split.offset, split.reasoning, split.cut   # "\\n\\n6", 22, "maybe 5", False
+    split.answer, split.offset, split.reasoning, split.cut   # "\\n\\n6", 24, "maybe 5", False
 
 Qwen3 (thinking on) and DeepSeek-R1 style models reason inside a block before they answer.
 The reasoning was sampled, so it is trained on like every sampled token; but the action is
