@@ -261,6 +261,35 @@ def test_the_action_is_read_after_the_reasoning_block(engines):
     assert render_tokens_html(TrajectoryBatch([ep]), 0, "loss_mask", tok).count(" wb-reason\"") == len(think)
 
 
+def test_deepseek_r1_style_the_generation_prompt_opens_the_reasoning(engines):
+    """DeepSeek-R1's template (TRL's copy) on Qwen3's tokenizer: its generation prompt ends with
+    `<think>\n`, so a reply holds only the end marker; the action is read after it, and under
+    "rendered" history (what "auto" picks: the template drops earlier reasoning) the next
+    prompt no longer holds the reasoning."""
+    template = _trl_template("deepseek_r1_distill")
+    engine = engines["qwen3"]
+    tok = copy.copy(engine.tokenizer)
+    tok.chat_template = template
+    probe = HFEngine(engine.model, tok)
+    try:
+        rollout = Rollout(probe, [make_env("guess_number", low=1, high=8)], seeds=[0], max_turns=2, max_tokens=8)
+        assert rollout.history == "rendered" and rollout.renderer.profile.opens_reasoning
+        rollout.reset()
+        rollout.step(human_actions={0: "Try the middle.\n</think>\n\n4"})
+        ep = rollout.slots[0].episode
+        turn = ep.turns[0]
+        assert turn.reasoning_tokens == len(tok.encode("Try the middle.\n</think>", add_special_tokens=False))
+        assert not turn.reasoning_cut and turn.parse_error is None and turn.info["action_span"] is not None
+        assert turn.action[slice(*turn.info["action_span"])] == "4"
+        context = tok.decode(ep.context_ids())
+        assert "Try the middle." not in context and "<｜Assistant｜>\n\n4<｜end▁of▁sentence｜>" in context
+        assert context.endswith("<｜Assistant｜><think>\n")
+        rollout.step(human_actions={0: "4 again"})  # no end marker after the opened block: cut
+        assert ep.turns[1].reasoning_cut and "ended inside its reasoning block" in ep.turns[1].parse_error
+    finally:
+        probe.close()
+
+
 def test_a_reply_cut_inside_its_reasoning_is_named(engines):
     """Replies that run out of tokens inside <think>: no action, a parse error that says so, the
     reasoning metrics, and the doctor's truncation check naming them."""
