@@ -103,10 +103,6 @@ class TemplateProfile:
     tool_call_format: str | None
     """The call format the template teaches: "hermes", "llama3_json", "mistral", or None."""
 
-    def history_for(self, setting: str) -> str:
-        """The history mode a run with `inference.history = setting` uses (see `resolve_history`)."""
-        return resolve_history(setting, self)[0]
-
 
 _PROFILES: "weakref.WeakKeyDictionary[Any, dict[tuple, TemplateProfile]]" = weakref.WeakKeyDictionary()
 
