@@ -173,8 +173,9 @@ class InferenceConfig:
     the episode trains as one sequence per turn (sharing the prefix each has with the one
     before; loss on each turn's sampled tokens only; more compute the more the history
     changes); "auto": "sampled" when the template is prefix-stable (the two are then the same
-    tokens), else "rendered", said once per model. Reaches every rollout, fork, the play
-    widget (`PlayWidget(config=...)`) and the gateway (`chat_settings`)."""
+    tokens), else "rendered", said once per model. Reaches every rollout (one process, async,
+    Ray, CLI), the play widget (`PlayWidget(config=...)`) and the gateway (`chat_settings`);
+    a fork replays an episode with the history it was recorded with (`Episode.history`)."""
     enable_thinking: bool | None = None
     """Passed to the chat template as `enable_thinking` (Qwen3's switch: False adds an empty
     `<think></think>` block to the generation prompt, so the model answers without
