@@ -230,6 +230,19 @@ def test_qwen3_runs_multi_turn_with_the_published_template(family_paths, engines
         _assert_turn_prompts(ep, engine.tokenizer)
 
 
+def test_async_rollout_builds_the_same_rendered_episodes(engines):
+    """AsyncRollout samples each turn after the episode's current sequence too: greedy, it gives
+    the lock-step rollout's episodes, sequences included."""
+    from workbench.rollout import AsyncRollout
+
+    engine = engines["qwen3-no-thinking"]
+    kwargs = dict(seeds=[0, 1], max_turns=3, max_tokens=6, temperature=0.0, enable_thinking=False)
+    runs = [cls(engine, [make_env("guess_number") for _ in range(2)], **kwargs).run() for cls in (Rollout, AsyncRollout)]
+    for a, b in zip(*runs):
+        assert a.history == b.history == "rendered" and a.segments and a.segments == b.segments
+        assert a.token_ids == b.token_ids and a.loss_mask == b.loss_mask and not b.warnings
+
+
 def test_llama3_template_keeps_one_sequence(engines):
     """A prefix-stable template: "auto" is "sampled", one sequence per episode, and the episode
     decodes to what apply_chat_template renders of its messages with each reply as sampled
