@@ -65,10 +65,10 @@ from typing import Any, Callable, Sequence
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.environments.registry import make_environment
 from workbench.rollout.chat import ChatRenderer, check_token_alignment
-from workbench.rollout.template import TOOL_FORMATS, say_once
+from workbench.rollout.opening import NoRoom, OpeningBudget
+from workbench.rollout.template import TOOL_FORMATS, say_once, tool_parser
 from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.tools.manager import MultiTurnManager
-from workbench.tools.parsers import FunctionCallingParser, get_parser
 from workbench.tools.registry import ToolRegistry
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.utils.progress import EpisodeBar
@@ -111,11 +111,7 @@ def invalid_text(text: Any, what: str) -> str | None:
     return None
 
 
-class _NoRoom(ValueError):
-    """An episode's opening prompt does not fit `max_context_tokens` even without its observation."""
-
-
-class Rollout(EpisodeQueue):
+class Rollout(EpisodeQueue, OpeningBudget):
     """Batched, stepwise multi-turn rollout over several environment instances.
 
     Args:
@@ -239,7 +235,7 @@ class Rollout(EpisodeQueue):
             for tool in self.tools:
                 registry.register(tool)
             parser = self.parser if self.parser is not None else getattr(env, "action_parser", None)
-            parser, native = self._tool_parser(parser, env)
+            parser, native = tool_parser(parser, type(env).__name__, self.tool_format, self.renderer.profile)
             profile = self.renderer.profile
             manager = MultiTurnManager(registry, parser, env, max_turns=self.max_turns,
                                        step_timeout=self.step_timeouts[i], reasoning=profile.reasoning,
@@ -250,30 +246,6 @@ class Rollout(EpisodeQueue):
         for i in range(len(self.slots)):
             self._start(i)
         return self
-
-    def _tool_parser(self, parser: Any, env: Any) -> tuple[Any, bool]:
-        """(the parser an episode uses, whether the template renders its tools) under
-        `tool_format` (module docstring). Only the function-calling parser (by name or
-        object) takes a family's format; an explicit family format refuses any other."""
-        calls = (isinstance(parser, FunctionCallingParser)
-                 or (isinstance(parser, str) and parser.strip().lower().replace("-", "_") in ("function_calling", "hermes")))
-        fmt, profile = self.tool_format, self.renderer.profile
-        if fmt == "prompt" or (fmt == "auto" and not calls):
-            return parser, False
-        if not calls:
-            raise ValueError(f"tool_format={fmt!r} sets how tool calls are written, but {type(env).__name__} reads its "
-                             f"actions with the {getattr(parser, 'name', parser)!r} parser, not tool calls; leave "
-                             "inference.tool_format \"auto\" for this environment")
-        if fmt == "auto":
-            if not (profile.native_tools and profile.tool_call_format):
-                return parser, False
-            fmt = profile.tool_call_format
-        strict = getattr(parser, "strict", False)
-        if isinstance(parser, str) or not strict:
-            parser = fmt  # by name: MultiTurnManager builds it strict for a strict environment
-        else:
-            parser = get_parser(fmt, strict=True)
-        return parser, profile.native_tools
 
     def _renderer_of(self, ep: Episode) -> ChatRenderer:
         """The renderer of the slot playing `ep` (the rollout's before `reset`)."""
@@ -305,101 +277,13 @@ class Rollout(EpisodeQueue):
             return True
         try:
             seen, ep.messages, ids = self._opening(system, obs or "", ep)
-        except _NoRoom as exc:
+        except NoRoom as exc:
             self._fail(slot, str(exc))
             return True
         ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
         ep.prompt_length = len(ids)
         ep.states.append(seen)
         return True
-
-    def _opening_messages(self, system: str, observation: str) -> list[dict[str, Any]]:
-        opening = observation
-        if self.initial_prompt:
-            opening = f"{self.initial_prompt}\n\n{opening}" if opening else self.initial_prompt
-        return [{"role": "system", "content": system}, {"role": "user", "content": opening}]
-
-    def _opening(self, system: str, obs: str, ep: Episode) -> tuple[str, list[dict[str, Any]], list[int]]:
-        """(observation as the model sees it, opening messages, their ids), within the budget.
-
-        An opening that leaves room for at least one sampled token is kept as it is (the
-        first turn's budget shrinks, as for any turn near the limit). A longer one has its
-        observation cut to the longest prefix that leaves `first_turn_room` tokens (else
-        one token), with a note appended; the cut is recorded in `ep.warnings`. Raises
-        `_NoRoom` when the opening does not fit even without the observation.
-
-        An opening with more characters than the budget's tokens can hold
-        (`ChatRenderer.max_chars_per_token`) is never tokenized whole, and the search for
-        the cut tokenizes prefixes at most a few times longer than the one it keeps, so a
-        10 MB observation costs about what a fitting one does.
-        """
-        limit_min = self.max_context_tokens - self.close_reserve - 1
-        renderer = self._renderer_of(ep)
-        messages = self._opening_messages(system, obs)
-        chars = len(system or "") + len(messages[1]["content"])
-        ids = None
-        if chars <= limit_min or chars <= renderer.max_chars_per_token() * limit_min:
-            ids = renderer.prompt_ids(messages)
-            if len(ids) <= limit_min:
-                return obs, messages, ids
-        note = (f"\n[... observation cut: {len(obs):,} characters do not fit the context budget of "
-                f"{self.max_context_tokens} tokens]")
-        best = None
-        for limit in (limit_min + 1 - self.first_turn_room, limit_min):
-            best = self._longest_fitting_prefix(system, obs, note, limit, renderer)
-            if best is not None:
-                break
-        if best is None:
-            bare = len(renderer.prompt_ids(self._opening_messages(system, note)))
-            raise _NoRoom(
-                f"context: the opening prompt takes {bare} tokens even with the observation cut away, "
-                f"but max_context_tokens={self.max_context_tokens} leaves {limit_min} for it (after "
-                f"1 for the first turn and {self.close_reserve} for its end); raise "
-                "max_context_tokens or shorten the system prompt / initial_prompt")
-        before = f"{len(ids)}" if ids is not None else f"{chars:,} characters, over {limit_min}"
-        ep.warnings.append(
-            f"context: first observation cut from {len(obs):,} to {len(best[0]) - len(note):,} characters "
-            f"(opening prompt {before} -> {len(best[2])} tokens) to fit max_context_tokens="
-            f"{self.max_context_tokens} with room for a "
-            f"{self.max_context_tokens - self.close_reserve - len(best[2])}-token turn")
-        return best
-
-    def _longest_fitting_prefix(self, system: str, obs: str, note: str, limit: int,
-                                renderer: ChatRenderer) -> tuple[str, list[dict[str, Any]], list[int]] | None:
-        """(observation prefix + `note`, opening messages, their ids) for the longest prefix of
-        `obs` whose opening takes at most `limit` tokens; None if not even the empty one fits.
-
-        The prefix length doubles from `limit` characters until an opening does not fit
-        (or the prefix reaches `max_chars_per_token * limit` characters, beyond which none
-        can fit), then is bisected between the last two lengths: the text tokenized stays
-        within a few times the kept prefix, however long `obs` is.
-        """
-        def attempt(n: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
-            text = obs[:n] + note
-            cand = self._opening_messages(system, text)
-            cand_ids = renderer.prompt_ids(cand)
-            return (text, cand, cand_ids) if len(cand_ids) <= limit else None
-
-        best = attempt(0)
-        if best is None:
-            return None
-        cap = min(len(obs), renderer.max_chars_per_token() * max(limit, 1))
-        lo, hi, n = 0, cap, min(cap, max(limit, 1))
-        while n > lo:  # doubling: lo fits, find an n that does not
-            got = attempt(n)
-            if got is None:
-                hi = n - 1
-                break
-            best, lo = got, n
-            n = min(cap, 2 * n)
-        while lo < hi:  # bisecting: lo fits, hi + 1 does not
-            mid = (lo + hi + 1) // 2
-            got = attempt(mid)
-            if got is None:
-                hi = mid - 1
-            else:
-                best, lo = got, mid
-        return best
 
     def fault_metrics(self) -> dict[str, float]:
         """`rollout/env_timeouts`: episodes ended by a `step_timeout` overrun;

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from workbench.config import HISTORY_MODES, TOOL_FORMATS
+from workbench.tools.parsers import FunctionCallingParser, get_parser
 
 
 #: Sentinel strings standing in for message contents while probing (never in real text).
@@ -312,6 +313,30 @@ def normalize_messages(messages: list[dict[str, Any]], system_role: bool, tool_r
     return out
 
 
+def tool_parser(parser: Any, env_name: str, tool_format: str, profile: TemplateProfile) -> tuple[Any, bool]:
+    """(the parser an episode uses, whether the template renders its tools) under
+    `inference.tool_format`. Only the function-calling parser (by name or object) takes a
+    family's format: "auto" swaps it for the family's parser when the template renders tools
+    in a format it names, "prompt" keeps it, a named format replaces it; a named format with
+    an environment whose parser reads no tool calls raises ValueError."""
+    calls = (isinstance(parser, FunctionCallingParser)
+             or (isinstance(parser, str) and parser.strip().lower().replace("-", "_") in ("function_calling", "hermes")))
+    if tool_format == "prompt" or (tool_format == "auto" and not calls):
+        return parser, False
+    if not calls:
+        raise ValueError(f"tool_format={tool_format!r} sets how tool calls are written, but {env_name} reads its "
+                         f"actions with the {getattr(parser, 'name', parser)!r} parser, not tool calls; leave "
+                         "inference.tool_format \"auto\" for this environment")
+    fmt = tool_format
+    if fmt == "auto":
+        if not (profile.native_tools and profile.tool_call_format):
+            return parser, False
+        fmt = profile.tool_call_format
+    if isinstance(parser, str) or not getattr(parser, "strict", False):
+        return fmt, profile.native_tools  # by name: MultiTurnManager builds it strict for a strict environment
+    return get_parser(fmt, strict=True), profile.native_tools
+
+
 _SAID: set[tuple[str, str]] = set()
 
 
@@ -349,4 +374,4 @@ def say_once(note: str | None) -> None:
 
 __all__ = ["HISTORY_MODES", "TOOL_FORMATS", "REASONING_MARKERS", "TemplateError", "TemplateProfile",
            "template_profile", "resolve_history", "normalize_messages", "render_text", "say_once", "refuse",
-           "model_name", "renders_with_tools"]
+           "model_name", "renders_with_tools", "tool_parser"]
