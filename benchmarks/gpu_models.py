@@ -10,10 +10,11 @@ initialisation from a fixed seed. The tokenizer is Qwen3's published `tokenizer.
 they would for the real model.
 
 Chat template: ChatML as Qwen2.5 publishes it (system/user/assistant blocks between
-`<|im_start|>` and `<|im_end|>`, the same special tokens Qwen3 uses). Qwen3's own template
-re-renders earlier assistant turns (it adds an empty think block to the last one and drops
-earlier reasoning), which the multi-turn rollout refuses (issue 41); the text around the
-turns changes a few tokens per turn, not the speed.
+`<|im_start|>` and `<|im_end|>`, the same special tokens Qwen3 uses), so the timings keep one
+sequence per episode. Qwen3's own template re-renders earlier assistant turns (it adds an
+empty think block to the last one and drops earlier reasoning); it runs with
+`inference.history` "rendered" (`workbench.rollout.template`), whose cost
+`benchmarks/chat_history.py` measures.
 
 "tiny" is the CPU dry run's shape: Qwen3's architecture and vocabulary, two small layers.
 """

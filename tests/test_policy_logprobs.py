@@ -241,3 +241,68 @@ def test_segmented_packed_attention_matches_the_padded_forward(monkeypatch, dtyp
     gtol = 1e-4 if dtype == torch.float32 else 0.05
     scale = results[0][1].abs().max()
     assert scale > 0 and (results[0][1] - results[1][1]).abs().max() <= gtol * max(1.0, float(scale))
+
+
+# -- episodes of several sequences ("rendered" history) -----------------------------------
+def _tree_episode(vocab: int, seed: int):
+    """An episode of three sequences by hand: [A | a0] then [A[:6] | B | b1] then [(A[:6] B)[:9] | C | c2]
+    (capitals: prompt, mask 0; lower case: sampled, mask 1), and each full sequence for reference."""
+    from workbench.trajectory import Episode
+
+    g = torch.Generator().manual_seed(seed)
+    draw = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()  # noqa: E731
+    ep = Episode()
+    full = []
+    a, a0 = draw(8), draw(3)
+    ep.append_tokens(a, False, None, -1)
+    ep.append_tokens(a0, True, [0.0] * 3, 0)
+    full.append((a + a0, [0] * 8 + [1] * 3))
+    b, b1 = draw(4), draw(2)
+    ep.start_sequence(6)
+    ep.append_tokens(b, False, None, 0)
+    ep.append_tokens(b1, True, [0.0] * 2, 1)
+    full.append((a[:6] + b + b1, [0] * 10 + [1] * 2))
+    c, c2 = draw(2), draw(4)
+    ep.start_sequence(9)
+    ep.append_tokens(c, False, None, 1)
+    ep.append_tokens(c2, True, [0.0] * 4, 2)
+    full.append(((a[:6] + b)[:9] + c + c2, [0] * 11 + [1] * 4))
+    return ep, full
+
+
+def test_several_sequences_give_each_token_the_logprob_of_its_own_sequence(tiny_model_and_tokenizer):
+    """A batch whose episodes hold several sequences: every trained token's logprob under the
+    `position_ids` mask equals a plain forward of its own sequence alone (a loop over sequences)."""
+    from workbench.trajectory import TrajectoryBatch
+
+    model, _ = tiny_model_and_tokenizer
+    vocab = model.config.vocab_size
+    (ep0, full0), (ep1, full1) = _tree_episode(vocab, 0), _tree_episode(vocab, 1)
+    ep1.truncate_tokens(ep1.segments[1][0])  # a shorter episode: two sequences (right padding in the batch)
+    full1 = full1[:2]
+    batch = TrajectoryBatch([ep0, ep1])
+    assert batch.position_ids[0].tolist() == list(range(11)) + list(range(6, 12)) + list(range(9, 15))
+    expected: dict[tuple[int, int], float] = {}
+    with torch.no_grad():
+        for row, (ep, fulls) in enumerate(((ep0, full0), (ep1, full1))):
+            flat = 0
+            for s, (ids, mask) in enumerate(fulls):
+                logits = model(torch.tensor([ids])).logits[0]  # (L, V)
+                lp = torch.log_softmax(logits.float(), -1)
+                own = len(ids) - (ep.segments[s - 1][1] if s else 0)  # this sequence's own tokens
+                for j in range(len(ids) - own, len(ids)):
+                    if mask[j]:
+                        expected[(row, flat)] = float(lp[j - 1, ids[j]])
+                    flat += 1
+        got, _ = forward_logprobs(model, batch.input_ids, batch.attention_mask, loss_mask=batch.loss_mask,
+                                  position_ids=batch.position_ids)
+        plain = batch_logprobs(model, batch.input_ids, batch.attention_mask, [e.num_tokens for e in batch], 2,
+                               loss_mask=batch.loss_mask, position_ids=batch.position_ids)
+    assert len(expected) == int(batch.loss_mask.sum())
+    for (row, col), value in expected.items():
+        assert got[row, col].item() == pytest.approx(value, abs=1e-5), (row, col)
+        assert plain[row, col].item() == pytest.approx(value, abs=1e-5), (row, col)
+    # Without the position ids (one sequence per row) the later sequences' tokens come out otherwise.
+    with torch.no_grad():
+        wrong, _ = forward_logprobs(model, batch.input_ids, batch.attention_mask, loss_mask=batch.loss_mask)
+    assert abs(wrong[0, 15].item() - expected[(0, 15)]) > 1e-3

@@ -204,3 +204,28 @@ def test_nonfinite_loss_on_one_rank_skips_the_step_on_every_rank(lora_groups, ti
     assert "actor/grad_norm" not in got
     assert _max_diff(group.state_dict()["policy"], start["policy"]) == 0.0
     assert _max_diff(_start_state(trainer)["policy"], start["policy"]) == 0.0
+
+
+def test_episodes_of_several_sequences_train_the_same_on_learners(lora_groups, tiny_model_path, tmp_path):
+    """"rendered" history with a template that re-renders earlier turns: every later turn is a
+    sequence of its own (`position_ids` in the batch); the learners' logprobs and update equal
+    one process's."""
+    import json
+    import shutil
+
+    from tests.test_token_exactness import STRIP_EARLIER_ASSISTANT
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path, folder)
+    tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    tok_cfg["chat_template"] = STRIP_EARLIER_ASSISTANT  # earlier replies rendered empty
+    (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
+    config = _config(tiny_model_path, tmp_path)
+    config.model.model_name = str(folder)
+    trainer, batch = _trainer_and_batch(config.validate())
+    assert all(ep.history == "rendered" for ep in batch) and sum(len(ep.segments) for ep in batch) >= 4
+    assert "position_ids" in batch.tensors
+    lora_groups[2].load_state_dict(_start_state(trainer))
+    lp = lora_groups[2].compute_log_probs(batch)
+    assert float((lp - batch.old_logprobs * batch.loss_mask).abs().max()) <= TOL
+    _compare(trainer, batch, lora_groups, config)

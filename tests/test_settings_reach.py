@@ -18,7 +18,7 @@ from workbench.rollout.configured import ENVIRONMENT_FIELDS, INFERENCE_FIELDS
 
 #: A value other than the default for every field that a rollout or its environments read.
 ROLLOUT_VALUES = {"max_tokens": 7, "temperature": 0.55, "top_p": 0.9, "top_k": 13, "max_turns": 3,
-                  "max_context_tokens": 999, "seed": 5}
+                  "max_context_tokens": 999, "seed": 5, "history": "rendered", "tool_format": "prompt"}
 ENV_VALUES = {"max_steps": 2, "system_prompt": "Be brief.", "params": {"low": 1, "high": 9}, "step_timeout": 7.5,
               "strict_format": True, "constrained_decoding": True}
 
@@ -41,6 +41,7 @@ def assert_reached(rollout: Rollout, async_rollout: bool) -> None:
     assert rollout.max_turns == 3 and rollout.max_context_tokens == 999
     assert rollout.seed is not None  # inference.seed=5: seeded sampling (None would be fresh randomness)
     assert rollout.step_timeouts == [7.5] * len(rollout.environments)
+    assert rollout.history == "rendered" and rollout.tool_format == "prompt"
     for env in rollout.environments:
         assert env.max_steps == 2 and env.get_prompt_prefix() == "Be brief."
         assert (env.low, env.high) == (1, 9)
@@ -51,7 +52,7 @@ def test_every_field_says_where_it_takes_effect():
     assert set(INFERENCE_FIELDS) == {f.name for f in dataclasses.fields(InferenceConfig)}
     assert set(ENVIRONMENT_FIELDS) == {f.name for f in dataclasses.fields(EnvironmentConfig)}
     assert set(INFERENCE_FIELDS.values()) | set(ENVIRONMENT_FIELDS.values()) <= {"rollout", "engine", "environment"}
-    tested = set(ROLLOUT_VALUES) | {"async_rollout", "multi_turn"} | set(ENV_VALUES)
+    tested = set(ROLLOUT_VALUES) | {"async_rollout", "multi_turn", "enable_thinking"} | set(ENV_VALUES)
     assert {k for k, v in {**INFERENCE_FIELDS, **ENVIRONMENT_FIELDS}.items() if v == "rollout"} <= tested
 
 
@@ -97,6 +98,50 @@ def test_settings_reach_the_cli_rollout(tiny_model_path, tmp_path):
         assert ep["messages"][0] == {"role": "system", "content": "Be brief."}
         assert "between 1 and 9" in ep["messages"][1]["content"]
         assert len(ep["turns"]) <= 2 and all(t["token_end"] - t["token_start"] <= 7 for t in ep["turns"])
+
+
+def test_chat_settings_reach_the_play_widget_and_the_gateway(tiny_model_path, tmp_path, tiny_engine):
+    """inference.history / tool_format reach a PlayWidget given the run's config and a gateway
+    started from it (`chat_settings`); what the widget is given by hand wins."""
+    pytest.importorskip("ipywidgets")
+    from workbench.gateway import Gateway, GatewayRollout
+    from workbench.rollout.configured import chat_settings
+    from workbench.widgets import PlayWidget
+
+    config = distinct_config(tiny_model_path, tmp_path)  # history "rendered", tool_format "prompt"
+    widget = PlayWidget(make_env("guess_number"), tiny_engine, config=config)
+    assert widget.rollout.history == "rendered" and widget.rollout.tool_format == "prompt"
+    assert PlayWidget(make_env("guess_number"), tiny_engine, config=config, history="sampled").rollout.history == "sampled"
+    assert Gateway(tiny_engine, **chat_settings(config)).builder.history == "rendered"
+    assert Gateway(tiny_engine).builder.history == "sampled"  # "auto" on a prefix-stable template
+    rollout = GatewayRollout(tiny_engine, lambda *a: 0.0, [0], config=config)
+    assert rollout._gateway_args["history"] == "rendered" and rollout._gateway_args["tool_format"] == "prompt"
+
+
+def test_enable_thinking_reaches_the_template_on_every_path(tiny_model_path, tmp_path):
+    """inference.enable_thinking goes to the chat template; the tiny model's ChatML template has
+    no such switch, so every path refuses the run at its start, naming the model and the fix."""
+    from workbench.cli import build_config, parse_args
+    from workbench.cli.runner import rollout_envs
+    from workbench.distributed.rollout_workers import RolloutWorker
+    from workbench.engines import make_engine
+    from workbench.models import load_model_and_tokenizer
+    from workbench.rollout import TemplateError, make_rollout
+
+    refused = r"model .*tiny-llama.*: its chat template has no enable_thinking switch; leave inference.enable_thinking"
+    config = distinct_config(tiny_model_path, tmp_path)
+    config.inference.enable_thinking = False
+    with pytest.raises(TemplateError, match=refused):
+        Trainer(config)  # when the run starts, before any rollout
+    with pytest.raises(TemplateError, match=refused):
+        RolloutWorker(config, make_env("guess_number"), torch_threads=2).make_rollout([0], [0], None, 0)
+    path = config.save(tmp_path / "thinking.yaml")
+    cli = build_config(parse_args(["rollout", "--config", str(path), "--episodes", "1"]))
+    assert cli.inference.enable_thinking is False
+    model, tok = load_model_and_tokenizer(cli.model.path, "float32", "cpu")
+    envs, seeds = rollout_envs(cli, "guess_number", 1)
+    with pytest.raises(TemplateError, match=refused):
+        make_rollout(cli, make_engine(cli, model, tok), envs, seeds)
 
 
 def test_step_timeout_in_the_config_is_what_runs_with_an_environment_object(tiny_model_path, tmp_path):

@@ -174,12 +174,26 @@ def broken_tokenizer(tiny_model_and_tokenizer):
     return broken
 
 
-def test_broken_template_raises_during_rollout(tiny_model_and_tokenizer, broken_tokenizer):
+def test_a_template_that_drops_earlier_replies_is_refused_at_start_for_sampled_history(
+        tiny_model_and_tokenizer, broken_tokenizer, capsys, monkeypatch):
+    """Sampled history needs the text after each reply; a template that drops earlier replies
+    has none, so the rollout refuses to start (naming the model, the rule and the fix); with
+    history "auto" it runs "rendered" instead and says so once."""
+    from workbench.rollout import template
+
+    monkeypatch.setattr(template, "_SAID", set())  # said once per process: make this the first time
     model, _ = tiny_model_and_tokenizer
     engine = HFEngine(model, broken_tokenizer)
-    rollout = Rollout(engine, [make_env("guess_number") for _ in range(3)], seeds=[0, 1, 2], max_turns=3, max_tokens=8)
-    with pytest.raises(TemplateError, match="renders earlier turns differently"):
-        rollout.run()
+    envs = [make_env("guess_number") for _ in range(3)]
+    with pytest.raises(TemplateError, match=r"model .*tiny-llama.*: its chat template drops an assistant turn's "
+                                            r"content .* set inference.history to \"rendered\""):
+        Rollout(engine, envs, seeds=[0, 1, 2], max_turns=3, max_tokens=8, history="sampled")
+    rollout = Rollout(engine, envs, seeds=[0, 1, 2], max_turns=3, max_tokens=8)
+    assert rollout.history == "rendered"
+    assert 'inference.history "auto" -> "rendered"' in capsys.readouterr().err
+    for ep in rollout.run():
+        assert ep.history == "rendered" and ep.warnings == [], ep.warnings
+        assert check_token_alignment(ep, broken_tokenizer).ok
 
 
 def test_broken_template_alignment_report_has_position(tiny_engine, broken_tokenizer):

@@ -206,3 +206,47 @@ def test_parser_without_instructions_adds_nothing_to_the_system_prompt():
 
     manager = MultiTurnManager(ToolRegistry([CalculatorTool()]), Quiet(), CounterGame())
     assert manager.system_prompt() == "Reach 3 by saying inc."  # no trailing blank lines
+
+
+# -- reasoning blocks and native tools -------------------------------------------------
+class SpanGame(CounterGame):
+    """Reports which characters of the action it read (`info["action_span"]`)."""
+
+    def step(self, action):
+        obs, reward, done, info = super().step(action)
+        at = action.find("inc")
+        return obs, reward, done, {**info, "action_span": [at, at + 3]} if at >= 0 else info
+
+
+def test_the_action_is_read_after_the_reasoning_block_and_spans_count_from_the_whole_reply():
+    manager = MultiTurnManager(ToolRegistry([CalculatorTool()]), "hermes", SpanGame(target=1),
+                               reasoning=("<think>", "</think>"))
+    manager.reset()
+    reply = ("<think>\nI could call " + hermes("calculator", '{"expression": "1+1"}') + " or inc twice, but no.\n"
+             "</think>\n\ninc")
+    turn = manager.step(reply)
+    assert turn.tool_calls == [] and turn.action == "inc" and turn.done and turn.reward == 1.0
+    assert turn.reasoning.startswith("I could call <tool_call>") and not turn.reasoning_cut
+    assert turn.answer_start == reply.index("</think>") + len("</think>")
+    span = turn.info["action_span"]  # the "inc" after the block, not a word inside the reasoning
+    assert reply[span[0]:span[1]] == "inc" and span[0] > turn.answer_start
+
+
+def test_a_reply_cut_inside_its_reasoning_has_no_action():
+    game = CounterGame()
+    for opened, reply in ((False, "<think>\nstill going"), (True, "no end marker after an opened block")):
+        manager = MultiTurnManager(None, None, game, reasoning=("<think>", "</think>"), reasoning_opened=opened)
+        manager.reset()
+        turn = manager.step(reply)
+        assert turn.reasoning_cut and turn.action is None and game.step_count == 0
+        assert "ended inside its reasoning block (<think> without </think>)" in turn.parse_error
+        assert turn.info["reasoning_cut"] and turn.messages[0]["role"] == "user"
+
+
+def test_native_tools_leave_the_instructions_to_the_template():
+    prompts = [MultiTurnManager(ToolRegistry([CalculatorTool()]), "hermes", CounterGame(), native_tools=native)
+               for native in (False, True)]
+    assert "<tools>" in prompts[0].system_prompt() and prompts[1].system_prompt() == "Reach 3 by saying inc."
+    schemas = prompts[1].tool_schemas()
+    assert {s["function"]["name"] for s in schemas} == {"calculator", "environment_step"}
+    assert all(s["type"] == "function" and "parameters" in s["function"] for s in schemas)

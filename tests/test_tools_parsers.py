@@ -227,3 +227,48 @@ def test_huge_integer_argument_is_a_parse_error_not_a_crash():
     assert result.tool_calls == [] and "JSON value cannot be converted" in result.error
     call = ToolCall("move", {"input": "9" * 5000}, raw_arguments=True)
     assert resolve_raw_arguments(call, MOVE) == {"steps": "9" * 5000}  # left as text, not a ValueError
+
+
+# -- family formats: Llama 3.x JSON, Mistral [TOOL_CALLS] -------------------------------
+def test_llama3_json_calls_with_and_without_python_tag():
+    p = get_parser("llama3_json")
+    r = p.parse('{"name": "calc", "parameters": {"x": "1;2"}}')
+    assert [(c.name, c.arguments, c.span) for c in r.tool_calls] == [("calc", {"x": "1;2"}, (0, 44))]
+    text = '<|python_tag|>{"name": "a", "parameters": {}}; {"name": "b", "arguments": {"y": 1}}'
+    r = p.parse(text)
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("a", {}), ("b", {"y": 1})] and r.content == ""
+    assert text[r.span[0]:r.span[1]].startswith('{"name": "a"') and text[r.span[0]:r.span[1]].endswith("1}}")
+    assert p.parse("I would say 6").tool_calls == [] and p.parse("I would say 6").error is None
+    assert "not valid JSON" in p.parse('{"name": "c", "parameters": {"x": }').error
+
+
+def test_llama3_json_strict():
+    p = get_parser("llama3_json", strict=True)
+    assert p.parse('  <|python_tag|>{"name": "a", "parameters": {}} ').error is None
+    assert "text before it" in p.parse('x {"name": "a", "parameters": {}}').error
+    assert "one tool call per reply" in p.parse('{"name": "a", "parameters": {}} {"name": "b", "parameters": {}}').error
+    assert '"parameters"' in p.format_instructions([]) and "nothing else" in p.format_instructions([])
+
+
+def test_mistral_both_call_forms():
+    p = get_parser("mistral")
+    r = p.parse('[TOOL_CALLS] [{"name": "calc", "arguments": {"x": 1}}, {"name": "d", "arguments": "{\\"y\\": 2}"}]')
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("calc", {"x": 1}), ("d", {"y": 2})]
+    r = p.parse('Sure. [TOOL_CALLS]calc[ARGS]{"x": 1}[TOOL_CALLS]d[ARGS]{}')
+    assert [(c.name, c.arguments) for c in r.tool_calls] == [("calc", {"x": 1}), ("d", {})] and r.content == "Sure."
+    assert p.parse("plain answer").tool_calls == [] and p.parse("plain answer").content == "plain answer"
+    assert "write [TOOL_CALLS]<tool name>[ARGS]" in p.parse('[TOOL_CALLS]calc{"x": 1}').error
+    assert "must be an object with a 'name'" in p.parse('[TOOL_CALLS][{"name": 1}]').error
+    assert "alone" in get_parser("mistral", strict=True).parse("ok [TOOL_CALLS]calc[ARGS]{}").error
+
+
+def test_reasoning_split():
+    from workbench.tools.reasoning import split_reasoning
+
+    s = split_reasoning("<think>\nmaybe 5\n</think>\n\n6")
+    assert (s.reasoning, s.answer, s.offset, s.cut) == ("maybe 5", "\n\n6", 24, False)
+    assert split_reasoning("a</think>b</think>c").answer == "c"  # the last end marker, as Qwen3's template
+    assert split_reasoning("plain") == split_reasoning("plain", opened=False)
+    assert split_reasoning("plain").reasoning is None and split_reasoning("plain").answer == "plain"
+    assert split_reasoning("<think>\nno end").cut and split_reasoning("no end", opened=True).cut
+    assert split_reasoning("done</think> 4", opened=True).answer == " 4"

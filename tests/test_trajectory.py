@@ -134,3 +134,30 @@ def test_episode_lists_stay_aligned():
     with pytest.raises(ValueError, match="2 ids but 1 logprobs"):
         ep.append_tokens([4, 5], trained=True, logprobs=[-1.0], turn=1)
     assert TrajectoryBatch([ep]).input_ids.tolist() == [[1, 2, 3]]
+
+
+def test_sequences_of_an_episode_match_a_plain_walk_and_survive_save(tmp_path):
+    """`segments` bookkeeping against a walk written out by hand, and through save/load."""
+    ep = Episode()
+    ep.append_tokens([10, 11, 12, 13, 14], False, None, -1)
+    ep.append_tokens([15, 16], True, [-0.5, -0.25], 0)
+    ep.start_sequence(3)  # follows 10 11 12
+    ep.append_tokens([20, 21], False, None, 0)
+    ep.append_tokens([22], True, [-1.0], 1)
+    ep.start_sequence(ep.context_length)  # the whole sequence: no new one, the tokens follow
+    ep.append_tokens([23], False, None, 1)
+    assert ep.segments == [[7, 3]]
+    assert ep.positions() == [0, 1, 2, 3, 4, 5, 6, 3, 4, 5, 6]
+    assert ep.context_ids() == [10, 11, 12, 20, 21, 22, 23] and ep.context_length == 7
+    assert ep.sequence_indices(7) == [0, 1, 2] and ep.sequence_indices(6) == [0, 1, 2, 3, 4, 5]
+    assert ep.sequence_indices(9) == [0, 1, 2, 7, 8]
+    with pytest.raises(ValueError, match="shared must be in 0..7"):
+        ep.start_sequence(8)
+    one = Episode(token_ids=[1, 2], loss_mask=[0, 1], rollout_logprobs=[0.0, -1.0], turn_index=[-1, 0])
+    batch = TrajectoryBatch([ep, one])
+    assert batch.position_ids.tolist() == [ep.positions(), [0, 1] + [0] * 9]
+    loaded = TrajectoryBatch.load(batch.save(tmp_path / "b.jsonl.gz"))
+    assert loaded[0].segments == [[7, 3]] and torch.equal(loaded.position_ids, batch.position_ids)
+    assert "position_ids" not in TrajectoryBatch([one]).tensors  # one-sequence batches are as before
+    ep.truncate_tokens(7)
+    assert ep.segments == [] and ep.context_ids() == ep.token_ids[:7]

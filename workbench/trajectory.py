@@ -12,6 +12,13 @@ environment, stored token by token exactly as the model saw and sampled it:
 plus one `Turn` per agent step (action text, observation, reward, tool calls,
 errors) and the seeds' per-step lists `states`, `actions`, `rewards`, `dones`.
 
+An episode is one token sequence, except where a turn was sampled from a prompt that
+does not extend the ids before it ("rendered" history: each turn's prompt is the chat
+template's render of the conversation so far). Then `segments` says where each new
+sequence starts and how much of the previous one it shares; `positions()` gives every
+token's position in its own sequence, and the training forward lets a token attend only
+to its own sequence (`position_ids`).
+
 A `TrajectoryBatch` holds episodes and, once collated, right-padded (B, T) tensors.
 Tensor fields are declared once in `TOKEN_FIELDS` with their meaning; collation,
 `.to(device)`, saving and per-token views loop over that table, never over a
@@ -34,6 +41,8 @@ import torch
 TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "input_ids": (torch.long, "token ids of the whole episode", "collate"),
     "attention_mask": (torch.long, "1 for real tokens, 0 for right padding", "collate"),
+    "position_ids": (torch.long, "position of each token in its own sequence; only in batches where some episode "
+                     "holds several sequences (`Episode.segments`)", "collate"),
     "loss_mask": (torch.float32, "1 for policy-sampled tokens (the response mask)", "collate"),
     "rollout_logprobs": (torch.float32, "sampling engine's logprob of each sampled token", "collate"),
     "old_logprobs": (torch.float32, "policy logprob recomputed before the update", "trainer.compute_logprobs"),
@@ -55,6 +64,8 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "diff_kl": (torch.float32, "per-token KL(B || A) estimate (k3) on trained tokens", "debug.compare_policies"),
 }
 COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
+#: Collated too, only when some episode holds several sequences (`Episode.segments`).
+SEQUENCE_FIELDS = ("position_ids",)
 
 #: The most decompressed bytes `TrajectoryBatch.load` reads from one file (2 GiB: a saved
 #: batch takes about 100-300 bytes per token with every field, so millions of tokens).
@@ -113,6 +124,11 @@ class Turn:
     """The grammar a model turn was sampled under (`Constraint.to_dict()` of
     `workbench.engines.constraints`, plus the call's `stop_token_ids`), or None: free. Its
     logprobs are of the masked distribution, and the trainer masks alike."""
+    reasoning_tokens: int = 0
+    """Tokens of the action inside its reasoning block (`<think>`...`</think>`, markers
+    included); 0 for a reply without one. The action was read from the text after it."""
+    reasoning_cut: bool = False
+    """The reply ended inside its reasoning block (no end marker), so it had no action."""
 
 
 @dataclass
@@ -172,6 +188,18 @@ class Episode:
     """Where this episode branches off a recorded one (`workbench.rollout.fork`): episode_id,
     group_id, env_seed, turn, token_position (tokens before it equal the original's), edit
     ("action", "observation" or None for a resample), text, original_outcome; None otherwise."""
+    history: str = "sampled"
+    """How the model saw its earlier turns (`inference.history`): "sampled" (every turn's prompt
+    is the episode's ids so far: earlier turns as sampled, the text around them rendered) or
+    "rendered" (every turn's prompt is the chat template's render of the conversation so far;
+    a prompt that does not extend the ids before it starts a new sequence, see `segments`)."""
+    segments: list[list[int]] = field(default_factory=list)
+    """`[start, shared]` per token sequence after the first, in order: the tokens from flat
+    position `start` (to the next segment's start) follow the first `shared` tokens of the
+    sequence before, not the tokens just before them. Empty: the episode is one sequence."""
+    template_kwargs: dict[str, Any] = field(default_factory=dict)
+    """Template variables the episode's chat template was rendered with (e.g. `enable_thinking`,
+    `tools`); the alignment check renders with them."""
 
     # -- derived --------------------------------------------------------------
     @property
@@ -231,6 +259,72 @@ class Episode:
     def num_tool_calls(self) -> int:
         return sum(len(t.tool_calls) for t in self.turns)
 
+    # -- sequences (see `segments`) -------------------------------------------------
+    def _chains(self) -> list[list[int]]:
+        """Flat positions of each sequence, from its first token to its last, in order."""
+        chains: list[list[int]] = []
+        bounds = [[0, 0], *self.segments, [self.num_tokens, 0]]
+        for (start, shared), (end, _) in zip(bounds, bounds[1:]):
+            prefix = chains[-1][:shared] if chains else []
+            chains.append(prefix + list(range(start, end)))
+        return chains
+
+    def positions(self) -> list[int]:
+        """Each token's position in its own sequence (0, 1, 2, ... for a one-sequence episode)."""
+        if not self.segments:
+            return list(range(self.num_tokens))
+        out: list[int] = []
+        bounds = [[0, 0], *self.segments, [self.num_tokens, 0]]
+        for (start, shared), (end, _) in zip(bounds, bounds[1:]):
+            out.extend(range(shared, shared + end - start))
+        return out
+
+    def sequence_indices(self, end: int | None = None) -> list[int]:
+        """Flat positions of the sequence a token at flat position `end` follows (its context;
+        default: the context of a token appended after the last one)."""
+        end = self.num_tokens if end is None else end
+        bounds = [[0, 0], *self.segments]
+        chain: list[int] = []
+        for s, (start, shared) in enumerate(bounds):
+            nxt = bounds[s + 1][0] if s + 1 < len(bounds) else None
+            if nxt is not None and nxt <= end:  # the token at `end` lies in a later sequence
+                chain = chain[:shared] + list(range(start, nxt))
+                continue
+            return chain[:shared] + list(range(start, end))
+        return chain
+
+    def context_ids(self) -> list[int]:
+        """The ids the next turn is sampled after: the last sequence (for a one-sequence
+        episode `token_ids` itself, not a copy)."""
+        if not self.segments:
+            return self.token_ids
+        return [self.token_ids[p] for p in self._chains()[-1]]
+
+    @property
+    def context_length(self) -> int:
+        """Tokens of the last sequence (what `max_context_tokens` bounds)."""
+        if not self.segments:
+            return self.num_tokens
+        start, shared = self.segments[-1]
+        return shared + self.num_tokens - start
+
+    def start_sequence(self, shared: int) -> None:
+        """The tokens appended next start a new sequence after the first `shared` tokens of the
+        current one (nothing is recorded when `shared` is all of it: they simply follow)."""
+        if not 0 <= shared <= self.context_length:
+            raise ValueError(f"shared must be in 0..{self.context_length}, got {shared}")
+        if shared < self.context_length:
+            if self.segments and self.segments[-1][0] == self.num_tokens:  # replaces an empty sequence
+                self.segments.pop()
+            self.segments.append([self.num_tokens, shared])
+
+    def truncate_tokens(self, n: int) -> None:
+        """Keep the first `n` tokens (with their mask, logprobs, turn index and sequences)."""
+        for name in ("token_ids", "loss_mask", "rollout_logprobs", "turn_index"):
+            del getattr(self, name)[n:]
+        self.segments = [s for s in self.segments if s[0] < n]
+        self.prompt_length = min(self.prompt_length, n)
+
     def append_tokens(self, ids: list[int], trained: bool, logprobs: list[float] | None, turn: int) -> None:
         """Append ids with their mask, logprobs and turn index (keeps the lists aligned)."""
         if logprobs is not None and len(logprobs) != len(ids):
@@ -260,6 +354,7 @@ class Episode:
     def from_dict(cls, data: dict[str, Any]) -> "Episode":
         data = dict(data)
         data["turns"] = [Turn(**t) for t in data.get("turns", [])]
+        data["segments"] = [list(s) for s in data.get("segments", [])]
         return cls(**data)
 
     def __repr__(self) -> str:
@@ -304,7 +399,9 @@ class TrajectoryBatch:
         """Build the (B, T) right-padded tensors from the episodes' token lists."""
         B = len(self.episodes)
         T = max((e.num_tokens for e in self.episodes), default=0)
-        for name in COLLATED:
+        trees = any(e.segments for e in self.episodes)  # some episode holds several sequences
+        self.tensors.pop("position_ids", None)
+        for name in COLLATED + (SEQUENCE_FIELDS if trees else ()):
             dtype = TOKEN_FIELDS[name][0]
             self.tensors[name] = torch.zeros((B, T), dtype=dtype)  # (B, T)
         for b, ep in enumerate(self.episodes):
@@ -313,6 +410,8 @@ class TrajectoryBatch:
             self.tensors["attention_mask"][b, :n] = 1
             self.tensors["loss_mask"][b, :n] = torch.tensor(ep.loss_mask, dtype=torch.float32)
             self.tensors["rollout_logprobs"][b, :n] = torch.tensor(ep.rollout_logprobs, dtype=torch.float32)
+            if trees:
+                self.tensors["position_ids"][b, :n] = torch.tensor(ep.positions(), dtype=torch.long)
         return self
 
     def __getattr__(self, name: str) -> torch.Tensor:
@@ -419,6 +518,7 @@ class TrajectoryBatch:
         eps = self.episodes
         n = max(len(eps), 1)
         rewards = [e.outcome for e in eps]
+        model_turns = [t for e in eps for t in e.turns if t.source == "model"]
         mean = sum(rewards) / n
         std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
         return {
@@ -438,6 +538,8 @@ class TrajectoryBatch:
             "rollout/response_length_mean": sum(e.response_length for e in eps) / n,
             "rollout/failed_episodes": float(len(self.untrained_rows())),
             "rollout/tokens_mean": sum(e.num_tokens for e in eps) / n,
+            "rollout/reasoning_tokens_mean": sum(t.reasoning_tokens for t in model_turns) / max(1, len(model_turns)),
+            "rollout/reasoning_cut_rate": sum(t.reasoning_cut for t in model_turns) / max(1, len(model_turns)),
         }
 
     def group_stats(self) -> dict[str, float]:
@@ -500,7 +602,7 @@ class TrajectoryBatch:
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        extra = [k for k in self.tensors if k not in COLLATED]
+        extra = [k for k in self.tensors if k not in COLLATED + SEQUENCE_FIELDS]  # those: rebuilt by collate
         tmp = path.with_name(f".{path.name}.tmp")
         try:
             with _open_text(tmp, "w") as f:

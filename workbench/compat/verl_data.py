@@ -225,17 +225,24 @@ class DataProto:
 
     @classmethod
     def from_batch(cls, batch: Any, pad_token_id: int = 0) -> "DataProto":
-        """The verl layout of a `TrajectoryBatch` (tensors share nothing with it)."""
+        """The verl layout of a `TrajectoryBatch` (tensors share nothing with it). Episodes
+        that hold several token sequences ("rendered" history, `Episode.segments`) have no
+        one-sequence layout and are refused."""
         if not batch.has("input_ids"):
             batch.collate()
         episodes = list(batch)
+        several = [ep.episode_id for ep in episodes if ep.segments]
+        if several:
+            raise ValueError(f"episodes {several[:5]} hold several token sequences (inference.history \"rendered\": "
+                             "each turn's prompt rendered afresh), which verl's one row per episode cannot hold; "
+                             "export a batch rolled out with inference.history=sampled")
         B = len(episodes)
         P = max((ep.prompt_length for ep in episodes), default=0)
         R = max((ep.num_tokens - ep.prompt_length for ep in episodes), default=0)
         prompts = torch.full((B, P), pad_token_id, dtype=torch.long)  # (B, P) left-padded
         prompt_mask = torch.zeros((B, P), dtype=torch.long)
         fields = {name: torch.zeros((B, R), dtype=t.dtype) for name, t in batch.tensors.items()
-                  if name not in ("input_ids", "attention_mask")}  # (B, R) response part
+                  if name not in ("input_ids", "attention_mask", "position_ids")}  # (B, R) response part
         responses = torch.full((B, R), pad_token_id, dtype=torch.long)  # (B, R) right-padded
         response_attn = torch.zeros((B, R), dtype=torch.long)
         for b, ep in enumerate(episodes):

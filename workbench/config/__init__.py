@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 EMBEDDED_MODEL = "smollm2-135m-instruct"
 
 BACKENDS = ("hf", "vllm", "sglang", "server")
+HISTORY_MODES = ("auto", "sampled", "rendered")
+"""Values of `inference.history` (`workbench.rollout.template`)."""
+TOOL_FORMATS = ("auto", "prompt", "hermes", "llama3_json", "mistral")
+"""Values of `inference.tool_format`."""
 
 
 @dataclass
@@ -169,6 +173,31 @@ class InferenceConfig:
     requests (vLLM continuous batching, a dynamic batcher for hf), so a slow environment
     or tool never stalls the other episodes. False: lock-step turns (`Rollout`). Episodes
     are built the same way either way (greedy runs are identical token for token)."""
+    history: str = "auto"
+    """How a model turn's prompt shows the earlier turns (`workbench.rollout.template`):
+    "sampled": one token sequence per episode, earlier turns exactly as the model sampled them
+    and only the text around them rendered by the chat template (cheapest: one forward per
+    episode in training); "rendered": every turn's prompt is the template's render of the
+    conversation so far, as a deployed model sees it (e.g. Qwen3 drops earlier reasoning), and
+    the episode trains as one sequence per turn (sharing the prefix each has with the one
+    before; loss on each turn's sampled tokens only; more compute the more the history
+    changes); "auto": "sampled" when the template is prefix-stable (the two are then the same
+    tokens), else "rendered", said once per model. Reaches every rollout (one process, async,
+    Ray, CLI), the play widget (`PlayWidget(config=...)`) and the gateway (`chat_settings`);
+    a fork replays an episode with the history it was recorded with (`Episode.history`)."""
+    enable_thinking: bool | None = None
+    """Passed to the chat template as `enable_thinking` (Qwen3's switch: False adds an empty
+    `<think></think>` block to the generation prompt, so the model answers without
+    reasoning). None passes nothing: the template's default (Qwen3: thinking on). A template
+    without the switch refuses a value when the run starts."""
+    tool_format: str = "auto"
+    """How tool calls are written, for environments whose parser reads tool calls (the
+    function-calling parser): "auto" = the model's own format when its chat template renders
+    tool definitions (they go to the template's `tools` argument and the family's parser
+    reads the calls: Hermes/Qwen `<tool_call>`, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`), else
+    the parser's instructions in the system prompt; "prompt" = always the parser's
+    instructions; "hermes", "llama3_json", "mistral" = that format (tool definitions to the
+    template when it renders them)."""
 
 
 @dataclass
@@ -610,6 +639,8 @@ class ConfigStore:
         if i.max_retries < 0:
             raise ConfigError(f"inference.max_retries must be >= 0, got {i.max_retries!r}")
         _choice("inference.server_kind", i.server_kind, ("vllm", "sglang"))
+        _choice("inference.history", i.history, HISTORY_MODES)
+        _choice("inference.tool_format", i.tool_format, TOOL_FORMATS)
         _choice("inference.vllm_dtype", i.vllm_dtype, ("auto",) + DTYPES)
         if i.max_batch_size is not None:
             _positive_int("inference.max_batch_size", i.max_batch_size)

@@ -58,7 +58,8 @@ def score_tokens(model: torch.nn.Module, batch: TrajectoryBatch, micro_batch_siz
     try:
         lengths = [ep.num_tokens for ep in batch]
         return batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths, micro_batch_size,
-                              loss_mask=batch.loss_mask, groups=batch.group_ids)  # (B, T)
+                              loss_mask=batch.loss_mask, groups=batch.group_ids,
+                              position_ids=batch.tensors.get("position_ids"))  # (B, T)
     finally:
         model.train(was_training)
 

@@ -51,7 +51,7 @@ from workbench.config import ConfigError, ConfigStore, TrainingConfig
 from workbench.distributed.placement import Placement, require_ray, reserve, start_error, wait_started
 from workbench.training.models import build_models, build_optimizers
 from workbench.training.constrained import allowed_tokens, model_vocab_size
-from workbench.training.policy import Critic, Policy, forward_logprobs, forward_rows, micro_batches
+from workbench.training.policy import Critic, Policy, forward_logprobs, forward_rows, micro_batches, positions_of
 from workbench.training.update import (
     UpdatePlan, lengths_of, plan_update, rollout_is_level, rollout_logprob_diff, rows_of, set_actor_fields, shard_plan,
     split_groups,
@@ -60,7 +60,7 @@ from workbench.training.update import (
 from workbench.trajectory import TrajectoryBatch
 
 #: Tensor fields a learner reads (the rest of the batch stays with the controller).
-LEARNER_FIELDS = ("input_ids", "attention_mask", "loss_mask", "advantages", "old_logprobs", "ref_logprobs",
+LEARNER_FIELDS = ("input_ids", "attention_mask", "position_ids", "loss_mask", "advantages", "old_logprobs", "ref_logprobs",
                   "values", "returns")
 #: Names of the `nn.ModuleList`s holding a model's blocks (each block becomes one FSDP unit).
 LAYER_LIST_NAMES = ("layers", "h", "blocks")
@@ -189,7 +189,8 @@ class LearnerWorker:
             lp, _ = forward_logprobs(model, batch.input_ids[idx, :T].to(device),
                                      batch.attention_mask[idx, :T].to(device), autocast=t.autocast_bf16,
                                      loss_mask=mask, share_prefix=False,
-                                     allowed=allowed.select(idx, T) if allowed is not None else None)
+                                     allowed=allowed.select(idx, T) if allowed is not None else None,
+                                     position_ids=positions_of(batch, idx, T, device))
             out[idx, :T] = (lp * mask).float().cpu()  # the forward fills positions trained in any row: mask them
         reshard(model)
         return out

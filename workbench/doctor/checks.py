@@ -325,13 +325,18 @@ def check_truncation_surge(h: History, cfg: DoctorConfig) -> Finding | None:
     last, ref = h.stats[-1], _mean([b.truncation_rate for b in base])
     rise = last.truncation_rate - ref
     cut = [(ep, t) for ep, t in model_turns(h.batch) if t.finish_reason == "length"]
+    thinking = [(ep, t) for ep, t in cut if t.reasoning_cut]  # cut inside <think>: no action at all
     return _finding(
         "truncation-surge", "warning", rise, cfg.truncation_rise, rise >= cfg.truncation_rise,
-        f"{last.truncation_rate:.0%} of replies end at max_tokens (first steps {ref:.0%})",
-        "Read the truncated replies; penalise running to the limit with the overlong penalty "
+        f"{last.truncation_rate:.0%} of replies end at max_tokens (first steps {ref:.0%})"
+        + (f"; {len(thinking)} of the {len(cut)} cut replies ended inside their reasoning block (<think> "
+           "without </think>), so they had no action" if thinking else ""),
+        ("Replies cut inside their reasoning never act: raise inference.max_tokens so the reasoning can end, or "
+         "turn thinking off (inference.enable_thinking false). " if thinking else "")
+        + "Read the truncated replies; penalise running to the limit with the overlong penalty "
         "(reward.overlong_penalty, over the last reward.overlong_buffer tokens), or raise inference.max_tokens "
         "if the answers need it.",
-        h, [h.evidence(ep, t) for ep, t in cut], cfg)
+        h, [h.evidence(ep, t) for ep, t in thinking + [c for c in cut if not c[1].reasoning_cut]], cfg)
 
 
 def _metric_rows(h: History, key: str) -> list[tuple[Any, float, dict[str, Any]]]:

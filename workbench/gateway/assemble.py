@@ -10,19 +10,24 @@ the ids call k-1 sampled. Then the episode is
 and the trained tokens are exactly the sampled ids with their engine logprobs, in order. A
 call answered with typed text (`CallRecord.source == "edited"`, a fork's edit) is a turn
 with `source == "edited"` and loss mask 0, as a typed turn of our own rollout is.
-When a prompt does not start that way (the harness re-sent history that does not
-re-tokenize to the sampled ids, edited a reply, or dropped messages), nothing is
-re-tokenised to hide it: the ids of that prompt after the longest common prefix are
-appended as they were sent, and the episode gets a warning naming the call and the
-first differing position, in the words `check_token_alignment` uses for our own rollout
-("token mismatch at position N: ..."). The sampled ids of that call then follow a
-context that is not exactly the one they were sampled in; the warning says so.
+When a prompt does not start that way, nothing is re-tokenised to hide it: the ids of
+that prompt after the longest prefix it shares with the episode's current sequence are
+appended as they were sent, as a new sequence that follows that shared prefix
+(`Episode.segments`), so the call's sampled ids are trained in exactly the context they
+were sampled in. Under "rendered" history (the builder renders every prompt whole) that
+is how each call's prompt is expected to look. Under "sampled" history it means the
+harness re-sent history that does not re-tokenize to the sampled ids, edited a reply or
+dropped messages, and the episode gets a warning naming the call and the first differing
+position, in the words `check_token_alignment` uses for our own rollout ("token mismatch
+at position N: ...").
 """
 from __future__ import annotations
 
 from typing import Any
 
 from workbench.gateway.render import PromptBuilder
+from workbench.rollout.chat import reasoning_token_count
+from workbench.tools.reasoning import split_reasoning
 from workbench.gateway.server import CallRecord
 from workbench.trajectory import Episode, Turn
 
@@ -55,7 +60,10 @@ def assemble_episode(calls: list[CallRecord], builder: PromptBuilder, episode_id
     caller sets the outcome (`GatewayRollout` does).
     """
     tok = builder.tokenizer
-    ep = Episode(episode_id=episode_id, group_id=group_id, env_name=env_name, env_seed=env_seed)
+    ep = Episode(episode_id=episode_id, group_id=group_id, env_name=env_name, env_seed=env_seed,
+                 history=builder.history, template_kwargs=dict(builder.template_kwargs))
+    if calls and calls[0].tools and builder.native_tools:
+        ep.template_kwargs["tools"] = list(calls[0].tools)
     prev: CallRecord | None = None
     for k, call in enumerate(calls):
         if k == 0:
@@ -64,18 +72,20 @@ def assemble_episode(calls: list[CallRecord], builder: PromptBuilder, episode_id
             ep.messages = [dict(m) for m in call.messages]
             ep.states.append(_observation(call.messages[-1:]) if call.messages else tok.decode(call.prompt_ids))
         else:
-            p = _first_difference(ep.token_ids, call.prompt_ids)
-            start = len(ep.token_ids) if p is None else p
-            if p is not None:
-                have = ep.token_ids[p] if p < len(ep.token_ids) else None
+            context = ep.context_ids()
+            p = _first_difference(context, call.prompt_ids)
+            start = len(context) if p is None else min(p, len(call.prompt_ids) - 1)  # a sequence opens with prompt
+            if p is not None and builder.history != "rendered":
+                have = context[p] if p < len(context) else None
                 sent = call.prompt_ids[p] if p < len(call.prompt_ids) else None
                 ep.warnings.append(
                     f"alignment: call {k}'s prompt does not start with the episode's ids so far (call {k - 1}'s "
                     f"prompt + sampled ids): token mismatch at position {p}: episode has {_show(tok, have)}, "
                     f"prompt has {_show(tok, sent)} (lengths {len(ep.token_ids)} vs {len(call.prompt_ids)}); the "
                     "harness re-sent history that does not re-tokenize to the sampled ids. Its prompt from "
-                    f"position {p} on is appended as sent, so turn {k} was sampled in a context that differs "
-                    "from the episode's")
+                    f"position {p} on is appended as sent, after that shared prefix, so turn {k} trains in the "
+                    "context it was sampled in, which is not the history the earlier turns were sampled in")
+            ep.start_sequence(start)
             delta = call.prompt_ids[start:]
             ep.append_tokens(delta, trained=False, logprobs=None, turn=k - 1)
             new = _new_messages(prev, call) if call.messages else []
@@ -94,6 +104,12 @@ def assemble_episode(calls: list[CallRecord], builder: PromptBuilder, episode_id
                                  "success": None, "result": None, "id": c["id"]} for c in reply.tool_calls],
                     info={"route": call.route, "reused_replies": call.reused_replies, "seconds": call.seconds},
                     constraint=None if edited else call.constraint)
+        if reply.reasoning is not None or reply.reasoning_cut:
+            turn.reasoning_cut = reply.reasoning_cut
+            text = tok.decode(reply.token_ids, skip_special_tokens=False)
+            split = split_reasoning(text, builder.profile.reasoning, builder.profile.opens_reasoning)
+            turn.reasoning_tokens = reasoning_token_count(tok, reply.token_ids, builder.stop_ids, split.offset,
+                                                          split.cut)
         ep.turns.append(turn)
         ep.actions.append(reply.text)
         ep.rewards.append(0.0)
@@ -103,7 +119,7 @@ def assemble_episode(calls: list[CallRecord], builder: PromptBuilder, episode_id
         prev = call
     if calls:
         last = calls[-1]
-        if last.messages:  # close the last turn with the template's glue, as `Rollout` does
+        if last.messages and builder.history != "rendered":  # close the last turn with the template's glue, as `Rollout` does
             glue = builder.closing_ids(ep.messages[:-1], last.tools, last.reply)
             ep.append_tokens(glue, trained=False, logprobs=None, turn=len(calls) - 1)
         ep.dones[-1] = ep.turns[-1].done = True

@@ -13,10 +13,20 @@ history (edits a reply, re-renders tool calls its own way, sends text to
 where the ids stopped matching (`workbench.gateway.assemble`).
 
 Tools: when the tokenizer's chat template renders a `tools` argument, the OpenAI tool
-definitions go to the template; otherwise the function-calling parser's instructions
-(`FunctionCallingParser.format_instructions`) are added to the system message. Replies
-are parsed with that parser: `<tool_call>{"name", "arguments"}</tool_call>` blocks become
-OpenAI `tool_calls`, the text outside them the message content.
+definitions go to the template and replies are parsed in the format it teaches (Hermes/Qwen
+`<tool_call>`, Llama 3.1 JSON, Mistral `[TOOL_CALLS]`; `tool_format` as in
+`inference.tool_format`); otherwise the function-calling parser's instructions
+(`FunctionCallingParser.format_instructions`) are added to the system message and replies
+are parsed with it. Calls become OpenAI `tool_calls`, the text outside them the message content.
+
+Chat settings (`workbench.rollout.configured.chat_settings`: `history`, `enable_thinking`,
+`tool_format`) are those of a rollout. With history "rendered" (what "auto" picks for a
+template that is not prefix-stable) no reply is put back as its sampled ids: every prompt is
+the template's render of the messages as sent, as a deployed model gets it, and the assembled
+episode holds one sequence per call (`workbench.gateway.assemble`). Reasoning (`<think>...
+</think>`) is returned apart as the message's `reasoning_content` (as vLLM's reasoning parsers
+do), tool calls are read from the text after it, and an assistant message sent back with
+`reasoning_content` gives it to the template (Qwen3's renders or drops it by its own rules).
 """
 from __future__ import annotations
 
@@ -25,8 +35,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from workbench.rollout.chat import SENTINEL, encode, stop_token_ids
+from workbench.rollout.template import TOOL_FORMATS, normalize_messages, resolve_history, say_once, template_profile
 from workbench.tools.base import ToolDefinition
-from workbench.tools.parsers import FunctionCallingParser
+from workbench.tools.parsers import FunctionCallingParser, get_parser
+from workbench.tools.reasoning import split_reasoning
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
@@ -61,10 +73,21 @@ class Reply:
     """OpenAI tool calls: {"id", "type": "function", "function": {"name", "arguments" (a JSON string)}}."""
     parse_error: str | None = None
     """Why tool calls in the text could not be parsed (the text is then returned as content)."""
+    reasoning: str | None = None
+    """The reply's reasoning block (returned as `reasoning_content`), or None without one."""
+    reasoning_cut: bool = False
+    """The reply ended inside its reasoning block: it has no content and no tool calls."""
 
     def key(self) -> tuple:
-        """What an assistant message must hold to count as this reply when re-sent."""
+        """What an assistant message must hold to count as this reply when re-sent (its
+        `reasoning_content`, when it sends one, must be the reply's too: `matches`)."""
         return _message_key({"content": self.content, "tool_calls": self.tool_calls})
+
+    def matches(self, message: dict[str, Any]) -> bool:
+        """`message` (an assistant message sent back) is this reply: same content and tool calls,
+        and the same reasoning if it carries `reasoning_content` (a harness may drop it)."""
+        sent = message.get("reasoning_content")
+        return _message_key(message) == self.key() and (sent is None or sent == (self.reasoning or ""))
 
 
 def _message_key(message: dict[str, Any]) -> tuple:
@@ -164,32 +187,44 @@ def check_messages(messages: Any) -> list[dict[str, Any]]:
 
 
 class PromptBuilder:
-    """Prompt ids for chat requests, reusing the sampled ids of replies re-sent as they were given.
+    """Prompt ids for chat requests, reusing the sampled ids of replies re-sent as they were given
+    ("sampled" history) or rendering every prompt whole ("rendered").
 
     Args:
         tokenizer: the policy's tokenizer with a chat template.
+        history, enable_thinking, tool_format: the chat settings of `inference` (module docstring).
+
+    Raises:
+        TemplateError: the template cannot express a conversation (naming the model, the rule, the fix).
     """
 
-    def __init__(self, tokenizer: Any):
+    def __init__(self, tokenizer: Any, history: str = "auto", enable_thinking: bool | None = None,
+                 tool_format: str = "auto"):
         self.tokenizer = tokenizer
         self.stop_ids = stop_token_ids(tokenizer)
         #: The longest vocabulary entry in characters (byte-level BPE entries hold one character
         #: per byte), so a text of N characters is at least N / max_token_chars tokens.
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) or 1
-        self.parser = FunctionCallingParser()
-        probe = [{"role": "user", "content": "hi"}]
-        tool = {"type": "function", "function": {"name": "probe_tool", "description": "", "parameters": {}}}
-        try:
-            with_tools = tokenizer.apply_chat_template(probe, tools=[tool], tokenize=False)
-        except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
-            with_tools = ""
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
+        #: Template variables every render gets (`enable_thinking`).
+        self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+        self.profile = template_profile(tokenizer, self.template_kwargs)
+        self.history, note = resolve_history(history, self.profile)
+        say_once(note)
         #: True when the chat template itself renders `tools` (else the parser's instructions are used).
-        self.native_tools = "probe_tool" in with_tools
+        self.native_tools = self.profile.native_tools and tool_format != "prompt"
+        fmt = tool_format if tool_format not in ("auto", "prompt") else (
+            self.profile.tool_call_format if self.native_tools and self.profile.tool_call_format else "hermes")
+        #: The parser that reads tool calls from replies (and, without native tools, writes the instructions).
+        self.parser = get_parser(fmt)
 
     # -- requests ------------------------------------------------------------------------
     def template_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """The messages as the chat template gets them (tool calls and tool definitions as text
-        when the template does not render them itself)."""
+        when the template does not render them itself; `reasoning_content` passed on; the role
+        rules of the template applied, `workbench.rollout.template.normalize_messages`)."""
+        p = self.profile
         if self.native_tools:
             out = []
             for m in messages:
@@ -198,11 +233,11 @@ class PromptBuilder:
                     msg["tool_calls"] = [{"type": "function", "id": c.get("id"), "function": {
                         "name": c["function"]["name"], "arguments": _arguments(c["function"].get("arguments"))}}
                         for c in m["tool_calls"]]
-                for k in ("tool_call_id", "name"):
+                for k in ("tool_call_id", "name", "reasoning_content"):
                     if m.get(k) is not None:
                         msg[k] = m[k]
                 out.append(msg)
-            return out
+            return normalize_messages(out, p.system_role, p.tool_role, p.alternating, keep_keys=True)
         out = []
         for m in messages:
             role = "system" if m["role"] == "developer" else m["role"]
@@ -215,6 +250,8 @@ class PromptBuilder:
             for k in ("tool_call_id", "name"):  # kept for the episode's view; ChatML templates ignore them
                 if role == "tool" and m.get(k) is not None:
                     msg[k] = m[k]
+            if role == "assistant" and m.get("reasoning_content") is not None:
+                msg["reasoning_content"] = m["reasoning_content"]
             out.append(msg)
         if tools:
             defs = [ToolDefinition(t["function"]["name"], str(t["function"].get("description") or ""),
@@ -224,10 +261,10 @@ class PromptBuilder:
                 out[0] = {"role": "system", "content": f"{out[0]['content']}\n\n{instructions}"}
             else:
                 out.insert(0, {"role": "system", "content": instructions})
-        return out
+        return normalize_messages(out, p.system_role, p.tool_role, p.alternating, keep_keys=True)
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]], add_generation_prompt: bool) -> str:
-        kwargs = {"tools": tools} if (self.native_tools and tools) else {}
+        kwargs = {**self.template_kwargs, **({"tools": tools} if (self.native_tools and tools) else {})}
         try:
             return self.tokenizer.apply_chat_template(messages, tokenize=False,
                                                       add_generation_prompt=add_generation_prompt, **kwargs)
@@ -238,21 +275,22 @@ class PromptBuilder:
                    replies: list[Reply]) -> tuple[list[int], list[dict[str, Any]], int]:
         """(prompt ids, the template messages, how many replies were reused as sampled ids).
 
-        Assistant messages equal to one of `replies` (in order; an earlier reply is never
-        matched after a later one) are rendered as a sentinel, and the sentinel replaced by
-        that reply's sampled ids; the text between sentinels is tokenised piece by piece,
-        with a reply's sampled end-of-turn id standing in for the template's own."""
+        "sampled" history: assistant messages equal to one of `replies` (`Reply.matches`, in
+        order; an earlier reply is never matched after a later one) are rendered as a sentinel,
+        and the sentinel replaced by that reply's sampled ids; the text between sentinels is
+        tokenised piece by piece, with a reply's sampled end-of-turn id standing in for the
+        template's own. "rendered": the messages are rendered and tokenised whole."""
         msgs = self.template_messages(messages, tools)
-        offset = len(msgs) - len(messages)  # a system message with the tool instructions may lead
+        if self.history == "rendered":
+            return encode(self.tokenizer, self.render(msgs, tools, msgs[-1]["role"] != "assistant")), msgs, 0
+        assistants = [i for i, m in enumerate(msgs) if m["role"] == "assistant"]
+        sent = [m for m in messages if m["role"] == "assistant"]
         used: list[Reply] = []
         nxt = 0
-        for i, m in enumerate(messages):
-            if m["role"] != "assistant":
-                continue
-            key = _message_key(m)
+        for i, m in zip(assistants, sent):  # the template's messages keep every assistant message, in order
             for j in range(nxt, len(replies)):
-                if replies[j].key() == key:
-                    msgs[i + offset] = {"role": "assistant", "content": SENTINEL.format(len(used))}
+                if replies[j].matches(m):
+                    msgs[i] = {"role": "assistant", "content": SENTINEL.format(len(used))}
                     used.append(replies[j])
                     nxt = j + 1
                     break
@@ -289,20 +327,32 @@ class PromptBuilder:
     # -- replies ---------------------------------------------------------------------------
     def reply(self, token_ids: list[int], logprobs: list[float], parse_tools: bool,
               stop: list[str] | None = None) -> Reply:
-        """The OpenAI message for sampled ids (tool calls parsed when the request had tools); its
-        content ends before the first of the `stop` strings, as OpenAI's does (`text` and the
-        ids stay as sampled)."""
+        """The OpenAI message for sampled ids: reasoning apart, tool calls parsed from the text
+        after it when the request had tools; the content ends before the first of the `stop`
+        strings, as OpenAI's does (`text` and the ids stay as sampled)."""
         ids = token_ids[:-1] if token_ids and token_ids[-1] in self.stop_ids else token_ids
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
-        content = cut_at_stop(text, stop or [])
-        if not parse_tools or "<tool_call>" not in content:
-            return Reply(list(token_ids), list(logprobs), text, content)
-        parsed = self.parser.parse(content)
+        answer, reasoning, cut = text, None, False
+        if self.profile.reasoning is not None:
+            split = split_reasoning(text, self.profile.reasoning, self.profile.opens_reasoning)
+            answer, reasoning, cut = split.answer.lstrip("\n") if split.reasoning is not None else text, \
+                split.reasoning, split.cut
+        answer = cut_at_stop(answer, stop or [])
+        out = dict(reasoning=reasoning, reasoning_cut=cut)
+        parsed = self.parser.parse(answer) if parse_tools else None
+        if parsed is None or not (parsed.tool_calls or parsed.error) or (parsed.error and not _looks_like_call(answer)):
+            return Reply(list(token_ids), list(logprobs), text, answer, **out)
         if parsed.error:
-            return Reply(list(token_ids), list(logprobs), text, content, parse_error=parsed.error)
+            return Reply(list(token_ids), list(logprobs), text, answer, parse_error=parsed.error, **out)
         calls = [{"id": c.id, "type": "function",
                   "function": {"name": c.name, "arguments": json.dumps(c.arguments)}} for c in parsed.tool_calls]
-        return Reply(list(token_ids), list(logprobs), text, parsed.content or None, calls)
+        return Reply(list(token_ids), list(logprobs), text, parsed.content or None, calls, **out)
+
+
+def _looks_like_call(text: str) -> bool:
+    """The text tries a tool call in one of the families' formats (a parse error of text that
+    does not is no call at all: plain content)."""
+    return any(marker in text for marker in ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>", '{"name"'))
 
 
 def cut_at_stop(text: str, stops: list[str]) -> str:

@@ -42,6 +42,7 @@ from workbench.engines.base import GenerationEngine
 from workbench.gateway.assemble import assemble_episode
 from workbench.gateway.server import Gateway, ScriptedReply
 from workbench.rollout.chat import typed_action_ids
+from workbench.rollout.configured import chat_settings
 from workbench.rollout.fork import PREFIX_FIELDS, ReplayMismatch, first_difference, label_branches
 from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.utils.timeouts import CallTimeout, call_with_timeout
@@ -69,12 +70,19 @@ class GatewayRollout:
         max_tokens, temperature, max_context_tokens, seed: the gateway's defaults (see `Gateway`).
         gateway: a `Gateway` to use (started if needed, not stopped by `run`; its `max_turns` is set
             to this rollout's); None starts one per run with the settings above.
+        config: a run's ConfigStore: its chat template settings (`inference.history`,
+            `enable_thinking`, `tool_format`; `workbench.rollout.configured.chat_settings`) go
+            to the gateway this rollout starts, so the agent's prompts are rendered as the run's
+            own rollouts render theirs.
+        history, enable_thinking, tool_format: those settings one by one (they win over `config`'s).
     """
 
     def __init__(self, engine: GenerationEngine | None, agent: Agent, tasks: Sequence[Any], group_size: int = 1,
                  reward_fn: GatewayRewardFn | None = None, max_turns: int = 8, episode_timeout: float | None = 120.0,
                  concurrency: int | None = None, max_tokens: int = 64, temperature: float = 1.0,
-                 max_context_tokens: int = 2048, seed: int | None = 0, gateway: Gateway | None = None):
+                 max_context_tokens: int = 2048, seed: int | None = 0, gateway: Gateway | None = None,
+                 config: Any = None, history: str | None = None, enable_thinking: bool | None = None,
+                 tool_format: str | None = None):
         if not tasks:
             raise ValueError("GatewayRollout needs at least one task")
         if group_size < 1 or max_turns < 1:
@@ -86,8 +94,11 @@ class GatewayRollout:
         self.concurrency = concurrency
         self.gateway = gateway
         self._own_gateway = gateway is None
+        chat = chat_settings(config) if config is not None else {}
+        chat.update({k: v for k, v in dict(history=history, enable_thinking=enable_thinking,
+                                           tool_format=tool_format).items() if v is not None})
         self._gateway_args = dict(max_tokens=max_tokens, temperature=temperature, max_turns=max_turns,
-                                  max_context_tokens=max_context_tokens, seed=seed)
+                                  max_context_tokens=max_context_tokens, seed=seed, **chat)
         self.engine = engine if engine is not None else gateway.engine
         self.seconds = 0.0
         self._runs, self._forks = itertools.count(), itertools.count()  # the n-th run / fork of this rollout
@@ -129,13 +140,16 @@ class GatewayRollout:
             raise ValueError(f"episode {episode.episode_id} (group {episode.group_id!r}, env_seed {t_index!r}) is not "
                              f"one of this rollout's: its episodes have group_id 'task<i>' and env_seed i, "
                              f"i < {len(self.tasks)}")
-        script = [ScriptedReply(episode.token_ids[:t.token_start], episode.token_ids[t.token_start:t.token_end],
+        def prompt(at: int) -> list[int]:  # the ids the call whose reply starts at `at` was sent
+            return [episode.token_ids[p] for p in episode.sequence_indices(at)]
+
+        script = [ScriptedReply(prompt(t.token_start), episode.token_ids[t.token_start:t.token_end],
                                 episode.rollout_logprobs[t.token_start:t.token_end], t.finish_reason)
                   for t in episode.turns[:turn]]
         position = episode.turns[turn].token_start
         if action is not None:
             ids = typed_action_ids(self.engine.tokenizer, action)
-            script.append(ScriptedReply(episode.token_ids[:position], ids, [0.0] * len(ids), "stop", "edited"))
+            script.append(ScriptedReply(prompt(position), ids, [0.0] * len(ids), "stop", "edited"))
         run = next(self._forks)
         jobs = [(b, t_index, self.tasks[t_index], f"f{run}-e{episode.episode_id}-{b}") for b in range(n)]
         batch, mismatches = self._run_jobs(jobs, {job[3]: script for job in jobs})

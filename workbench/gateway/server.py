@@ -145,14 +145,18 @@ class Gateway:
         seed: base sampling seed; each call of an episode gets its own seed derived from it,
             the episode's seed key (its id, unless `seed_key` named another) and the call
             number (None: fresh randomness). A request's `seed` wins.
+        history, enable_thinking, tool_format: how the chat template is used, as in a rollout
+            (`inference.history` ...; pass `**chat_settings(config)` from
+            `workbench.rollout.configured`); see `workbench.gateway.render`.
     """
 
     def __init__(self, engine: GenerationEngine, model_name: str = "policy", port: int = 0, max_tokens: int = 64,
                  max_turns: int | None = None, max_context_tokens: int = 2048, temperature: float = 1.0,
-                 seed: int | None = 0):
+                 seed: int | None = 0, history: str = "auto", enable_thinking: bool | None = None,
+                 tool_format: str = "auto"):
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.builder = PromptBuilder(self.tokenizer)
+        self.builder = PromptBuilder(self.tokenizer, history, enable_thinking, tool_format)
         self.model_name = model_name
         self.port = port
         self.max_tokens, self.max_turns, self.max_context_tokens = max_tokens, max_turns, max_context_tokens
@@ -435,6 +439,8 @@ class Gateway:
             self._release(episode_id, k)
         finish = "tool_calls" if reply.tool_calls else finish
         message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+        if reply.reasoning is not None:
+            message["reasoning_content"] = reply.reasoning
         if reply.tool_calls:
             message["tool_calls"] = reply.tool_calls
         choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}

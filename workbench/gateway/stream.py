@@ -64,6 +64,8 @@ def chat_chunks(response: dict[str, Any], include_usage: bool = False) -> list[d
                       [{"index": 0, "delta": d, "logprobs": logprobs, "finish_reason": finish}], include_usage)
 
     out = [delta({"role": "assistant", "content": ""})]
+    if message.get("reasoning_content") is not None:  # as vLLM's reasoning parsers stream it, before the content
+        out.append(delta({"reasoning_content": message["reasoning_content"]}))
     if message.get("content") or choice.get("logprobs"):
         out.append(delta({"content": message.get("content") or ""}, logprobs=choice.get("logprobs")))
     for i, call in enumerate(message.get("tool_calls") or []):

@@ -6,6 +6,11 @@ builds a 2-layer Llama with head_dim 32 (vLLM's CPU attention needs head_dim >= 
 and saves both as a normal Hugging Face folder, so every loader (transformers, peft,
 vLLM, `vllm serve`) treats it like a real model. Takes about a second; the folder is
 cached by its settings.
+
+`build_family_model(tokenizer_dir, family)` does the same around a published tokenizer: a
+tiny random-weight Qwen3 or Llama of that tokenizer's vocabulary, saved next to its
+`tokenizer.json` and `tokenizer_config.json` (chat template as published, or another one
+given), so rollouts, training and the gateway meet the family's real template and ids.
 """
 from __future__ import annotations
 
@@ -106,4 +111,56 @@ def build_tiny_model(
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     (path / "workbench_tiny.json").write_text(json.dumps({"seed": seed, "hidden_size": hidden_size}))
+    return path
+
+
+#: Architectures `build_family_model` makes, with the published vocabulary size of each family.
+FAMILIES = {"qwen3": ("Qwen3Config", 151936), "llama": ("LlamaConfig", 128256)}
+
+
+def build_family_model(tokenizer_dir: str | Path, family: str, chat_template: str | None = None,
+                       hidden_size: int = 64, num_layers: int = 2, seed: int = 0,
+                       root: Path | None = None) -> Path:
+    """Build (or reuse) a tiny random `family` model ("qwen3" or "llama") on the tokenizer in
+    `tokenizer_dir` (its tokenizer.json + tokenizer_config.json) and return the folder.
+
+    The vocabulary is the family's published size (at least the tokenizer's length), the
+    embeddings tied, two heads of 32 dimensions. `chat_template` replaces the tokenizer's
+    own (e.g. a family's tool-calling template); None keeps the one in tokenizer_config.json.
+    """
+    import hashlib
+
+    import transformers
+
+    tokenizer_dir = Path(tokenizer_dir)
+    missing = [n for n in ("tokenizer.json", "tokenizer_config.json") if not (tokenizer_dir / n).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{tokenizer_dir} lacks {', '.join(missing)}")
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {sorted(FAMILIES)}, got {family!r}")
+    cfg_json = json.loads((tokenizer_dir / "tokenizer_config.json").read_text())
+    if chat_template is not None:
+        cfg_json["chat_template"] = chat_template
+    tag = hashlib.sha1(json.dumps(cfg_json, sort_keys=True).encode()
+                       + str((tokenizer_dir / "tokenizer.json").stat().st_size).encode()).hexdigest()[:10]
+    path = (root or cache_dir()) / f"tiny-{family}-h{hidden_size}-l{num_layers}-s{seed}-{tag}"
+    if (path / "model.safetensors").exists() and (path / "tokenizer.json").exists():
+        return path
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg_json, indent=1))
+    tok = AutoTokenizer.from_pretrained(str(path))
+    config_cls, vocab = FAMILIES[family]
+    eos = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else 0
+    config = getattr(transformers, config_cls)(
+        vocab_size=max(vocab, len(tok)), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=hidden_size // 32, num_key_value_heads=hidden_size // 32,
+        head_dim=32, max_position_embeddings=4096, tie_word_embeddings=True, eos_token_id=eos,
+        bos_token_id=tok.bos_token_id, pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eos,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(path, safe_serialization=True)
     return path

@@ -198,9 +198,9 @@ class AsyncRollout(Rollout):
         if params is None:
             return 0
         ep = self.slots[index].episode
-        self._event("submit", index, len(ep.turns), ep.num_tokens)
+        self._event("submit", index, len(ep.turns), ep.context_length)
         try:
-            fut = self.engine.submit(list(ep.token_ids), params)
+            fut = self.engine.submit(list(ep.context_ids()), params)
         except Exception as exc:  # e.g. a closed engine
             fut = Future()
             fut.set_exception(exc)
@@ -224,7 +224,7 @@ class AsyncRollout(Rollout):
             self._fail(slot, f"{self.engine.name} engine: {result.error or 'generation failed'}")
             self._event("done", index, turn)
             return 0
-        text = self.renderer.action_text(result.token_ids)
+        text = slot.renderer.action_text(result.token_ids)
         manager = slot.manager
 
         def env_step() -> tuple[Any, BaseException | None]:

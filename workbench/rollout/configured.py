@@ -20,7 +20,9 @@ from typing import Any, Sequence
 
 from workbench.engines.base import GenerationEngine
 from workbench.rollout.async_rollout import AsyncRollout
+from workbench.rollout.chat import ChatRenderer
 from workbench.rollout.rollout import Rollout
+from workbench.rollout.template import say_once
 
 #: InferenceConfig field -> where it takes effect (see the module docstring).
 INFERENCE_FIELDS: dict[str, str] = {
@@ -32,6 +34,7 @@ INFERENCE_FIELDS: dict[str, str] = {
     "enable_sleep_mode": "engine",
     "vllm_dtype": "engine",
     "async_rollout": "rollout",
+    "history": "rollout", "enable_thinking": "rollout", "tool_format": "rollout",
 }
 #: EnvironmentConfig field -> where it takes effect.
 ENVIRONMENT_FIELDS: dict[str, str] = {
@@ -46,13 +49,35 @@ _FROM_CONFIG = object()  # sampling_seed default: inference.seed as written
 
 def rollout_settings(config: Any, temperature: float | None = None) -> dict[str, Any]:
     """The `Rollout` keyword arguments that come from `config` (every "rollout" field but
-    `seed` and `async_rollout`, which choose the sampling seed and the class)."""
+    `seed` and `async_rollout`, which choose the sampling seed and the class; the chat
+    template's settings through `chat_settings`)."""
     inf = config.inference
     return dict(
         max_turns=inf.max_turns if inf.multi_turn else 1, max_tokens=inf.max_tokens,
         temperature=inf.temperature if temperature is None else temperature, top_p=inf.top_p, top_k=inf.top_k,
         max_context_tokens=inf.max_context_tokens, step_timeout=config.environment.step_timeout,
+        **chat_settings(config),
     )
+
+
+def chat_settings(config: Any) -> dict[str, Any]:
+    """How the chat template is used (`inference.history`, `enable_thinking`, `tool_format`): the
+    keyword arguments of `Rollout` and of the gateway (`workbench.gateway.Gateway`,
+    `GatewayRollout`) that come from `config`."""
+    inf = config.inference
+    return dict(history=inf.history, enable_thinking=inf.enable_thinking, tool_format=inf.tool_format)
+
+
+def check_chat_template(config: Any, tokenizer: Any) -> ChatRenderer:
+    """The model's chat template checked against the run's `chat_settings` when the run starts
+    (the trainer calls it once the tokenizer is loaded): a template that cannot express the
+    conversation, or an `enable_thinking` it has no switch for, raises `TemplateError` naming
+    the model, the rule and the fix; what `inference.history` "auto" chose is said once."""
+    settings = chat_settings(config)
+    kwargs = {} if settings["enable_thinking"] is None else {"enable_thinking": bool(settings["enable_thinking"])}
+    renderer = ChatRenderer(tokenizer, kwargs, settings["history"])
+    say_once(renderer.history_note)
+    return renderer
 
 
 def make_rollout(config: Any, engine: GenerationEngine, environments: Sequence[Any],
@@ -85,4 +110,5 @@ def make_rollout(config: Any, engine: GenerationEngine, environments: Sequence[A
                **rollout_settings(config, temperature), **kwargs)
 
 
-__all__ = ["ENVIRONMENT_FIELDS", "INFERENCE_FIELDS", "make_rollout", "rollout_settings"]
+__all__ = ["ENVIRONMENT_FIELDS", "INFERENCE_FIELDS", "chat_settings", "check_chat_template", "make_rollout",
+           "rollout_settings"]

@@ -149,6 +149,10 @@ def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1,
         raise ValueError(f"n must be >= 1, got {n}")
     make = environment_factory(config, environment, episode)
     settings = run_settings(config, **overrides)
+    # The chat template is used as the episode was built (its history mode and template variables).
+    settings["history"] = overrides.get("history") or episode.history
+    if settings.get("enable_thinking") is None and "enable_thinking" in episode.template_kwargs:
+        settings["enable_thinking"] = episode.template_kwargs["enable_thinking"]
     rollout = Rollout(engine, [make() for _ in range(n)], seeds=[episode.env_seed] * n,
                       group_ids=[f"fork:{episode.group_id or episode.episode_id}:t{turn}"] * n, seed=seed,
                       parser=parser, tools=tools, check_alignment=check_alignment, **settings)
@@ -198,29 +202,42 @@ def replay(episode: Episode, turn: int, engine: GenerationEngine, *, n: int = 1,
 def _edit_observation(rollout: Rollout, index: int, turn: int, text: str) -> None:
     """Replace what episode `index` shows the model after turn `turn - 1` (the first
     observation when `turn == 0`) with `text`; the environment's own state is unchanged."""
-    ep = rollout.slots[index].episode
+    ep, renderer = rollout.slots[index].episode, rollout.slots[index].renderer
     room = rollout.max_context_tokens - rollout.close_reserve - 1
+    rendered = rollout.history == "rendered" and turn > 0
     if turn == 0:
         messages = [dict(m) for m in ep.messages[:2]]
         messages[-1]["content"] = text
-        ids = rollout.renderer.prompt_ids(messages)
+        ids = renderer.prompt_ids(messages)
         keep = 0
-        ep.prompt_length = len(ids)
     else:
         last = ep.turns[turn - 1]
         old = last.messages
         messages = ep.messages[:len(ep.messages) - len(old)]
         new_msgs = [{**old[0], "content": text}] if len(old) == 1 else [{"role": "user", "content": text}]
-        action_ids = ep.token_ids[last.token_start:last.token_end]
-        ids = rollout.renderer.delta_ids(messages, action_ids, new_msgs, add_generation_prompt=True)
-        messages = messages + new_msgs
         keep = last.token_end
-        last.observation, last.messages = text, new_msgs
-    if keep + len(ids) > room:
-        raise ValueError(f"the edited observation takes the episode to {keep + len(ids)} tokens; "
+        if rendered:  # the next turn's prompt rendered whole (`Rollout._next_prompt`)
+            ids = renderer.prompt_ids(messages + new_msgs)
+        else:
+            ids = renderer.delta_ids(messages, ep.token_ids[last.token_start:keep], new_msgs,
+                                     add_generation_prompt=True)
+        messages = messages + new_msgs
+    before = [ep.token_ids[p] for p in ep.sequence_indices(keep)]  # the sequence the new ids follow
+    shared = len(before)
+    if rendered:
+        at = first_difference(ids, before)
+        shared = min(len(ids) if at is None else at, len(ids) - 1)
+        ids = ids[shared:]
+    if shared + len(ids) > room:
+        raise ValueError(f"the edited observation takes the episode to {shared + len(ids)} tokens; "
                          f"max_context_tokens={rollout.max_context_tokens} leaves {room}: shorten it")
-    for name in ("token_ids", "loss_mask", "rollout_logprobs", "turn_index"):
-        del getattr(ep, name)[keep:]
+    ep.truncate_tokens(keep)
+    if turn == 0:
+        ep.prompt_length = len(ids)
+    else:
+        last.observation, last.messages = text, new_msgs
+    if rendered:
+        ep.start_sequence(shared)
     ep.append_tokens(ids, trained=False, logprobs=None, turn=turn - 1)
     ep.messages = messages
     ep.states[-1] = text

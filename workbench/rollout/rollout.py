@@ -37,6 +37,23 @@ waits (`rollout.waiting`) and is reset when one of this rollout's episodes has e
 place back). How the wait meets `step_timeout`: `workbench.rollout.waiting`. Episodes
 that waited are counted in `rollout/queued_episodes`.
 
+Chat templates (`workbench.rollout.template`): the tokenizer's template is probed when the
+rollout is built; one that cannot express a conversation raises `TemplateError` (model, rule,
+fix) before any episode starts. `history` decides how a turn's prompt is made: "sampled"
+appends each turn's rendered delta after the ids sampled before it (one sequence per
+episode), "rendered" makes each turn's prompt the template's render of the conversation so
+far and starts a new sequence where it stops extending the ids before it
+(`Episode.segments`; the final observation is kept in the messages, not as tokens);
+"auto" picks "sampled" for a prefix-stable template, else "rendered" (said once). The
+context budget bounds each sequence. `enable_thinking` goes to the template as a variable;
+with reasoning markers (`<think>`...`</think>`) the action is read after the reasoning
+block (`MultiTurnManager`), and each turn records `reasoning_tokens` / `reasoning_cut`.
+`tool_format` chooses how tool calls look: "auto" uses the template's own format when it
+renders tool definitions (they then go to its `tools` argument and the parser for that
+family reads the calls; environments with the function-calling parser only), "prompt"
+keeps the parser's instructions in the system prompt, "hermes" / "llama3_json" / "mistral"
+name the format.
+
 Simplified: turns are synchronous (all live episodes generate, then all step their
 environments).
 """
@@ -48,7 +65,9 @@ from typing import Any, Callable, Sequence
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.constraints import Constraint
 from workbench.environments.registry import make_environment
-from workbench.rollout.chat import ChatRenderer, check_token_alignment, longest_fitting_prefix
+from workbench.rollout.chat import ChatRenderer, check_token_alignment
+from workbench.rollout.opening import NoRoom, OpeningBudget
+from workbench.rollout.template import TOOL_FORMATS, say_once, tool_parser
 from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
 from workbench.tools.manager import MultiTurnManager
 from workbench.tools.registry import ToolRegistry
@@ -76,7 +95,10 @@ class _Slot:
     episode: Episode
     env: Any
     manager: MultiTurnManager
-    constraint: dict[str, Any] | None = None  # the grammar of the turn being sampled (recorded on it)
+    renderer: ChatRenderer
+    """The rollout's renderer with this episode's template variables (its native `tools`)."""
+    constraint: dict[str, Any] | None = None
+    """The grammar of the turn being sampled (recorded on it)."""
 
 
 def invalid_text(text: Any, what: str) -> str | None:
@@ -92,11 +114,7 @@ def invalid_text(text: Any, what: str) -> str | None:
     return None
 
 
-class _NoRoom(ValueError):
-    """An episode's opening prompt does not fit `max_context_tokens` even without its observation."""
-
-
-class Rollout(EpisodeQueue):
+class Rollout(EpisodeQueue, OpeningBudget):
     """Batched, stepwise multi-turn rollout over several environment instances.
 
     Args:
@@ -120,6 +138,16 @@ class Rollout(EpisodeQueue):
         progress: a `tqdm.auto` bar over ended episodes during `run()`: True, False, or
             None for automatic (`workbench.utils.progress.progress_enabled`); its label
             is `self.progress_desc`, and `self.progress_leave=False` clears it when done.
+        history: "auto", "sampled" or "rendered": how earlier turns are shown to the model
+            (module docstring; `self.history` is what "auto" resolved to).
+        enable_thinking: passed to the chat template as `enable_thinking` (Qwen3's switch);
+            None passes nothing (the template's default). A template without the switch
+            refuses a value.
+        tool_format: "auto", "prompt", "hermes", "llama3_json" or "mistral" (module docstring).
+
+    Raises:
+        TemplateError: the tokenizer's chat template cannot express the conversation (the
+            message names the model, the rule and the setting that fixes it).
     """
 
     def __init__(
@@ -141,6 +169,9 @@ class Rollout(EpisodeQueue):
         initial_prompt: str | None = None,
         step_timeout: Any = _FROM_ENV,
         progress: bool | None = None,
+        history: str = "auto",
+        enable_thinking: bool | None = None,
+        tool_format: str = "auto",
     ):
         if not environments:
             raise ValueError("Rollout needs at least one environment")
@@ -150,7 +181,13 @@ class Rollout(EpisodeQueue):
         self.engine = engine
         self.progress, self.progress_desc, self.progress_leave = progress, "rollout", True
         self.tokenizer = engine.tokenizer
-        self.renderer = ChatRenderer(self.tokenizer)
+        if tool_format not in TOOL_FORMATS:
+            raise ValueError(f"tool_format must be one of {', '.join(TOOL_FORMATS)}, got {tool_format!r}")
+        self.tool_format = tool_format
+        self.template_kwargs = {} if enable_thinking is None else {"enable_thinking": bool(enable_thinking)}
+        self.renderer = ChatRenderer(self.tokenizer, self.template_kwargs, history)
+        say_once(self.renderer.history_note)
+        self.history = self.renderer.history
         self.environments = list(environments)
         self.seeds = list(seeds) if seeds is not None else [None] * n
         if len(self.seeds) != n:
@@ -161,8 +198,8 @@ class Rollout(EpisodeQueue):
         self.max_context_tokens = max_context_tokens
         # Room kept free for the end-of-turn glue (e.g. "<|im_end|>\n") that closes a turn
         # cut short by the budget, so a truncated episode still fits max_context_tokens.
-        self.close_reserve = len(self.renderer.delta_ids([{"role": "assistant", "content": ""}], [], [],
-                                                         add_generation_prompt=False))
+        self.close_reserve = len(self.renderer.delta_ids(
+            [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}], [], [], add_generation_prompt=False))
         self.seed = seed
         self.parser = parser
         self.tools = list(tools)
@@ -201,12 +238,22 @@ class Rollout(EpisodeQueue):
             for tool in self.tools:
                 registry.register(tool)
             parser = self.parser if self.parser is not None else getattr(env, "action_parser", None)
+            parser, native = tool_parser(parser, type(env).__name__, self.tool_format, self.renderer.profile)
+            profile = self.renderer.profile
             manager = MultiTurnManager(registry, parser, env, max_turns=self.max_turns,
-                                       step_timeout=self.step_timeouts[i])
-            self.slots.append(_Slot(ep, env, manager))
+                                       step_timeout=self.step_timeouts[i], reasoning=profile.reasoning,
+                                       reasoning_opened=profile.opens_reasoning, native_tools=native)
+            ep.history = self.history
+            ep.template_kwargs = {**self.template_kwargs, **({"tools": manager.tool_schemas()} if native else {})}
+            self.slots.append(_Slot(ep, env, manager, self.renderer.with_kwargs(ep.template_kwargs)))
         for i in range(len(self.slots)):
             self._start(i)
         return self
+
+    def _renderer_of(self, ep: Episode) -> ChatRenderer:
+        """The renderer of the slot playing `ep` (the rollout's before `reset`)."""
+        i = ep.episode_id
+        return self.slots[i].renderer if i < len(self.slots) and self.slots[i].episode is ep else self.renderer
 
     def _start(self, i: int) -> bool:
         """Reset episode `i`'s environment and render its opening; False when the
@@ -233,71 +280,13 @@ class Rollout(EpisodeQueue):
             return True
         try:
             seen, ep.messages, ids = self._opening(system, obs or "", ep)
-        except _NoRoom as exc:
+        except NoRoom as exc:
             self._fail(slot, str(exc))
             return True
         ep.append_tokens(ids, trained=False, logprobs=None, turn=-1)
         ep.prompt_length = len(ids)
         ep.states.append(seen)
         return True
-
-    def _opening_messages(self, system: str, observation: str) -> list[dict[str, Any]]:
-        opening = observation
-        if self.initial_prompt:
-            opening = f"{self.initial_prompt}\n\n{opening}" if opening else self.initial_prompt
-        return [{"role": "system", "content": system}, {"role": "user", "content": opening}]
-
-    def _opening(self, system: str, obs: str, ep: Episode) -> tuple[str, list[dict[str, Any]], list[int]]:
-        """(observation as the model sees it, opening messages, their ids), within the budget.
-
-        An opening that leaves room for at least one sampled token is kept as it is (the
-        first turn's budget shrinks, as for any turn near the limit). A longer one has its
-        observation cut to the longest prefix that leaves `first_turn_room` tokens (else
-        one token), with a note appended; the cut is recorded in `ep.warnings`. Raises
-        `_NoRoom` when the opening does not fit even without the observation.
-
-        An opening with more characters than the budget's tokens can hold
-        (`ChatRenderer.max_chars_per_token`) is never tokenized whole, and the search for
-        the cut tokenizes prefixes at most a few times longer than the one it keeps, so a
-        10 MB observation costs about what a fitting one does.
-        """
-        limit_min = self.max_context_tokens - self.close_reserve - 1
-        messages = self._opening_messages(system, obs)
-        chars = len(system or "") + len(messages[1]["content"])
-        ids = None
-        if chars <= limit_min or chars <= self.renderer.max_chars_per_token() * limit_min:
-            ids = self.renderer.prompt_ids(messages)
-            if len(ids) <= limit_min:
-                return obs, messages, ids
-        note = (f"\n[... observation cut: {len(obs):,} characters do not fit the context budget of "
-                f"{self.max_context_tokens} tokens]")
-        best = None
-        for limit in (limit_min + 1 - self.first_turn_room, limit_min):
-            best = self._longest_fitting_prefix(system, obs, note, limit)
-            if best is not None:
-                break
-        if best is None:
-            bare = len(self.renderer.prompt_ids(self._opening_messages(system, note)))
-            raise _NoRoom(
-                f"context: the opening prompt takes {bare} tokens even with the observation cut away, "
-                f"but max_context_tokens={self.max_context_tokens} leaves {limit_min} for it (after "
-                f"1 for the first turn and {self.close_reserve} for its end); raise "
-                "max_context_tokens or shorten the system prompt / initial_prompt")
-        before = f"{len(ids)}" if ids is not None else f"{chars:,} characters, over {limit_min}"
-        ep.warnings.append(
-            f"context: first observation cut from {len(obs):,} to {len(best[0]) - len(note):,} characters "
-            f"(opening prompt {before} -> {len(best[2])} tokens) to fit max_context_tokens="
-            f"{self.max_context_tokens} with room for a "
-            f"{self.max_context_tokens - self.close_reserve - len(best[2])}-token turn")
-        return best
-
-    def _longest_fitting_prefix(self, system: str, obs: str, note: str,
-                                limit: int) -> tuple[str, list[dict[str, Any]], list[int]] | None:
-        """(observation prefix + `note`, opening messages, their ids) for the longest prefix of
-        `obs` whose opening takes at most `limit` tokens; None if not even the empty one fits
-        (`chat.longest_fitting_prefix`)."""
-        return longest_fitting_prefix(self.renderer, lambda text: self._opening_messages(system, text), obs, note,
-                                      limit)
 
     def fault_metrics(self) -> dict[str, float]:
         """`rollout/env_timeouts`: episodes ended by a `step_timeout` overrun;
@@ -344,7 +333,7 @@ class Rollout(EpisodeQueue):
             if i not in self.live:
                 raise ValueError(f"episode {i} is not live; live episodes: {self.live}")
             human_ids[i] = self.renderer.human_action_ids(text)
-            room = self.max_context_tokens - self.close_reserve - self.slots[i].episode.num_tokens
+            room = self.max_context_tokens - self.close_reserve - self.slots[i].episode.context_length
             if len(human_ids[i]) > room:
                 raise ValueError(f"the action typed for episode {i} is {len(human_ids[i])} tokens but only {room} "
                                  f"fit in max_context_tokens={self.max_context_tokens}; type a shorter action")
@@ -395,14 +384,14 @@ class Rollout(EpisodeQueue):
         if slot.episode.done:
             raise ValueError(f"episode {index} has ended")
         params = SamplingParams(stop_token_ids=self.renderer.stop_ids, seed=None, **self.sampling)
-        result = self.engine.generate_ids([slot.episode.token_ids], params)[0]
+        result = self.engine.generate_ids([slot.episode.context_ids()], params)[0]
         return self.renderer.action_text(result.token_ids)
 
     # -- internals ----------------------------------------------------------------------
     def _turn_budget(self, slot: _Slot) -> int | None:
         """Tokens the slot's next turn may sample: `max_tokens`, cut to the context room
         left after the closing tokens. None, with the episode truncated, when no room is left."""
-        remaining = self.max_context_tokens - self.close_reserve - slot.episode.num_tokens
+        remaining = self.max_context_tokens - self.close_reserve - slot.episode.context_length
         if remaining < 1:
             self._truncate(slot, "context")
             return None
@@ -447,7 +436,7 @@ class Rollout(EpisodeQueue):
             # every row on its episode's last possible turn: no later call extends its KV
             params.keep_kv = any(len(self.slots[i].episode.turns) + 1 < self.max_turns for i in idx)
             try:
-                results = self.engine.generate_ids([self.slots[i].episode.token_ids for i in idx], params)
+                results = self.engine.generate_ids([self.slots[i].episode.context_ids() for i in idx], params)
             except Exception as exc:
                 for i in idx:
                     self._fail(self.slots[i], f"{self.engine.name} engine failed: {type(exc).__name__}: {exc}")
@@ -465,7 +454,7 @@ class Rollout(EpisodeQueue):
         trained = finish != "human"
         start = ep.num_tokens
         ep.append_tokens(ids, trained=trained, logprobs=logprobs if trained else None, turn=k)
-        text = self.renderer.action_text(ids) if trained else self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
+        text = slot.renderer.action_text(ids) if trained else self.tokenizer.decode(ids[:-1], skip_special_tokens=False)
         ep.messages.append({"role": "assistant", "content": text})
         try:
             tr = slot.manager.step(text)
@@ -484,6 +473,9 @@ class Rollout(EpisodeQueue):
             parse_error=tr.parse_error, env_error=tr.env_error, token_start=start,
             token_end=start + len(ids), finish_reason=finish, messages=list(tr.messages),
             constraint=slot.constraint if trained else None,
+            reasoning_cut=tr.reasoning_cut,
+            reasoning_tokens=(slot.renderer.reasoning_tokens(ids, tr.answer_start, tr.reasoning_cut)
+                              if tr.reasoning is not None else 0),
         )
         ep.turns.append(turn)
         ep.actions.append(text)
@@ -505,16 +497,19 @@ class Rollout(EpisodeQueue):
             return
         # An observation with more characters than the tokens left can hold is not tokenized
         # at all (a 10 MB one took minutes and gigabytes): it cannot fit.
-        room = self.max_context_tokens - ep.num_tokens
+        room = self.max_context_tokens - (0 if self.history == "rendered" else ep.context_length)
         chars = sum(len(m["content"]) for m in tr.messages if isinstance(m.get("content"), str))
-        too_long = chars > room and chars > self.renderer.max_chars_per_token() * room
-        delta = None if too_long else self.renderer.delta_ids(ep.messages, ids, tr.messages,
+        too_long = chars > room and chars > slot.renderer.max_chars_per_token() * room
+        if self.history == "rendered":
+            self._next_prompt(slot, tr.messages, tr.observation, done, too_long)
+            return
+        delta = None if too_long else slot.renderer.delta_ids(ep.messages, ids, tr.messages,
                                                                  add_generation_prompt=not done)
-        if not done and (delta is None or ep.num_tokens + len(delta) >= self.max_context_tokens):
+        if not done and (delta is None or ep.context_length + len(delta) >= self.max_context_tokens):
             # The observation does not fit: close the turn and end the episode.
             self._truncate(slot, "context", closing_ids=ids)
             return
-        if done and (delta is None or ep.num_tokens + len(delta) > self.max_context_tokens):
+        if done and (delta is None or ep.context_length + len(delta) > self.max_context_tokens):
             # The episode ends here anyway: close the turn without its last observation (kept
             # in `turn.observation` / `turn.messages`, where no token budget applies).
             size = f"{len(delta)} tokens" if delta is not None else f"{chars:,} characters, over {room} tokens"
@@ -529,6 +524,30 @@ class Rollout(EpisodeQueue):
             ep.states.append(tr.observation)
         else:
             self._finish(slot)
+
+    def _next_prompt(self, slot: _Slot, messages: list[dict[str, Any]], observation: str, done: bool,
+                     too_long: bool) -> None:
+        """"rendered" history after a turn: the next turn's prompt is the template's render of
+        the conversation so far; its ids after the prefix it shares with the current sequence
+        are appended as a new sequence (at least one of them, so a sequence never starts with
+        a sampled token). A finished episode keeps its last observation in the messages only."""
+        ep = slot.episode
+        k = len(ep.turns) - 1
+        if done:
+            ep.messages.extend(messages)
+            self._finish(slot)
+            return
+        prompt = None if too_long else slot.renderer.prompt_ids(ep.messages + list(messages))
+        if prompt is None or len(prompt) >= self.max_context_tokens - self.close_reserve:
+            self._truncate(slot, "context", closing_ids=ep.token_ids[ep.turns[-1].token_start:ep.turns[-1].token_end])
+            return
+        current = ep.context_ids()
+        shared = next((j for j, (a, b) in enumerate(zip(prompt, current)) if a != b), min(len(prompt), len(current)))
+        shared = min(shared, len(prompt) - 1)
+        ep.messages.extend(messages)
+        ep.start_sequence(shared)
+        ep.append_tokens(prompt[shared:], trained=False, logprobs=None, turn=k)
+        ep.states.append(observation)
 
     def _settle(self, slot: _Slot, reason: str) -> None:
         """Ask the environment for the reward an episode cut by `reason` has earned
@@ -565,19 +584,33 @@ class Rollout(EpisodeQueue):
         self._finish(slot)
 
     def _close(self, slot: _Slot, closing_ids: list[int] | None) -> None:
-        """Append the end-of-turn glue so the token list is a complete conversation."""
-        ep = slot.episode
-        if closing_ids is not None and ep.messages and ep.messages[-1]["role"] == "assistant":
-            delta = self.renderer.delta_ids(ep.messages, closing_ids, [], add_generation_prompt=False)
+        """Append the end-of-turn glue so the token list is a complete conversation (a
+        "rendered" episode ends after its last turn's ids)."""
+        ep, renderer = slot.episode, slot.renderer
+        if not ep.messages or not ep.num_tokens:
+            return
+        last = max((j for j, m in enumerate(ep.messages) if m["role"] == "assistant"), default=None)
+        if self.history == "rendered":
+            if ep.turns and last != len(ep.messages) - 1:  # the next turn's prompt, never sampled after
+                ep.truncate_tokens(ep.turns[-1].token_end)
+            return
+        if closing_ids is not None and last == len(ep.messages) - 1:
+            delta = renderer.delta_ids(ep.messages, closing_ids, [], add_generation_prompt=False)
             ep.append_tokens(delta, trained=False, logprobs=None, turn=len(ep.turns) - 1)
-        elif ep.messages and ep.messages[-1]["role"] != "assistant" and ep.num_tokens:
-            # Ended before its next turn: drop the open generation prompt, so the ids are the
-            # finished conversation (what the alignment check renders for a done episode).
-            gen = self.renderer.generation_prompt_ids(ep.messages)
-            if gen and ep.token_ids[-len(gen):] == gen:
-                for name in ("token_ids", "loss_mask", "rollout_logprobs", "turn_index"):
-                    del getattr(ep, name)[-len(gen):]
-                ep.prompt_length = min(ep.prompt_length, ep.num_tokens)
+        elif last is None:
+            # Ended before its first turn: the opening without the generation prompt.
+            ep.truncate_tokens(0)
+            ep.append_tokens(renderer.prompt_ids(ep.messages, add_generation_prompt=False), trained=False,
+                             logprobs=None, turn=-1)
+            ep.prompt_length = ep.num_tokens
+        elif last != len(ep.messages) - 1 and ep.turns:
+            # Ended before its next turn: the last delta again, without the generation prompt, so the
+            # ids are the finished conversation (what the alignment check renders for a done episode).
+            turn = ep.turns[-1]
+            ids = ep.token_ids[turn.token_start:turn.token_end]
+            delta = renderer.delta_ids(ep.messages[:last + 1], ids, ep.messages[last + 1:], add_generation_prompt=False)
+            ep.truncate_tokens(turn.token_end)
+            ep.append_tokens(delta, trained=False, logprobs=None, turn=len(ep.turns) - 1)
 
     def _finish(self, slot: _Slot) -> None:
         ep = slot.episode

@@ -29,6 +29,17 @@ its content, or the ``action`` argument of an ``environment_step`` call). A turn
 only called tools gets the span of its calls (``ParseResult.span``). No span is set
 when the environment reports none or the action text cannot be found in the output.
 
+Reasoning: with ``reasoning`` markers (Qwen3's and DeepSeek-R1's ``<think>``/``</think>``),
+the action is read from the text after the reasoning block only
+(:func:`workbench.tools.reasoning.split_reasoning`), so a tool call written while
+reasoning is not executed; spans still count from the start of the whole output. A
+reply that ends inside its reasoning block has no action: it is a parse error
+(``TurnResult.reasoning_cut``), the environment is not stepped, and the model reads why.
+
+Native tools: with ``native_tools`` the chat template renders the tool definitions itself
+(its ``tools`` argument), so :meth:`MultiTurnManager.system_prompt` leaves the parser's
+format instructions out; :meth:`MultiTurnManager.tool_schemas` gives the definitions.
+
 Strict format: with an environment whose ``strict_format`` is set
 (``environment.strict_format`` in the config), a parser given by name is built strict
 (``get_parser(name, strict=True)``): a reply that is not exactly the call is a parse
@@ -47,6 +58,7 @@ from typing import Any
 from workbench.utils.timeouts import call_with_timeout
 from .builtin import EnvironmentStepTool, normalize_step_output
 from .parsers import ActionParser, ParseResult, ToolCall, get_parser, resolve_raw_arguments
+from .reasoning import split_reasoning
 from .registry import ToolRegistry
 
 __all__ = ["MultiTurnManager", "TurnResult"]
@@ -72,6 +84,9 @@ class TurnResult:
         action: The action sent to the environment (last one if several), or None.
         state: The observation the model was responding to.
         turn: 1-based index of the turn in the episode.
+        reasoning: The text of the output's reasoning block, or None without one.
+        reasoning_cut: The output ended inside its reasoning block (no action was read).
+        answer_start: Where the text after the reasoning block starts in the output (0 without one).
     """
 
     model_output: str
@@ -87,6 +102,9 @@ class TurnResult:
     action: str | None = None
     state: str | None = None
     turn: int = 0
+    reasoning: str | None = None
+    reasoning_cut: bool = False
+    answer_start: int = 0
 
 
 def _valid_span(span: Any, length: int) -> bool:
@@ -131,6 +149,12 @@ class MultiTurnManager:
         step_timeout: Seconds each ``environment.reset``/``environment.step`` may take
             (None: no limit). It is also the timeout of the ``environment_step`` tool
             registered here; a step tool already in the registry keeps its own.
+        reasoning: ``(start, end)`` markers of a reasoning block (e.g. ``("<think>", "</think>")``):
+            the action is read from the text after the block. None: the whole output.
+        reasoning_opened: The generation prompt opens the reasoning block itself (DeepSeek-R1),
+            so an output without the end marker was cut inside it.
+        native_tools: The chat template renders the tool definitions (``tool_schemas()``), so
+            ``system_prompt()`` leaves the parser's format instructions out.
     """
 
     def __init__(
@@ -141,6 +165,9 @@ class MultiTurnManager:
         max_turns: int = 10,
         plain_text_is_action: bool = True,
         step_timeout: float | None = None,
+        reasoning: tuple[str, str] | None = None,
+        reasoning_opened: bool = False,
+        native_tools: bool = False,
     ) -> None:
         if max_turns < 1:
             raise ValueError("max_turns must be at least 1")
@@ -162,6 +189,10 @@ class MultiTurnManager:
         self.step_timeout = step_timeout
         self.max_turns = max_turns
         self.plain_text_is_action = plain_text_is_action
+        self.reasoning = tuple(reasoning) if reasoning else None
+        self.reasoning_opened = bool(reasoning_opened)
+        self.native_tools = bool(native_tools)
+        self._answer, self._base = "", 0  # the text actions are read from, and where it starts
         self.turns: list[TurnResult] = []
         self.done = False
         self.current_observation: str | None = None
@@ -230,11 +261,15 @@ class MultiTurnManager:
             text = prefix()
             if text:
                 parts.append(str(text))
-        if self.parser is not None:
+        if self.parser is not None and not self.native_tools:
             instructions = self.parser.format_instructions(self.registry.definitions())
             if instructions:  # a parser with no instructions adds no blank lines to the prompt
                 parts.append(instructions)
         return "\n\n".join(parts)
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """The tools the model may call as OpenAI function schemas (a chat template's ``tools``)."""
+        return [d.to_openai_schema() for d in self.registry.definitions()]
 
     # -- one turn -------------------------------------------------------------------
 
@@ -256,10 +291,20 @@ class MultiTurnManager:
             state=state if state is not None else self.current_observation,
             turn=len(self.turns) + 1,
         )
-        if self.parser is None:
-            self._env_action(result, model_output, offset=0)
+        self._answer, self._base = model_output, 0
+        if self.reasoning is not None:
+            split = split_reasoning(model_output, self.reasoning, self.reasoning_opened)
+            result.reasoning, result.reasoning_cut, result.answer_start = split.reasoning, split.cut, split.offset
+            self._answer, self._base = split.answer, split.offset
+        if result.reasoning_cut:
+            result.info["reasoning_cut"] = True
+            self._parse_error(result, f"the reply ended inside its reasoning block ({self.reasoning[0]} without "
+                                      f"{self.reasoning[1]}), so it has no action; close the reasoning with "
+                                      f"{self.reasoning[1]} and answer after it")
+        elif self.parser is None:
+            self._env_action(result, self._answer, offset=self._base)
         else:
-            parsed = self.parser.parse(model_output)
+            parsed = self.parser.parse(self._answer)
             if parsed.error is not None:
                 self._parse_error(result, parsed.error)
             elif parsed.tool_calls:
@@ -275,6 +320,11 @@ class MultiTurnManager:
             self.current_observation = result.observation
         self.turns.append(result)
         return result
+
+    def _find(self, action: Any, near: int = 0) -> int | None:
+        """Offset in the whole output of ``action`` found in the text actions are read from."""
+        at = _locate(self._answer, action, near)
+        return None if at is None else self._base + at
 
     def _env_action(self, result: TurnResult, action: str, offset: int | None) -> None:
         """Send ``action`` straight to the environment and record the outcome.
@@ -339,7 +389,7 @@ class MultiTurnManager:
             result.info["final_answer"] = parsed.final_answer
         if self.environment is not None and self.plain_text_is_action:
             near = parsed.span[0] if parsed.span else 0
-            self._env_action(result, text, _locate(result.model_output, text, near))
+            self._env_action(result, text, self._find(text, near))
         elif self.environment is None or parsed.final_answer is not None:
             # a plain answer without tools ends a tool-use episode
             result.done = True
@@ -386,13 +436,13 @@ class MultiTurnManager:
                 result.info.update(info)
                 self._env_format_error(result, info)
                 near = call.span[0] if call.span else 0
-                self._move_span(result, result.action, _locate(result.model_output, result.action, near))
+                self._move_span(result, result.action, self._find(result.action, near))
             else:
                 observations.append(outcome.result)
         if not stepped:
             result.observation = "\n".join(observations)
             if parsed.span is not None:
-                result.info["action_span"] = list(parsed.span)
+                result.info["action_span"] = [self._base + parsed.span[0], self._base + parsed.span[1]]
         result.info["tool_failures"] = failures
 
     # -- summary -------------------------------------------------------------------

@@ -10,6 +10,9 @@ Three formats are supported, each with matching prompt instructions:
 * :class:`FunctionCallingParser` - Hermes/Qwen style
   ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks.
 
+Llama 3.x JSON calls and Mistral ``[TOOL_CALLS]`` are in :mod:`workbench.tools.family_parsers`
+(``"llama3_json"``, ``"mistral"`` in :data:`PARSERS`).
+
 Every parser returns a :class:`ParseResult`. When ``error`` is set the result
 holds no tool calls at all, so a broken turn is never half-executed.
 
@@ -49,6 +52,7 @@ import re
 from typing import Any, Iterable
 
 from .base import Tool, ToolDefinition
+from .family_parsers import Llama3JSONParser, MistralToolParser
 from .parser_base import (
     DEFAULT_MAX_CHARS,
     ActionParser,
@@ -548,11 +552,14 @@ PARSERS: dict[str, type[ActionParser]] = {
     "react": ReActActionParser,
     "function_calling": FunctionCallingParser,
     "hermes": FunctionCallingParser,
+    "llama3_json": Llama3JSONParser,
+    "mistral": MistralToolParser,
 }
 
 
 def get_parser(name: str | ActionParser, **kwargs: Any) -> ActionParser:
-    """Create a parser by name: ``"json"``, ``"react"``, ``"function_calling"`` or ``"hermes"``.
+    """Create a parser by name: ``"json"``, ``"react"``, ``"function_calling"``/``"hermes"``,
+    ``"llama3_json"`` or ``"mistral"`` (`workbench.tools.family_parsers`).
 
     Args:
         name: Parser name (case-insensitive; ``-`` and ``_`` are equivalent), or

@@ -11,6 +11,11 @@ A 4D attention mask keeps the rows apart: a token sees the prompt and the earlie
 tokens of its own row, never another row, and position ids restart at P for every
 row, so each row gets exactly the logits it would get alone (to float rounding).
 
+Episodes that hold several token sequences (`Episode.segments`, "rendered" history) are not
+packed: `sequence_attention` builds their (b, 1, T, T) mask from the collated `position_ids`,
+each token seeing only its own sequence (the shared prefix of the one before, then its own
+tokens), and the model runs them with those position ids.
+
 `plan_packing` returns None when packing does not pay (see `_packed_is_cheaper`) or
 cannot be used (left padding, attention implementations that ignore custom masks); the
 caller then runs the padded batch.
@@ -131,6 +136,43 @@ def plan_packing(input_ids: torch.Tensor, attention_mask: torch.Tensor, loss_mas
     return PackedBatch(input_ids=packed_ids, position_ids=position_ids, allowed=allowed[None, None],
                        source=source, rows=rows, cols=cols, targets=input_ids[rows, cols], shared=P,
                        row_tokens=own)
+
+
+def sequence_attention(position_ids: torch.Tensor, attention_mask: torch.Tensor, config: object | None,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """(b, 1, T, T) mask of rows that hold several sequences, from their position ids (b, T).
+
+    Where a token's position is not its predecessor's + 1, a new sequence starts: it follows
+    the first `position` tokens of the sequence before (`Episode.segments`), so its tokens
+    see those and the earlier tokens of their own sequence, nothing else. A row whose
+    positions are 0, 1, 2, ... gets the plain causal mask. Padding sees only itself.
+    bool for sdpa, additive (0 / dtype min) for eager attention.
+    """
+    b, T = position_ids.shape
+    allowed = torch.zeros(b, T, T, dtype=torch.bool)  # (b, T, T)
+    lengths = attention_mask.sum(1).tolist()
+    for r in range(b):
+        n = int(lengths[r])
+        pos = position_ids[r, :n].tolist()
+        starts = [0] + [i for i in range(1, n) if pos[i] != pos[i - 1] + 1]
+        chain: list[int] = []  # flat positions of the sequence before
+        for s, a in enumerate(starts):
+            e = starts[s + 1] if s + 1 < len(starts) else n
+            prefix = chain[:pos[a]]
+            if len(prefix) != pos[a]:
+                raise ValueError(f"row {r}: the sequence starting at {a} follows {pos[a]} tokens of the one before, "
+                                 f"which has {len(chain)}")
+            if prefix:
+                allowed[r, a:e, prefix] = True
+            allowed[r, a:e, a:e] = torch.ones(e - a, e - a, dtype=torch.bool).tril()
+            chain = prefix + list(range(a, e))
+        idx = torch.arange(n, T)
+        allowed[r, idx, idx] = True  # padding: itself only (no empty softmax row)
+    allowed = allowed[:, None].to(position_ids.device)  # (b, 1, T, T)
+    if getattr(config, "_attn_implementation", "sdpa") == "eager":
+        return torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(
+            ~allowed, torch.finfo(dtype).min)
+    return allowed
 
 
 # -- segmented attention over a packed sequence ------------------------------------------

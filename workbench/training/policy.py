@@ -10,7 +10,11 @@
 only at trained positions and, for a GRPO group, packing the rows behind one copy of
 their shared prompt (`packing.py`). `batch_logprobs` runs a whole batch in
 micro-batches that keep a group together and sort by length. Position t holds
-log p(token_t | tokens_<t); position 0 holds 0.
+log p(token_t | tokens_<t); position 0 holds 0. A batch whose episodes hold several
+sequences ("rendered" history) carries `position_ids`; every forward here takes them
+(`positions_of`) and lets each token see its own sequence only (`sequence_attention`). A
+sequence never starts with a trained token (its first token is prompt), so a trained token
+t is still predicted by the logits at flat position t - 1.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from workbench.models.loading import load_model_and_tokenizer
 from workbench.training.constrained import AllowedTokens, mask_logits
 from workbench.training.head_logprobs import fused_head_weight, head_as_input, head_logprobs
 from workbench.training.lora_linear import use_lean_lora
-from workbench.training.packing import packed_attention, plan_packing
+from workbench.training.packing import packed_attention, plan_packing, sequence_attention
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
@@ -145,11 +149,12 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
         # logits_to_keep=1: the value head reads the hidden states; a full (B, T, V) LM-head
         # output would only cost time and memory.
-        out = self.body(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True,
-                        logits_to_keep=1)
+        out = self.body(input_ids=input_ids, output_hidden_states=True, logits_to_keep=1,
+                        **_sequence_inputs(self.body, attention_mask, position_ids))
         h = out.hidden_states[-1]  # (B, T, H)
         return self.value_head(h.to(self.value_head.weight.dtype)).squeeze(-1)  # (B, T)
 
@@ -208,10 +213,42 @@ def shared_prefix_length(input_ids: torch.Tensor, attention_mask: torch.Tensor,
     return max(0, min(common, first - 1))
 
 
+def positions_of(batch: Any, rows: list[int], T: int, device: torch.device) -> torch.Tensor | None:
+    """`batch.position_ids[rows, :T]` on `device` when the batch has them (some episode holds
+    several sequences), else None: what every forward over those rows passes on."""
+    pos = batch.tensors.get("position_ids")
+    return None if pos is None else pos[rows, :T].to(device)
+
+
+def _sequence_inputs(model: nn.Module, attention_mask: torch.Tensor,
+                     position_ids: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """The attention mask (and position ids) a forward passes: the 2D mask as it is, or for
+    rows holding several sequences the (b, 1, T, T) mask of `sequence_attention`."""
+    if position_ids is None:
+        return {"attention_mask": attention_mask}
+    dtype = next(model.parameters()).dtype
+    return {"attention_mask": sequence_attention(position_ids, attention_mask, getattr(model, "config", None), dtype),
+            "position_ids": position_ids}
+
+
+def _check_sources(position_ids: torch.Tensor | None, loss_mask: torch.Tensor | None) -> None:
+    """A trained token must follow the token before it in its own sequence (see the module doc)."""
+    if position_ids is None or loss_mask is None:
+        return
+    starts = position_ids[:, 1:] != position_ids[:, :-1] + 1  # (b, T-1): a sequence starts there
+    if bool((starts & loss_mask[:, 1:].bool()).any()):
+        raise ValueError("a trained token starts a new sequence (position_ids); a sequence must begin with "
+                         "at least one prompt token")
+
+
 def _model_logits(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                  keep: torch.Tensor, prefix: int) -> torch.Tensor:
+                  keep: torch.Tensor, prefix: int, position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """Logits at positions `keep` (K,), in (B, K, V); a shared prefix of `prefix` tokens
-    runs once (batch 1) and its KV is repeated for every row, gradients included."""
+    runs once (batch 1) and its KV is repeated for every row, gradients included. With
+    `position_ids` (rows holding several sequences) the rows run whole with their mask."""
+    if position_ids is not None:
+        return model(input_ids=input_ids, logits_to_keep=keep,
+                     **_sequence_inputs(model, attention_mask, position_ids)).logits
     if prefix == 0:
         return model(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep).logits
     B = input_ids.shape[0]
@@ -244,8 +281,12 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
                      with_entropy: bool = False, autocast: bool = False,
                      loss_mask: torch.Tensor | None = None, share_prefix: bool = True,
                      pack: bool = True, entropy_grad: bool = True,
-                     allowed: AllowedTokens | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                     allowed: AllowedTokens | None = None,
+                     position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token logprobs (and entropies) of `input_ids` under `model`.
+
+    `position_ids` (b, T): for rows that hold several sequences (`positions_of`); such a
+    micro-batch runs padded with the `sequence_attention` mask (no packing, no shared prefix).
 
     With `loss_mask` (B, T), the LM head and softmax run only where tokens are trained
     (prompts and observations are skipped, which is most of a multi-turn episode);
@@ -267,6 +308,9 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
     device_type = input_ids.device.type
     ctx = torch.autocast(device_type, dtype=torch.bfloat16) if autocast else contextlib.nullcontext()
     B, T = input_ids.shape
+    _check_sources(position_ids, loss_mask)
+    if position_ids is not None:
+        share_prefix = pack = False  # the packing plans assume one sequence per row
     if loss_mask is not None:
         # (V, E): the model returns head inputs (not under masks: they need the logits)
         head_weight = None if autocast or allowed is not None else fused_head_weight(model)
@@ -292,7 +336,8 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
             # Token t is predicted by the logits at position t-1.
             cols = loss_mask[:, 1:].bool().any(0).nonzero().squeeze(-1) + 1  # (K,) positions in 1..T-1
             with ctx, gqa_attention(model), head_ctx:
-                logits = _model_logits(model, input_ids, attention_mask, cols - 1, prefix)  # (B, K, V) or (B, K, E)
+                logits = _model_logits(model, input_ids, attention_mask, cols - 1, prefix,
+                                       position_ids)  # (B, K, V) or (B, K, E)
             targets = input_ids[:, cols]  # (B, K)
             where = allowed.index.to(cols.device)[:, cols] if allowed is not None else None  # (B, K)
 
@@ -307,7 +352,7 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
             lp, e = _logprobs_and_entropy(logits, targets, with_entropy, entropy_grad)
         return place(lp), (place(e) if e is not None else None)
     with ctx:
-        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, T, V)
+        logits = model(input_ids=input_ids, **_sequence_inputs(model, attention_mask, position_ids)).logits  # (B, T, V)
     logits = logits[:, :-1].float()  # (B, T-1, V): position t predicts token t+1
     if allowed is not None:
         logits = mask_logits(logits, allowed.index[:, 1:], allowed.masks)
@@ -321,10 +366,12 @@ def forward_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: 
 def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                    lengths: list[int], micro_batch_size: int, autocast: bool = False,
                    loss_mask: torch.Tensor | None = None, groups: list[Any] | None = None,
-                   allowed: AllowedTokens | None = None) -> torch.Tensor:
+                   allowed: AllowedTokens | None = None,
+                   position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) logprobs for a whole batch, computed in length-sorted micro-batches
     (kept within `groups`, see `micro_batches`); masked at constrained positions with
-    `allowed` (the batch's `constrained.allowed_tokens`).
+    `allowed` (the batch's `constrained.allowed_tokens`); `position_ids` (B, T) for a batch
+    whose episodes hold several sequences.
 
     With `loss_mask`, only positions of trained tokens are computed (others are 0), and
     rows without a trained token (a failed episode) are left out of every forward.
@@ -337,7 +384,9 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
         mask = attention_mask[idx, :T].to(device)
         lm = loss_mask[idx, :T].to(device) if loss_mask is not None else None
         sub = allowed.select(idx, T) if allowed is not None else None
-        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm, allowed=sub)  # (b, T)
+        pos = position_ids[idx, :T].to(device) if position_ids is not None else None
+        lp, _ = forward_logprobs(model, ids, mask, autocast=autocast, loss_mask=lm, allowed=sub,
+                                 position_ids=pos)  # (b, T)
         if lm is not None:  # the forward fills every position trained in any row of the micro-batch
             lp = lp * lm
         out[idx, :T] = lp.float().cpu()
@@ -346,7 +395,8 @@ def batch_logprobs(model: nn.Module, input_ids: torch.Tensor, attention_mask: to
 
 @torch.no_grad()
 def batch_values(critic: Critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                 lengths: list[int], micro_batch_size: int, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+                 lengths: list[int], micro_batch_size: int, loss_mask: torch.Tensor | None = None,
+                 position_ids: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T) critic values in length-sorted micro-batches; 0 on right padding (whatever
     micro-batch an episode fell in), as every other per-token field of a batch. Rows
     without a token (or, with `loss_mask`, without a trained token) stay 0 and are left
@@ -355,7 +405,8 @@ def batch_values(critic: Critic, input_ids: torch.Tensor, attention_mask: torch.
     out = torch.zeros(input_ids.shape, dtype=torch.float32)
     for idx in micro_batches(lengths, micro_batch_size, None, forward_rows(lengths, loss_mask)):
         T = max(lengths[i] for i in idx)
-        v = critic(input_ids[idx, :T].to(device), attention_mask[idx, :T].to(device))
+        pos = position_ids[idx, :T].to(device) if position_ids is not None else None
+        v = critic(input_ids[idx, :T].to(device), attention_mask[idx, :T].to(device), pos)
         out[idx, :T] = v.float().cpu() * attention_mask[idx, :T]  # (b, T): padding of shorter episodes -> 0
     return out
 

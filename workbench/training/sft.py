@@ -33,7 +33,7 @@ import torch
 from workbench.config import ConfigError, TrainingConfig
 from workbench.rollout.configured import make_rollout
 from workbench.training.guards import guarded_step
-from workbench.training.policy import forward_logprobs, forward_rows, micro_batches
+from workbench.training.policy import forward_logprobs, forward_rows, micro_batches, positions_of
 from workbench.trajectory import TrajectoryBatch
 
 Expert = Callable[[Any], str]
@@ -111,7 +111,8 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
         ids = batch.input_ids[idx, :T].to(device)  # (b, T)
         attn = batch.attention_mask[idx, :T].to(device)
         mask = batch.loss_mask[idx, :T].to(device)
-        logp, _ = forward_logprobs(model, ids, attn, autocast=t.autocast_bf16, loss_mask=mask)  # (b, T)
+        logp, _ = forward_logprobs(model, ids, attn, autocast=t.autocast_bf16, loss_mask=mask,
+                                   position_ids=positions_of(batch, idx, T, device))  # (b, T)
         nll = -(logp.float() * mask).sum()
         (nll / tokens).backward()
         nll_sum += float(nll.detach())

@@ -46,6 +46,7 @@ from workbench.environments.registry import make_env, make_environment, record_e
 from workbench.reward import (
     RewardError, RewardFn, RewardManager, check_env_rewards, overlong_summary, score_batch,
 )
+from workbench.rollout.configured import check_chat_template
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import checkpoint as ckpt
@@ -120,6 +121,8 @@ class Trainer:
         self.policy, self.critic = models.policy, models.critic
         self.optimizer, self.critic_optimizer = models.optimizer, models.critic_optimizer
         self.tokenizer = self.policy.tokenizer
+        #: The chat template as this run uses it (checked now: `check_chat_template`).
+        self.chat = check_chat_template(config, self.tokenizer)
         self._owns_engine = engine is None
         if engine is None:
             self.engine = make_engine(config, self.policy.model, self.tokenizer)
@@ -276,12 +279,12 @@ class Trainer:
         if old_logprobs:
             batch.set("old_logprobs", batch_logprobs(model, batch.input_ids, batch.attention_mask, lengths,
                                                      t.micro_batch_size, t.autocast_bf16, batch.loss_mask, groups,
-                                                     allowed))
+                                                     allowed, batch.tensors.get("position_ids")))
         if self.needs_reference:
             with self.policy.reference() as ref:
                 batch.set("ref_logprobs", batch_logprobs(ref, batch.input_ids, batch.attention_mask, lengths,
                                                          t.micro_batch_size, t.autocast_bf16, batch.loss_mask,
-                                                         groups, allowed))
+                                                         groups, allowed, batch.tensors.get("position_ids")))
         return batch
 
     @torch.no_grad()
@@ -292,7 +295,7 @@ class Trainer:
         self.critic.eval()
         batch.set("values", batch_values(self.critic, batch.input_ids, batch.attention_mask,
                                          self._lengths(batch), self.config.training.micro_batch_size,
-                                         batch.loss_mask))
+                                         batch.loss_mask, batch.tensors.get("position_ids")))
         return batch
 
     def compute_advantages(self, batch: TrajectoryBatch, old_logprobs: bool = True) -> TrajectoryBatch:

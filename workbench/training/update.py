@@ -47,7 +47,7 @@ from workbench import algo
 from workbench.config import TrainingConfig
 from workbench.training.constrained import allowed_tokens, has_constraints, model_vocab_size
 from workbench.training.guards import all_finite, guarded_step
-from workbench.training.policy import forward_logprobs, micro_batches
+from workbench.training.policy import forward_logprobs, micro_batches, positions_of
 from workbench.trajectory import TrajectoryBatch
 
 Pairs = dict[str, list[tuple[float, float]]]
@@ -408,7 +408,8 @@ def update_actor(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch
             mask = batch.loss_mask[idx, :T].to(device)
             logp, ent = forward_logprobs(model, ids, attn, with_entropy=True, autocast=t.autocast_bf16,
                                          loss_mask=mask, entropy_grad=bool(t.entropy_coeff), share_prefix=shared,
-                                         allowed=allowed.select(idx, T) if allowed is not None else None)
+                                         allowed=allowed.select(idx, T) if allowed is not None else None,
+                                         position_ids=positions_of(batch, idx, T, device))
             old = logp.detach() if old_from_update else batch.old_logprobs[idx, :T].to(device)
             advantages = batch.advantages[idx, :T].to(device)  # (b, T)
             is_m: dict[str, float] = {}
@@ -498,7 +499,8 @@ def update_critic(critic: torch.nn.Module, optimizer: torch.optim.Optimizer, bat
                 continue
             T = max(lengths[i] for i in idx)
             mask = batch.loss_mask[idx, :T].to(device)  # (b, T)
-            v = critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device))
+            v = critic(batch.input_ids[idx, :T].to(device), batch.attention_mask[idx, :T].to(device),
+                       positions_of(batch, idx, T, device))
             loss, m = algo.compute_value_loss(
                 vpreds=v, returns=batch.returns[idx, :T].to(device), old_values=batch.values[idx, :T].to(device),
                 response_mask=mask, cliprange_value=t.cliprange_value, loss_agg_mode="token-mean")

@@ -43,6 +43,9 @@ STYLE = """
 .wb-tokbox { font-family: var(--jp-code-font-family, monospace); font-size: 12.5px; line-height: 1.9; white-space: pre-wrap; word-break: break-all; color: #111; }
 .wb-tok { border-radius: 2px; padding: 1px 0; }
 .wb-tok.wb-untrained { color: #8a8a8a; font-style: italic; }
+.wb-tok.wb-reason { border-bottom: 2px dotted #7a5cc2; }
+.wb-reasoning { margin: 0 0 4px 0; padding: 2px 6px; background: #ebe4fb; color: #4a3b6b; border-radius: 6px; font-size: 12px; }
+.wb-reasoning summary { cursor: pointer; color: #6a55a0; font-size: 11px; }
 .wb-legend { font-size: 11px; color: #444; margin: 4px 0; }
 .wb-legend .wb-bar { display: inline-block; width: 160px; height: 10px; vertical-align: middle; border: 1px solid #ccc; margin: 0 4px; }
 .wb-table { border-collapse: collapse; font-size: 12px; }

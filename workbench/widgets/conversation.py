@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import ipywidgets as widgets
 import traitlets
 
+from workbench.tools.reasoning import DEFAULT_MARKERS, split_reasoning
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 from workbench.widgets._html import STYLE, esc
 from workbench.widgets._runs import batch_of
@@ -102,6 +103,18 @@ def highlight_html(text: str, span: Sequence[int] | None) -> str:
     return f'{esc(text[:s])}<mark class="wb-span">{esc(text[s:e])}</mark>{esc(text[e:])}'
 
 
+def _reasoning_html(turn: Turn, span: Sequence[int] | None) -> str:
+    """A reply's reasoning block collapsed in its own colour, then the answer after it (the
+    span, relative to the whole reply, marked in the answer)."""
+    split = split_reasoning(turn.action, DEFAULT_MARKERS, opened=turn.reasoning_cut)
+    what = f"reasoning · {turn.reasoning_tokens} tokens" + (" · cut off inside it: no action" if split.cut else "")
+    out = (f'<details class="wb-reasoning"><summary>{what}</summary>{esc(split.reasoning or "")}</details>')
+    if split.answer:
+        inside = span is not None and split.offset <= span[0] <= span[1] <= len(turn.action)
+        out += highlight_html(split.answer, [span[0] - split.offset, span[1] - split.offset] if inside else None)
+    return out
+
+
 def _turn_html(turn: Turn, span: Sequence[int] | None = None) -> str:
     human = turn.source in ("human", "edited")
     label = f"{turn.source if human else 'assistant'} · turn {turn.index}"
@@ -112,7 +125,8 @@ def _turn_html(turn: Turn, span: Sequence[int] | None = None) -> str:
         right.append(_badge("cut at max_tokens", "warn"))
     if turn.done:
         right.append(_badge("done"))
-    body = highlight_html(turn.action, span) if turn.action else '<i style="color:#888">(empty)</i>'
+    body = _reasoning_html(turn, span) if (turn.reasoning_tokens or turn.reasoning_cut) else (
+        highlight_html(turn.action, span) if turn.action else '<i style="color:#888">(empty)</i>')
     body += _tool_calls_html(turn)
     extra = "wb-human" if human else ""
     if turn.parse_error:

@@ -32,6 +32,7 @@ import traitlets
 
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.rollout import Rollout
+from workbench.rollout.configured import chat_settings
 from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.widgets._html import STYLE, esc
 from workbench.widgets.conversation import render_episode_html
@@ -68,7 +69,11 @@ class PlayWidget(widgets.VBox):
         tokenizer: used when `engine` is None (object or model name; default tiny tokenizer).
         seed: environment seed of the game.
         max_turns: turn limit (default: the environment's max_steps).
-        **rollout_kwargs: passed to `Rollout` (max_tokens, temperature, parser, tools, ...).
+        config: a run's ConfigStore: its chat template settings (`inference.history`,
+            `enable_thinking`, `tool_format`; `workbench.rollout.configured.chat_settings`)
+            apply, so a game is rendered as the run renders its episodes.
+        **rollout_kwargs: passed to `Rollout` (max_tokens, temperature, parser, tools, history, ...);
+            they win over `config`'s.
     """
 
     observation = traitlets.Unicode("", help="latest observation from the environment")
@@ -78,7 +83,7 @@ class PlayWidget(widgets.VBox):
     turn = traitlets.Int(0, help="turns played")
 
     def __init__(self, env: Any, engine: GenerationEngine | None = None, tokenizer: Any = None, seed: int | None = 0,
-                 max_turns: int | None = None, **rollout_kwargs: Any):
+                 max_turns: int | None = None, config: Any = None, **rollout_kwargs: Any):
         if isinstance(env, str):
             from workbench.environments.registry import make_env
 
@@ -88,6 +93,8 @@ class PlayWidget(widgets.VBox):
         self.engine = engine if engine is not None else TokenizerOnlyEngine(_default_tokenizer(tokenizer))
         self.seed = seed
         turns = max_turns or getattr(env, "max_steps", None) or 10
+        if config is not None:
+            rollout_kwargs = {**chat_settings(config), **rollout_kwargs}
         self.rollout = Rollout(self.engine, [env], seeds=[seed], max_turns=turns, **rollout_kwargs)
         self.message = ""
 

@@ -58,7 +58,7 @@ FIELD_KINDS: dict[str, tuple[str, float]] = {
     "diff_logprobs_a": ("logprob", 0.0),
     "diff_logprobs_b": ("logprob", 0.0),
 }
-_NOT_SHOWN = ("input_ids", "attention_mask")
+_NOT_SHOWN = ("input_ids", "attention_mask", "position_ids")
 
 
 def available_fields(batch: TrajectoryBatch) -> list[str]:
@@ -176,20 +176,23 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
     kind, low, high = scale
     values = batch.token_values(index, field)
     texts = texts if texts is not None else decode_tokens(tokenizer, ep.token_ids)
+    reasoning = {p for t in ep.turns for p in range(t.token_start, t.token_start + t.reasoning_tokens)}
     spans = []
     for pos, (tok, text, value, m, turn) in enumerate(zip(ep.token_ids, texts, values, ep.loss_mask, ep.turn_index)):
         trained = bool(m)
         bg, fg = token_style(value, trained, kind, low, high)
         where = "prompt" if turn < 0 else f"turn {turn}"
         title = f"#{pos} id={tok} {text!r} · {_value_text(field, value)} · {where}, " + (
-            "trained" if trained else "not trained")
-        cls = "wb-tok" if trained else "wb-tok wb-untrained"
+            "trained" if trained else "not trained") + (", reasoning" if pos in reasoning else "")
+        cls = ("wb-tok" if trained else "wb-tok wb-untrained") + (" wb-reason" if pos in reasoning else "")
         bg_css = f"background:{bg};" if bg != "transparent" else ""
         spans.append(f'<span class="{cls}" style="{bg_css}color:{fg}" title="{esc(title)}">{_shown_text(text)}</span>')
     css = STYLE if style else ""
     version = f" · sampled by weights v{ep.weight_version}" if ep.weight_version is not None else ""
     head = (f'<div class="wb-head">episode {ep.episode_id} · {ep.num_tokens} tokens · '
             f'{ep.response_length} trained{version}</div>')
+    if reasoning:
+        head += '<div class="wb-legend">dotted underline: a reply\'s reasoning block (&lt;think&gt;…&lt;/think&gt;)</div>'
     if which and kind != "mask":
         head += (f'<div class="wb-legend">colour scale: {"this episode" if which == "episode" else "whole batch"}'
                  '</div>')
