@@ -90,6 +90,7 @@ def build_config(args: argparse.Namespace, base: ConfigStore | None = None) -> C
     and only those."""
     given = vars(args)
     command = args.command
+    check_counts(args)
     if base is not None:
         config = ConfigStore.from_dict(base.to_dict())
         values = dict(given)
@@ -119,6 +120,22 @@ def build_config(args: argparse.Namespace, base: ConfigStore | None = None) -> C
         config.update("reward", parse_key_values(given["reward_param"], "--reward-param", "success_bonus=5"))
     apply_config_flags(config, args)  # --SECTION.FIELD flags, generated from the config dataclasses
     return config.validate()
+
+
+def check_counts(args: argparse.Namespace) -> None:
+    """The command's own number flags (not config fields): ConfigError naming the flag, before
+    it is turned into config fields whose names the user never typed."""
+    steps = getattr(args, "steps", None)
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be an integer >= 1 (training steps to run; with --from, the steps after "
+                          f"the checkpoint's step), got {steps}")
+    for flag, dest, least in (("--episodes", "episodes", 1), ("--eval-episodes", "eval_episodes", 0)):
+        value = getattr(args, dest, None)
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be an integer >= {least}, got {value}")
+    minutes = getattr(args, "minutes", None)
+    if minutes is not None and not (minutes >= 0 and minutes != float("inf")):
+        raise ConfigError(f"--minutes must be a finite number >= 0 (0 = no limit), got {minutes}")
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:

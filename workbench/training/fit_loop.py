@@ -26,7 +26,8 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
             callbacks: Sequence[Callable[[Any, dict], None]], time_limit_s: float | None,
             steps: int | None, until_step: int | None) -> list[dict[str, float]]:
     """`Trainer.fit` (see its docstring)."""
-    t, c = trainer.config.training, trainer.config.checkpoint
+    config = trainer.checked_config()  # a field set on trainer.config after it was built is checked here
+    t, c = config.training, config.checkpoint
     if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
         raise ValueError("fit: give steps=N (N more steps) or an absolute target (until_step, or "
                          "num_epochs/num_iters_per_epoch), not both")

@@ -142,6 +142,15 @@ class Trainer:
         #: `fit`'s rollouts of the next steps on a thread (`training.max_staleness` >= 1), else None.
         self.ahead: RolloutAhead | None = None
 
+    def checked_config(self) -> ConfigStore:
+        """`self.config`, validated again: a notebook may set a field on `trainer.config` after
+        the trainer was built (`trainer.config.training.max_staleness = 2`), and every stage
+        (`rollout`, `score`, `compute_advantages`, `update`, `train_step`, `sft_step`,
+        `evaluate`, `fork`, `fit`) checks it before using it, so a bad value is a ConfigError
+        naming the field, not a TypeError deep inside. Fields that shaped what was built
+        (model, LoRA, estimator's critic, engine) do not change the built objects."""
+        return self.config.validate()
+
     @property
     def ray_stages(self) -> Any:
         """The Ray stages when `ray.use_ray` is set, else None."""
@@ -200,6 +209,7 @@ class Trainer:
         `fit` with `training.max_staleness` >= 1, the batch sampled ahead for this step is
         taken instead (`workbench.training.async_fit`); outside `fit` there is none.
         Every episode records the weight version that sampled it (`weight_version`)."""
+        self.checked_config()
         self.policy.model.eval()
         batch = self.ahead.take(self.global_step) if self.ahead is not None else None  # async_fit
         self.last_batch = batch if batch is not None else self._sample(self.global_step, self.global_step)
@@ -227,6 +237,7 @@ class Trainer:
         All-or-nothing: a failing reward_fn or a non-finite / float32-overflowing reward
         raises RewardError naming the episode, and no episode's `score` changes."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
+        self.checked_config()
         return score_batch(batch, fn, self.environment, self.config.reward, max_tokens=self._max_tokens)
 
     @property
@@ -241,6 +252,7 @@ class Trainer:
         at most `training.dynamic_sampling_max_batches` extra rounds; `batch` itself when the
         setting is off. The result is the batch to train on (and `last_batch`); see
         `workbench.training.dynamic_sampling`."""
+        self.checked_config()
         with torch.no_grad():
             return dynamic_sampling.filter_groups(self, batch)
 
@@ -296,7 +308,7 @@ class Trainer:
 
         old_logprobs=False leaves old_logprobs (and the KL view) to `update` (see
         `training.reuse_update_logprobs`); not allowed with a KL penalty in the reward."""
-        t = self.config.training
+        t = self.checked_config().training
         if not old_logprobs and (t.use_kl_in_reward or not self.update_is_on_policy):
             raise ConfigError("old_logprobs=False needs an on-policy update (ppo_epochs=1, one mini-batch) and "
                               "training.use_kl_in_reward=False; call compute_advantages(batch)")
@@ -341,6 +353,7 @@ class Trainer:
         """PPO epochs over mini-batches (gradient accumulation over micro-batches), then the
         critic; the loops are `workbench.training.update` (the same functions data-parallel
         learners run)."""
+        self.checked_config()
         start = time.perf_counter()
         metrics = self.stages.update(self, batch)
         metrics["perf/update_seconds"] = time.perf_counter() - start
@@ -361,7 +374,7 @@ class Trainer:
         and counted (`rollout/failed_episodes`, a line naming them). A batch with no trained
         token at all is not updated: `NothingToTrainWarning` names the episodes' errors,
         `actor/skipped_updates` is 1, and the step still counts (the next one samples anew)."""
-        s = self.config.sft
+        s = self.checked_config().sft
         if s.start_step <= self.global_step < s.end_step:  # the run's SFT warm-up comes first (config.sft)
             return self.sft_step()
         start = time.perf_counter()
@@ -425,6 +438,7 @@ class Trainer:
         the history; the engine gets the new weights. With `ray.use_ray` the step runs in this
         process too: the learners' Adam moments come in first, and the new weights and moments
         go out to the learners and rollout workers after it."""
+        self.checked_config()
         start = time.perf_counter()
         batch = self.demonstrations() if data is None else _as_batch(data)
         if self.optimizer.state or any("sft/nll" not in m for m in self.metrics_history):
@@ -518,6 +532,7 @@ class Trainer:
         (`workbench.reward.check_env_rewards`): a non-finite or float32-overflowing one raises
         `RewardError` naming the episode and turn, instead of a NaN mean. The batch is kept in
         `last_eval_batch` either way, to look at."""
+        self.checked_config()
         self.policy.model.eval()
         rollout = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0)
         rollout.progress_desc = "eval"
@@ -538,6 +553,7 @@ class Trainer:
         """`n` branches of a recorded `episode` parting at `turn`, sampled with this trainer's
         engine, config, environment, parser and tools, then scored like a training batch
         (`workbench.rollout.fork.fork_episode`: replay checked, `action`/`observation` edit)."""
+        self.checked_config()
         self.policy.model.eval()
         if self.ahead is not None:
             self.ahead.settle()
