@@ -289,7 +289,7 @@ def write_checkpoint(path: str | Path, tensors: Mapping[str, Mapping[str, torch.
     aside = parent / f".{path.name}.old-{tag}"
     try:
         for name, sd in tensors.items():
-            save_file({k: v.detach().cpu().contiguous() for k, v in sd.items()}, str(tmp / f"{name}.safetensors"))
+            save_tensors({k: v.detach().cpu().contiguous() for k, v in sd.items()}, tmp / f"{name}.safetensors")
         for name, data in json_files.items():
             (tmp / f"{name}.json").write_text(json.dumps(data))
         for name, text in texts.items():
@@ -319,6 +319,25 @@ def write_checkpoint(path: str | Path, tensors: Mapping[str, Mapping[str, torch.
     if aside.exists():
         shutil.rmtree(aside)
     return path
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    """`safetensors.torch.save_file(tensors, path)`, with a failed write raised as the
+    `OSError` it was: safetensors reports a full disk as `SafetensorError("Error while
+    serializing: I/O error: No space left on device (os error 28)")`; here it is
+    `OSError(ENOSPC, ..., path)`, like every other write of a run, so the CLI reports it in
+    one line naming the file."""
+    try:
+        save_file(dict(tensors), str(path))
+    except SafetensorError as exc:
+        found = _OS_ERROR.search(str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from exc
 
 
 # -- reading -------------------------------------------------------------------------------

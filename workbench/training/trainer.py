@@ -41,6 +41,7 @@ from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.doctor.checks import StepDoctor
+from workbench.doctor.findings import RunFacts
 from workbench.engines import GenerationEngine, make_engine
 from workbench.environments.registry import make_env, make_environment, record_environment
 from workbench.reward import (
@@ -112,7 +113,9 @@ class Trainer:
         if self.dataset is not None:
             make_episode_env(self.make_environment, self.dataset.first)  # a bad item fails here, not at every reset
         # Record what this run trains on (name that rebuilds it, class, params) in the config.
-        self.config.environment = record_environment(self.config.environment, self.make_environment())
+        env = self.make_environment()
+        self._env_type = type(env)  # what the doctor's remedies fit (run_facts)
+        self.config.environment = record_environment(self.config.environment, env)
         self.reward_fn = reward_fn
         self.tools, self.parser = list(tools), parser
         models = build_models(config)
@@ -133,6 +136,10 @@ class Trainer:
         #: Where this trainer's run branched from (`from_checkpoint`), else None.
         self.branched_from: Any = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
+        self._run_started = False  # the run folder was resumed or set up (workbench.training.run_lock.start_run)
+        self._run_lock: Any = None  # the run folders' lock while this trainer writes there (run_lock)
+        self._run_lock_kept = False  # held past fit (the CLI, until its reports are written)
+        self._reports_interrupt = False  # the CLI says where a Ctrl-C'd run resumes (fit_loop.save_after_interrupt)
         # fit runs the doctor's batch checks each step (workbench.doctor.checks) with the thresholds of
         # config.doctor (the same object: a threshold changed on the config applies from the next step);
         # None turns them off.
@@ -150,6 +157,15 @@ class Trainer:
         naming the field, not a TypeError deep inside. Fields that shaped what was built
         (model, LoRA, estimator's critic, engine) do not change the built objects."""
         return self.config.validate()
+
+    def run_facts(self) -> RunFacts:
+        """What the doctor's findings and remedies must fit (`workbench.doctor.findings.RunFacts`):
+        this run's estimator and `max_tokens`, and whether its environment has a scripted expert
+        and a strict format."""
+        env_type = getattr(self, "_env_type", None)
+        if env_type is None:
+            self._env_type = env_type = type(self.make_environment())
+        return RunFacts.of(self.config, env_type)
 
     @property
     def ray_stages(self) -> Any:
@@ -682,8 +698,18 @@ class Trainer:
                 warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
         return None
 
+    def close(self) -> None:
+        """Release what the trainer holds: its engine (unless it was passed in) and the
+        engine's threads, the models (accelerator memory), the Ray stages and the run folders'
+        lock; the threads it started have ended when this returns. The same as `cleanup`."""
+        self.cleanup()
+
     def cleanup(self) -> None:
-        """Release the engine (unless it was passed in) and models (frees accelerator memory)."""
+        """Release the engine (unless it was passed in) and models (frees accelerator memory),
+        and the run folders' lock if this trainer still holds it (see `close`)."""
+        lock = getattr(self, "_run_lock", None)
+        if lock is not None:
+            lock.release()
         if self._owns_engine and self.engine is not None:
             self.engine.close()
         if getattr(self, "stages", None) is not None:
