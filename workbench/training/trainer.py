@@ -442,8 +442,8 @@ class Trainer:
         `sft.episodes` of them played once by the environment's scripted expert and kept."""
         n = self.config.sft.episodes if episodes is None else episodes
         cached = getattr(self, "_demonstrations", None)
-        if cached is None or len(cached) != n:
-            self._demonstrations = expert_demonstrations(self, n)
+        if cached is None or getattr(self, "_demonstrations_n", None) != n:  # (episodes the expert failed are left out)
+            self._demonstrations, self._demonstrations_n = expert_demonstrations(self, n), n
         return self._demonstrations
 
     def sft_step(self, data: Any = None) -> dict[str, float]:
