@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from workbench.cli.reports import plot_curve, summary_table, write_transcript
 from workbench.config import ConfigStore
+from workbench.utils.files import write_text
 
 
 def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[list[Any], list[int]]:
@@ -67,7 +68,7 @@ def _rollout_and_write(config: ConfigStore, out: Path, episodes: int) -> list[di
                      "token_warnings": sum(len(e.warnings) for e in batch), "seconds": seconds})
         print(batch)
     table = summary_table(rows)
-    (out / "summary.md").write_text(table + "\n")
+    write_text(out / "summary.md", table + "\n")
     print(table)
     return rows
 
@@ -252,7 +253,7 @@ def _train_and_write(trainer: Any, config: ConfigStore, out: Path, eval_episodes
         write_transcript(trainer.last_batch, out / "transcript.md", f"{config.environment.name}: last training batch")
     rl_steps = [m for m in trainer.metrics_history if "reward/mean" in m]  # SFT steps have no rollout
     plot_curve(rl_steps, out / "reward_curve.png", evals)
-    (out / "evals.json").write_text(json.dumps(evals, indent=1))
+    write_text(out / "evals.json", json.dumps(evals, indent=1))
     rows = [{"step": m["step"], "reward_mean": m.get("reward/mean", float("nan")),
              "success": m.get("env/success_rate", float("nan")), "entropy": m.get("actor/entropy", float("nan")),
              "sft_nll": m.get("sft/nll", float("nan")), "seconds": m["perf/step_seconds"]}
@@ -270,9 +271,9 @@ def _train_and_write(trainer: Any, config: ConfigStore, out: Path, eval_episodes
                                         [(e["step"], b) for e, b in zip(evals, held_out)], config.doctor,
                                         facts=trainer.run_facts())
     place = RunPlace(out, config, ckpt.list_checkpoints(config.checkpoint.output_dir))  # remedies as commands
-    (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
-                                    + ("\n" + summary_table(evals) + "\n" if evals else "")
-                                    + "\n" + findings_markdown(report["findings"], place) + "\n")
+    write_text(out / "summary.md", (stopped + "\n\n" if stopped else "") + table + "\n"
+               + ("\n" + summary_table(evals) + "\n" if evals else "")
+               + "\n" + findings_markdown(report["findings"], place) + "\n")
     print(table)
     if print_findings:
         print(findings_table(report["findings"], place))

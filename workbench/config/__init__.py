@@ -541,10 +541,11 @@ class ConfigStore:
 
     def save(self, path: str | Path) -> Path:
         """Write the config as YAML."""
+        from workbench.utils.files import write_text
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        return path
+        return write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))  # an OSError names the file
 
     @classmethod
     def load(cls, path: str | Path) -> "ConfigStore":

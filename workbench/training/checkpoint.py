@@ -308,13 +308,16 @@ def write_checkpoint(path: str | Path, tensors: Mapping[str, Mapping[str, torch.
             os.rename(path, aside)
         os.rename(tmp, path)
         _fsync(parent)
-    except BaseException:
+    except BaseException as exc:
         if aside.exists():
             if path.exists():
                 shutil.rmtree(aside, ignore_errors=True)
             else:
                 os.rename(aside, path)
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename and str(tmp) in str(exc.filename):
+            # name the checkpoint, not the temp folder that is gone now (a full disk: ENOSPC)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     if aside.exists():
         shutil.rmtree(aside)
