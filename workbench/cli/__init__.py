@@ -31,9 +31,14 @@ Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 reopen the run with `workbench.debug.load_run`), and checkpoints under `checkpoints/`;
 `--loggers tensorboard,trackio,wandb` adds those sinks (`workbench.training.loggers`).
 
-A bad config field, or a run folder or batch file that cannot be read (`RunError`: a
-missing or cut file, a link out of the run folder), prints one line (`config error: ...`,
-`error: ...`; `diff: ...` from diff) and exits 2, without a traceback.
+A bad config field or flag value, a run folder or batch file that cannot be read
+(`RunError`: a missing or cut file, a link out of the run folder), a run folder another run
+is writing (`RunLockedError`) or whose run is finished (`RunFinishedError`), and a file that
+cannot be written (a path through a file, no permission, a read-only or full disk) print one
+line (`config error: ...`, `error: ...`; `diff: ...` / `compare: ...` from those) and exit 2,
+without a traceback. A run that trained nothing (every step skipped) writes its files, says
+why in one line and exits 1. Ctrl-C prints one line (for `train`: the step it stopped at and
+the command that resumes it from its newest checkpoint) and exits 130.
 """
 from __future__ import annotations
 
