@@ -210,3 +210,15 @@ def test_a_branch_that_fails_after_taking_its_folder_leaves_no_folder(plain_chec
     err = capsys.readouterr().err
     assert rc == 2 and err.strip().splitlines()[-1].startswith("error: ") and "Traceback" not in err, err
     assert not out.exists() and not out.parent.exists()  # the folders the branch created are gone again
+
+
+def test_a_setting_the_environment_refuses_is_refused_before_the_model_loads(plain_checkpoint, tmp_path, capsys,
+                                                                           monkeypatch):
+    built = []
+    real_init = Trainer.__init__
+    monkeypatch.setattr(Trainer, "__init__", lambda self, *a, **k: built.append(1) or real_init(self, *a, **k))
+    out = tmp_path / "branch"
+    rc = main(["train", "--from", str(plain_checkpoint), "--environment.strict_format", "true", "--steps", "1",
+               "--output", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "NoExpertEnv has no strict format mode" in err and built == [] and not out.exists(), err

@@ -311,13 +311,17 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
-def check_before_load(config: ConfigStore, step: int, trainer_kwargs: Mapping[str, Any]) -> None:
-    """What a branch from `step` can check from its config before any model loads, beyond the
-    config itself: SFT warm-up steps still to run (`sft.end_step > step`) need an environment with a scripted
-    expert (`env.expert_action`). BranchError naming the setting otherwise. The environment is
-    built (not reset) the way the trainer builds it: `trainer_kwargs["environment"]`, else
-    `make_env(environment.name, environment)`."""
-    if config.sft.steps <= 0 or config.sft.end_step <= step:
+def check_before_load(config: ConfigStore, step: int, trainer_kwargs: Mapping[str, Any],
+                      changed: tuple[str, ...] = ()) -> None:
+    """What a branch from `step` can check before any model loads, beyond its config: when it
+    changes an `environment.*` setting or has SFT warm-up steps still to run (`sft.end_step >
+    step`), the environment is built (not reset) the way the trainer builds it
+    (`trainer_kwargs["environment"]`, else `make_env(environment.name, environment)`), so a
+    setting it refuses (a strict format it does not have) is a BranchError now, and an SFT
+    warm-up needs it to have a scripted expert (`env.expert_action`). Errors other than
+    ConfigError are left to the trainer, which builds it again."""
+    sft = config.sft.steps > 0 and config.sft.end_step > step
+    if not sft and not any(k.startswith("environment.") for k in changed):
         return
     from workbench.environments.registry import make_env, make_environment
     from workbench.training.sft import expert_of
@@ -325,10 +329,13 @@ def check_before_load(config: ConfigStore, step: int, trainer_kwargs: Mapping[st
     given = trainer_kwargs.get("environment")
     try:
         env = make_environment(given) if given is not None else make_env(config.environment.name, config.environment)
+    except ConfigError as exc:
+        raise BranchError(f"the branch's environment refuses its settings: {exc}") from None
     except Exception:  # noqa: BLE001 - the trainer builds it again and reports its own error
         return
     try:
-        expert_of(env)
+        if sft:
+            expert_of(env)
     except ConfigError as exc:
         raise BranchError(f"sft.steps {config.sft.steps}: an SFT warm-up learns from the environment's scripted "
                           f"expert, and {exc}; branch without sft.steps") from None
@@ -363,7 +370,7 @@ def start_branch(trainer_cls: Any, checkpoint: str | Path, output_dir: str | Pat
     check_output(out, path, parent_run, config)
     changes = {k: v for k, v in config_changes(saved, config).items()
                if k not in PLACE_FIELDS and (steps is None or k not in LENGTH_FIELDS)}
-    check_before_load(config, step, trainer_kwargs)
+    check_before_load(config, step, trainer_kwargs, tuple(changes))
     # From here on the branch writes: its folders' lock first (RunLockedError, naming the run that
     # holds them, before anything is created or written), held by the trainer until its fit ends.
     lock = RunLock.of_config(config).acquire()
