@@ -22,6 +22,7 @@ from typing import Any, Callable
 from workbench.doctor.findings import (
     BatchStats, DoctorConfig, EpisodeRecord, Evidence, Finding, History, RunFacts, model_turns,
 )
+from workbench.doctor.remedies import OVERLONG_WINDOW, REMEDIES, remedy_for  # noqa: F401 - importable here too
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -53,46 +54,6 @@ def _same_form(base: list[BatchStats], last: BatchStats, cfg: DoctorConfig) -> l
 def _form_note(base: list[BatchStats], last: BatchStats) -> str:
     return (f"; not compared: the replies changed form ({last.whole_action_share:.0%} are the whole action, "
             f"first steps {_mean([b.whole_action_share for b in base]):.0%})")
-
-
-#: Check name -> the config overrides that address it (`Finding.remedy`); a check not here has
-#: no setting for a fix (a bug to find in the environment, template or weight sync), and its
-#: advice says what to look at. A test applies every remedy to a config and validates it.
-REMEDIES: dict[str, dict[str, Any]] = {
-    "parse-from-incidental-span": {"environment.strict_format": True},
-    "repetition-to-limit": {"reward.overlong_penalty": 1.0},
-    "truncation-surge": {"reward.overlong_penalty": 1.0},
-    "zero-variance-groups": {"training.dynamic_sampling": True},
-    "format-errors": {"sft.steps": 4},
-    "entropy-collapse": {"training.entropy_coeff": 0.01},
-}
-
-
-#: The default window of the overlong penalty (`reward.overlong_buffer`'s default), used by its
-#: remedy when it fits the run's `inference.max_tokens`; else a quarter of it.
-OVERLONG_WINDOW = 16
-
-
-def remedy_for(name: str, run: RunFacts | None = None) -> dict[str, Any]:
-    """The remedy of check `name` (`REMEDIES`) made to fit the run (`RunFacts`), so that a
-    branch with it starts: the overlong penalty with a window inside `inference.max_tokens`
-    (none when the limit is 1 token); no dynamic sampling for an estimator that is not
-    group-relative; no SFT warm-up for an environment without a scripted expert; no strict
-    format for an environment without one. {} when no setting fits."""
-    remedy = dict(REMEDIES.get(name, {}))
-    if not remedy or run is None:
-        return remedy
-    if "reward.overlong_penalty" in remedy and run.max_tokens is not None:
-        if run.max_tokens < 2:
-            return {}
-        remedy["reward.overlong_buffer"] = min(OVERLONG_WINDOW, max(1, run.max_tokens // 4))
-    if "training.dynamic_sampling" in remedy and run.group_relative is False:
-        return {}
-    if "sft.steps" in remedy and run.has_expert is False:
-        return {}
-    if "environment.strict_format" in remedy and run.supports_strict_format is False:
-        return {}
-    return remedy
 
 
 def _finding(name: str, severity: str, value: float, threshold: float, fired: bool, message: str, advice: str,
