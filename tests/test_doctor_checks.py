@@ -297,7 +297,8 @@ def test_a_finding_names_its_remedy_and_the_remedy_removes_it(tok):
     f = check("parse-from-incidental-span", [roll(tok, "guess_number", count_up_from_4, **GUESS)])
     assert f.fired and f.remedy == {"environment.strict_format": True}
     assert f.remedy_flags() == "--environment.strict_format true"
-    assert "try: train --from CHECKPOINT --environment.strict_format true" in findings_table([f])
+    assert ("try: python -m workbench train --from RUN/checkpoints/step_N --steps N --output NEW "
+            "--environment.strict_format true") in findings_table([f])
     strict = roll(tok, "guess_number", count_up_from_4, strict_format=True, **GUESS)  # the same policy, remedied
     after = check("parse-from-incidental-span", [strict])
     assert after is None or not after.fired

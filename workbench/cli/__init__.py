@@ -31,9 +31,14 @@ Every run writes into its output folder: `config.yaml`, `metrics.jsonl`,
 reopen the run with `workbench.debug.load_run`), and checkpoints under `checkpoints/`;
 `--loggers tensorboard,trackio,wandb` adds those sinks (`workbench.training.loggers`).
 
-A bad config field, or a run folder or batch file that cannot be read (`RunError`: a
-missing or cut file, a link out of the run folder), prints one line (`config error: ...`,
-`error: ...`; `diff: ...` from diff) and exits 2, without a traceback.
+A bad config field or flag value, a run folder or batch file that cannot be read
+(`RunError`: a missing or cut file, a link out of the run folder), a run folder another run
+is writing (`RunLockedError`) or whose run is finished (`RunFinishedError`), and a file that
+cannot be written (a path through a file, no permission, a read-only or full disk) print one
+line (`config error: ...`, `error: ...`; `diff: ...` / `compare: ...` from those) and exit 2,
+without a traceback. A run that trained nothing (every step skipped) writes its files, says
+why in one line and exits 1. Ctrl-C prints one line (for `train`: the step it stopped at and
+the command that resumes it from its newest checkpoint) and exits 130.
 """
 from __future__ import annotations
 
@@ -90,6 +95,7 @@ def build_config(args: argparse.Namespace, base: ConfigStore | None = None) -> C
     and only those."""
     given = vars(args)
     command = args.command
+    check_counts(args)
     if base is not None:
         config = ConfigStore.from_dict(base.to_dict())
         values = dict(given)
@@ -121,6 +127,22 @@ def build_config(args: argparse.Namespace, base: ConfigStore | None = None) -> C
     return config.validate()
 
 
+def check_counts(args: argparse.Namespace) -> None:
+    """The command's own number flags (not config fields): ConfigError naming the flag, before
+    it is turned into config fields whose names the user never typed."""
+    steps = getattr(args, "steps", None)
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be an integer >= 1 (training steps to run; with --from, the steps after "
+                          f"the checkpoint's step), got {steps}")
+    for flag, dest, least in (("--episodes", "episodes", 1), ("--eval-episodes", "eval_episodes", 0)):
+        value = getattr(args, dest, None)
+        if value is not None and value < least:
+            raise ConfigError(f"{flag} must be an integer >= {least}, got {value}")
+    minutes = getattr(args, "minutes", None)
+    if minutes is not None and not (minutes >= 0 and minutes != float("inf")):
+        raise ConfigError(f"--minutes must be a finite number >= 0 (0 = no limit), got {minutes}")
+
+
 def cmd_rollout(args: argparse.Namespace) -> int:
     """Roll out the model and write transcripts and a summary table (`workbench.cli.runner`)."""
     from workbench.cli.runner import rollout_and_report
@@ -136,7 +158,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         return cmd_branch(args)
     config = build_config(args)
     eval_episodes = DEFAULT_EVAL_EPISODES if args.eval_episodes is None else args.eval_episodes
-    train_and_report(config, Path(args.output), eval_episodes, args.minutes)
+    return run_exit_code(train_and_report(config, Path(args.output), eval_episodes, args.minutes))
+
+
+def run_exit_code(report: dict[str, Any]) -> int:
+    """0 for a run that trained; 1, with one line saying why, for one that trained nothing
+    (every step skipped: e.g. every episode failed at its environment's reset)."""
+    from workbench.cli.runner import nothing_trained
+
+    why = nothing_trained(report)
+    if why:
+        print(f"error: {why}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -196,8 +229,7 @@ def cmd_branch(args: argparse.Namespace) -> int:
     eval_episodes = args.eval_episodes
     if eval_episodes is None:
         eval_episodes = parent_eval_episodes(trainer.branched_from.parent_run) or DEFAULT_EVAL_EPISODES
-    train_and_report(trainer.config, out, eval_episodes, args.minutes, trainer=trainer)
-    return 0
+    return run_exit_code(train_and_report(trainer.config, out, eval_episodes, args.minutes, trainer=trainer))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -314,9 +346,33 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def os_error_line(exc: OSError) -> str:
+    """One line for a failed file operation: what failed, on which path, and what to do."""
+    import errno
+
+    where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+    what = exc.strerror or str(exc) or type(exc).__name__
+    hint = {errno.ENOSPC: "the disk is full: free some space (or give --output on another disk) and run the "
+                          "command again; a run resumes from its newest complete checkpoint",
+            errno.EDQUOT: "the disk quota is used up: free some space and run the command again",
+            errno.EACCES: "this user may not write there: give an --output folder you can write to",
+            errno.EPERM: "this user may not write there: give an --output folder you can write to",
+            errno.EROFS: "that file system is read-only: give an --output folder on a writable disk",
+            errno.ENOTDIR: "a part of that path is a file, not a folder: give an --output folder path",
+            errno.EEXIST: "a file is in the way: give another path"}.get(exc.errno, "")
+    return f"{what}: {where}" + (f" ({hint})" if hint else "") if where else f"{what}" + (f" ({hint})" if hint else "")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; returns its exit code. What a user did wrong or what the machine
+    refused (a bad flag or config value, a run folder that cannot be read or is in use by
+    another run or finished, a file that cannot be written, a full disk) prints one line on
+    stderr and returns 2, without a traceback; Ctrl-C prints one line (for `train`: where the
+    run can resume) and returns 130."""
     args = parse_args(argv)
     from workbench.debug.runs import RunError  # here, not at the top: --help stays quick (no torch)
+    from workbench.training.run_lock import RunFinishedError, RunLockedError
+    from workbench.training.sft import ExpertError
 
     try:
         if args.command == "export-verl":
@@ -336,9 +392,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # names the field; a traceback adds nothing
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    except RunError as exc:  # a run folder or batch file that cannot be read: the message names it
+    except (RunError, RunLockedError, RunFinishedError, ExpertError) as exc:  # the message says what to do
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # a file that cannot be written (a full disk, a path through a file, no permission)
+        print(f"error: {os_error_line(exc)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt as exc:  # Ctrl-C: one line, and for a run where it can resume
+        from workbench.cli.runner import RunInterrupted
+
+        if isinstance(exc, RunInterrupted):
+            line = f": {exc.line}"
+        elif args.command in ("train", "demo"):
+            line = " before training started: there is nothing to resume; run the command again"
+        else:
+            line = ""
+        print(f"\ninterrupted (Ctrl-C){line}", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.trajectory import Episode, TrajectoryBatch
+from workbench.utils.files import write_text
 
 
 def episode_transcript(ep: Episode, title: str) -> str:
@@ -42,7 +43,7 @@ def write_transcript(batch: TrajectoryBatch, path: Path, heading: str) -> Path:
         parts.append(episode_transcript(eps[-1], "Best"))
         if len(eps) > 1:
             parts.append(episode_transcript(eps[0], "Worst"))
-    path.write_text("\n\n".join(parts))
+    write_text(path, "\n\n".join(parts))
     return path
 
 

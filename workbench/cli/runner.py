@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from workbench.cli.reports import plot_curve, summary_table, write_transcript
 from workbench.config import ConfigStore
+from workbench.utils.files import write_text
 
 
 def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[list[Any], list[int]]:
@@ -32,13 +33,20 @@ def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[lis
 def rollout_and_report(config: ConfigStore, out: Path, episodes: int) -> list[dict[str, Any]]:
     """Roll out `episodes` episodes of each comma-separated environment in
     `config.environment.name` and write `rollout_<env>.jsonl`, `transcript_<env>.md` and
-    `summary.md` into `out`; returns the summary rows."""
+    `summary.md` into `out`; returns the summary rows. One writer per folder: a second rollout
+    into `out` while this one runs is refused (`RunLockedError`)."""
+    from workbench.training.run_lock import RunLock
+
+    with RunLock(out):
+        return _rollout_and_write(config, out, episodes)
+
+
+def _rollout_and_write(config: ConfigStore, out: Path, episodes: int) -> list[dict[str, Any]]:
     from workbench.engines import make_engine
     from workbench.models import load_model_and_tokenizer
     from workbench.reward import score_batch
     from workbench.rollout import make_rollout
 
-    out.mkdir(parents=True, exist_ok=True)
     model, tok = load_model_and_tokenizer(config.model.path, config.model.dtype, config.model.device,
                                           config.model.trust_remote_code)
     engine = make_engine(config, model, tok)
@@ -60,7 +68,7 @@ def rollout_and_report(config: ConfigStore, out: Path, episodes: int) -> list[di
                      "token_warnings": sum(len(e.warnings) for e in batch), "seconds": seconds})
         print(batch)
     table = summary_table(rows)
-    (out / "summary.md").write_text(table + "\n")
+    write_text(out / "summary.md", table + "\n")
     print(table)
     return rows
 
@@ -84,23 +92,120 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     instead of building one from `config` (its own config is used); "before" is then evaluated
     at its step, on the same held-out seeds, so a branch's evaluations pair with its parent's.
     `print_findings=False`: the findings table is written to summary.md but not printed (the
-    demo prints its own doctor line at the end)."""
-    from workbench.utils.progress import write
-    from workbench.training import Trainer, run_files
+    demo prints its own doctor line at the end).
 
-    out.mkdir(parents=True, exist_ok=True)
+    One writer per run folder: the folders' lock (`workbench.training.run_lock`) is taken before
+    anything is written and held until the last report is: another run writing there is refused
+    with `RunLockedError` before this one writes anything, and a folder whose run already reached
+    this config's target step with `RunFinishedError` (it would train nothing)."""
+    from workbench.training import Trainer
+    from workbench.training.run_lock import RunLock, hold_run_folders, refuse_finished_run, start_run
+
     config = trainer.config if trainer is not None else config
     config.training.log_dir = str(out)  # the loggers' files (metrics.jsonl, ...) go with the run's outputs
     if "jsonl" not in config.training.loggers:
         config.training.loggers = [*config.training.loggers, "jsonl"]  # every run writes metrics.jsonl
+    # One writer per run folder (workbench.training.run_lock): the lock comes before anything is
+    # written (it creates `out`) and is held through fit until the reports below are written.
     if trainer is None:
-        trainer = Trainer(config)
+        lock = RunLock.of_config(config).acquire()  # RunLockedError: another run writes there
+        try:
+            trainer = Trainer(config)
+        except BaseException:
+            lock.release(remove_created=True)
+            raise
+        trainer._run_lock = lock
+    lock = hold_run_folders(trainer, keep=True)
+    try:
+        try:
+            start_run(trainer)  # resume (checkpoint.resume), or move an earlier run's files aside
+            refuse_finished_run(trainer, out)  # a finished run's folder: nothing to train, nothing written
+        except BaseException:
+            lock.release(remove_created=True)
+            raise
+        trainer._reports_interrupt = True  # fit leaves the Ctrl-C line to RunInterrupted
+        return _train_and_write(trainer, config, out, eval_episodes, minutes, transcript, print_findings)
+    except KeyboardInterrupt as exc:
+        raise RunInterrupted(interrupted_line(trainer, out)) from exc
+    finally:
+        trainer._run_lock_kept = trainer._reports_interrupt = False
+        lock.release()
+
+
+def nothing_trained(report: dict[str, Any]) -> str:
+    """Why the run of a `train_and_report` report trained nothing ("" when a step of it took
+    an optimizer step): every RL step skipped (no episode with a trained token, or every
+    update undone) and every SFT step too. Names the steps and the episodes' errors."""
+    import math
+
+    trainer = report["trainer"]
+    rows = [m for m in trainer.metrics_history if m.get("step", -1) >= report.get("first_step", 0)]
+
+    def trained(m: dict[str, Any]) -> bool:
+        if "sft/nll" in m:
+            return not m.get("sft/skipped_updates")
+        norm = m.get("actor/grad_norm")
+        return isinstance(norm, (int, float)) and math.isfinite(norm)
+
+    if not rows or any(trained(m) for m in rows):
+        return ""
+    def reason(m: dict[str, Any]) -> str:
+        if "sft/nll" in m:
+            return "the SFT step's update was undone (non-finite weights)"
+        return str(m.get("actor/skipped_reason") or "no optimizer step was taken")
+
+    reasons = sorted({reason(m) for m in rows})
+    errors = [ep.error for ep in (trainer.last_batch or []) if ep.error]
+    example = f"; the last step's episodes: {len(errors)} failed, e.g. {errors[0]}" if errors else ""
+    return (f"the run trained nothing: all {len(rows)} of its steps ({rows[0]['step']}..{rows[-1]['step']}) were "
+            f"skipped ({'; '.join(reasons)}){example}")
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `train_and_report`; `line` says where the run stopped and how it resumes."""
+
+    def __init__(self, line: str):
+        super().__init__(line)
+        self.line = line
+
+
+def resume_command(config: ConfigStore, out: Path) -> str:
+    """The command that continues the run in `out` from its newest checkpoint: its own
+    config.yaml, its folders, `checkpoint.resume` on."""
+    parts = ["python -m workbench train", f"--config {out / 'config.yaml'}", f"--output {out}"]
+    if Path(config.checkpoint.output_dir).resolve() != (out / "checkpoints").resolve():
+        parts.append(f"--checkpoint.output_dir {config.checkpoint.output_dir}")
+    if config.checkpoint.resume is not True:
+        parts.append("--checkpoint.resume true")
+    return " ".join(parts)
+
+
+def interrupted_line(trainer: Any, out: Path) -> str:
+    """Where an interrupted run stopped and whether (and how) it can resume."""
+    from workbench.training import checkpoint as ckpt
+
+    config = trainer.config
+    saved = ckpt.latest_checkpoint(config.checkpoint.output_dir)
+    step = trainer.global_step
+    if saved is None or not (out / "config.yaml").is_file():
+        why = ("checkpoint.save_interval is 0" if not config.checkpoint.save_interval
+               else "none was saved before the interrupt")
+        return f"stopped at step {step} with no checkpoint in {config.checkpoint.output_dir} ({why}): nothing to resume"
+    return f"stopped at step {step}; {saved} holds the newest checkpoint; resume with: {resume_command(config, out)}"
+
+
+def _train_and_write(trainer: Any, config: ConfigStore, out: Path, eval_episodes: int, minutes: float,
+                     transcript: Callable[[dict[str, Any]], None] | None, print_findings: bool) -> dict[str, Any]:
+    """`train_and_report` once the run folder is held and the run resumed or set up."""
+    from workbench.utils.progress import write
+    from workbench.training import run_files
+
     config.save(out / "config.yaml")  # after Trainer: it records the environment's import path and params
     eval_seeds = list(range(EVAL_SEED_BASE, EVAL_SEED_BASE + eval_episodes))
+    first_step = trainer.global_step  # 0, a resumed run's step, or a branch's checkpoint step
     report: dict[str, Any] = {"trainer": trainer, "evals": [], "before": None, "after": None, "after_sft": None,
-                              "stopped": ""}
+                              "stopped": "", "first_step": first_step}
     evals = report["evals"]
-    first_step = trainer.global_step  # 0, or a branch's checkpoint step
     if eval_episodes:
         evals.append({"step": first_step, **trainer.evaluate(eval_seeds)})
         report["before"] = trainer.last_eval_batch
@@ -150,7 +255,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
         write_transcript(trainer.last_batch, out / "transcript.md", f"{config.environment.name}: last training batch")
     rl_steps = [m for m in trainer.metrics_history if "reward/mean" in m]  # SFT steps have no rollout
     plot_curve(rl_steps, out / "reward_curve.png", evals)
-    (out / "evals.json").write_text(json.dumps(evals, indent=1))
+    write_text(out / "evals.json", json.dumps(evals, indent=1))
     rows = [{"step": m["step"], "reward_mean": m.get("reward/mean", float("nan")),
              "success": m.get("env/success_rate", float("nan")), "entropy": m.get("actor/entropy", float("nan")),
              "sft_nll": m.get("sft/nll", float("nan")), "seconds": m["perf/step_seconds"]}
@@ -160,16 +265,19 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     table = summary_table(rows)
     stopped = report["stopped"]
     # The run doctor over the training steps and the held-out batches (workbench.debug.doctor).
-    from workbench.debug.doctor import diagnose_parts, findings_markdown, findings_table
+    from workbench.debug.doctor import RunPlace, diagnose_parts, findings_markdown, findings_table
+    from workbench.training import checkpoint as ckpt
 
     held_out = [b for b in (report["before"], report["after_sft"], report["after"]) if b is not None]
     report["findings"] = diagnose_parts(trainer.doctor.history if trainer.doctor else None,
-                                        [(e["step"], b) for e, b in zip(evals, held_out)], config.doctor)
-    (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
-                                    + ("\n" + summary_table(evals) + "\n" if evals else "")
-                                    + "\n" + findings_markdown(report["findings"]) + "\n")
+                                        [(e["step"], b) for e, b in zip(evals, held_out)], config.doctor,
+                                        facts=trainer.run_facts())
+    place = RunPlace(out, config, ckpt.list_checkpoints(config.checkpoint.output_dir))  # remedies as commands
+    write_text(out / "summary.md", (stopped + "\n\n" if stopped else "") + table + "\n"
+               + ("\n" + summary_table(evals) + "\n" if evals else "")
+               + "\n" + findings_markdown(report["findings"], place) + "\n")
     print(table)
     if print_findings:
-        print(findings_table(report["findings"]))
+        print(findings_table(report["findings"], place))
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")
     return report

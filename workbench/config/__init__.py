@@ -32,7 +32,7 @@ import yaml
 from workbench.config.checks import (  # noqa: F401 - ConfigError, DTYPES, resolve_*: public here too
     DTYPES, ConfigError, _check_types, _choice, _coerce_number, _field_types, _parse_device, _positive_int,
     check_remedies,
-    MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
+    MAX_REWARD_WEIGHT, MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
 )
 from workbench.doctor.thresholds import DoctorConfig, check_doctor_config
 
@@ -587,10 +587,11 @@ class ConfigStore:
 
     def save(self, path: str | Path) -> Path:
         """Write the config as YAML."""
+        from workbench.utils.files import write_text
+
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
-        return path
+        return write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))  # an OSError names the file
 
     @classmethod
     def load(cls, path: str | Path) -> "ConfigStore":
@@ -705,8 +706,11 @@ class ConfigStore:
         if not (math.isfinite(r.placement_timeout_s) and r.placement_timeout_s > 0):
             raise ConfigError(f"ray.placement_timeout_s must be a number of seconds > 0, got {r.placement_timeout_s!r}")
         for name in ("step_reward_weight", "success_bonus", "invalid_action_penalty", "efficiency_bonus"):
-            if not math.isfinite(getattr(self.reward, name)):
-                raise ConfigError(f"reward.{name} must be a finite number, got {getattr(self.reward, name)!r}")
+            value = getattr(self.reward, name)
+            if not (math.isfinite(value) and abs(value) <= MAX_REWARD_WEIGHT):
+                raise ConfigError(f"reward.{name} must be a number between {-MAX_REWARD_WEIGHT:g} and "
+                                  f"{MAX_REWARD_WEIGHT:g} (scores are float32, about 7 significant digits: a larger "
+                                  f"weight drowns every other term of the reward), got {value!r}")
         if self.reward.max_steps is not None:
             _positive_int("reward.max_steps", self.reward.max_steps)
         check_remedies(self)

@@ -20,6 +20,15 @@ DTYPES = ("float32", "bfloat16", "float16")
 #: Upper bound of `environment.step_timeout` (a week): longer waits overflow the timers
 #: (`threading.TIMEOUT_MAX`) and fail every reset; 0 or null means no limit.
 MAX_STEP_TIMEOUT_S = 7 * 24 * 3600.0
+#: Bound of every integer field (a C int): larger values overflow the C code they reach
+#: (`collections.deque(maxlen=...)`, torch sizes) long after validation. Seeds (fields
+#: named `seed`) may use the 32-bit unsigned range numpy's seeds use.
+MAX_INT_FIELD = 2**31 - 1
+MAX_SEED = 2**32 - 1
+#: Bound of the reward weights and the overlong penalty (`reward.*`): scores are float32
+#: (about 7 significant digits), so a larger weight drowns every other term of the reward,
+#: and past ~3.4e38 it overflows.
+MAX_REWARD_WEIGHT = 1e6
 #: A config YAML larger than this is refused by `ConfigStore.load`.
 MAX_YAML_BYTES = 4 * 2**20
 #: Values (mappings, lists, scalars) a config YAML may expand to, aliases counted once per use.
@@ -240,6 +249,11 @@ def _check_types(section: str, obj: Any) -> None:
                 finite = False
             if not finite:
                 raise ConfigError(f"{section}.{name} must be a finite number, got {_short(value)}")
+        if int in _arms(hint) and isinstance(value, int) and not isinstance(value, bool):
+            bound = MAX_SEED if name == "seed" else MAX_INT_FIELD
+            if not -bound <= value <= bound:
+                raise ConfigError(f"{section}.{name} must be an integer between {-bound:,} and {bound:,}, "
+                                  f"got {_short(value)}")
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -313,9 +327,10 @@ def check_remedies(config: Any) -> None:
     if not t.rollout_is_threshold >= 1:
         raise ConfigError(f"training.rollout_is_threshold must be >= 1 (the cap of the truncated importance "
                           f"weights), got {t.rollout_is_threshold!r}")
-    if not r.overlong_penalty >= 0:
-        raise ConfigError(f"reward.overlong_penalty must be >= 0 (the most a reply that hits inference.max_tokens "
-                          f"loses; 0 = off), got {r.overlong_penalty!r}")
+    if not 0 <= r.overlong_penalty <= MAX_REWARD_WEIGHT:
+        raise ConfigError(f"reward.overlong_penalty must be between 0 and {MAX_REWARD_WEIGHT:g} (the most a reply "
+                          f"that hits inference.max_tokens loses; 0 = off; scores are float32, so a larger penalty "
+                          f"drowns every other term of the reward), got {r.overlong_penalty!r}")
     _positive_int("reward.overlong_buffer", r.overlong_buffer)
     if r.overlong_penalty > 0 and r.overlong_buffer >= i.max_tokens:
         raise ConfigError(f"reward.overlong_buffer ({r.overlong_buffer}) must be < inference.max_tokens "

@@ -396,17 +396,30 @@ def add_compare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    """Print the comparison (markdown); 0 when it was made, 2 when a run folder cannot be read
-    or the runs are not comparable (the message on stderr says which and why)."""
+    """Print the comparison (markdown; with --out also written to that file, first); 0 when it
+    was made, 2 when a run folder cannot be read, the runs are not comparable, --episodes is
+    negative or --out cannot be written (one line on stderr says which and why)."""
     import sys
 
+    if args.episodes < 0:
+        print(f"compare: --episodes must be an integer >= 0 (side-by-side rows to print), got {args.episodes}",
+              file=sys.stderr)
+        return 2
+    if args.report and Path(args.report).is_dir():
+        print(f"compare: --out {args.report} is a folder; give a file to write the report to, e.g. --out "
+              f"{Path(args.report) / 'compare.md'}", file=sys.stderr)
+        return 2
     try:
         report = compare_runs(args.run_a, args.run_b).to_markdown(args.episodes)
     except (RunError, RunsNotComparable) as exc:
         print(f"compare: {exc}", file=sys.stderr)
         return 2
+    if args.report:  # written before the report is printed: a file that cannot be written is the only output
+        try:
+            Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.report).write_text(report, encoding="utf-8")
+        except OSError as exc:
+            print(f"compare: cannot write --out {args.report}: {exc.strerror or exc}", file=sys.stderr)
+            return 2
     print(report)
-    if args.report:
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.report).write_text(report, encoding="utf-8")
     return 0

@@ -49,15 +49,20 @@ import argparse
 import copy
 import json
 import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable
 
 from workbench.debug.runs import load_run
 from workbench.doctor.checks import CHECKS, run_checks
-from workbench.doctor.findings import DoctorConfig, Evidence, Finding, History
+from workbench.doctor.findings import DoctorConfig, Evidence, Finding, History, RunFacts
 from workbench.trajectory import TrajectoryBatch
 
-__all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", "CHECKS",
-           "findings_table", "findings_markdown", "add_diagnose_parser", "cmd_diagnose"]
+__all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", "CHECKS", "RunFacts", "RunPlace",
+           "run_facts", "remedy_command", "findings_table", "findings_markdown", "add_diagnose_parser",
+           "cmd_diagnose"]
 
 #: Checks that read the metric rows; their evidence comes from the batch of the step they name.
 _METRIC_CHECKS = ("entropy-collapse", "kl-spike", "engine-trainer-gap", "off-policy-clipped")
@@ -87,12 +92,17 @@ def _history(batches: Iterable[tuple[int, TrajectoryBatch]], source: str, metric
 
 
 def diagnose_parts(train: History | None, evals: Iterable[tuple[int, TrajectoryBatch]] = (),
-                   config: DoctorConfig | None = None, batch_at: Any = None) -> list[Finding]:
+                   config: DoctorConfig | None = None, batch_at: Any = None,
+                   facts: RunFacts | None = None) -> list[Finding]:
     """The fired findings of a training `History` (as `StepDoctor` keeps it) and of the
     held-out batches `evals` ((step, batch), first = before training). `batch_at(step)`
-    (optional) gives a step's batch for the metric findings' evidence."""
+    (optional) gives a step's batch for the metric findings' evidence; `facts` (default: the
+    training history's) the run's settings the words and remedies fit (`RunFacts`)."""
     cfg = config or DoctorConfig()
     out: list[Finding] = []
+    facts = facts if facts is not None else getattr(train, "run", None)
+    if train is not None and facts is not None:
+        train.run = facts
     if train is not None and (train.stats or train.metrics):
         for f in run_checks(train, cfg):
             if f.fired and f.name in _METRIC_CHECKS and batch_at is not None and f.step not in (None, train.step):
@@ -103,7 +113,9 @@ def diagnose_parts(train: History | None, evals: Iterable[tuple[int, TrajectoryB
     evals = [(s, b) for s, b in evals if b is not None]
     if evals:
         names = [n for n in CHECKS if n not in _METRIC_CHECKS]
-        out += [f for f in run_checks(_history(evals, "eval"), cfg, names) if f.fired]
+        held_out = _history(evals, "eval")
+        held_out.run = facts
+        out += [f for f in run_checks(held_out, cfg, names) if f.fired]
     order = {n: i for i, n in enumerate(CHECKS)}
     return sorted(out, key=lambda f: (order[f.name], f.source != "eval"))
 
@@ -114,7 +126,7 @@ def _metric_evidence(train: History, f: Finding, cfg: DoctorConfig, batch_at: An
         batch = batch_at(f.step)
     except (OSError, ValueError, KeyError):
         return None
-    h = History(source=train.source, stats=train.stats, batch=batch, step=f.step, metrics=train.metrics)
+    h = History(source=train.source, stats=train.stats, batch=batch, step=f.step, metrics=train.metrics, run=train.run)
     return CHECKS[f.name](h, cfg)
 
 
@@ -148,7 +160,80 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
         cfg = run.config.doctor  # the thresholds the run trained with (its config.yaml)
     train = _history(((s, run.batch(s)) for s in run.steps), "train", _rows(getattr(run, "metrics", None)))
     evals = [(s, run.eval_batch(s)) for s in _eval_steps(run)]
-    return diagnose_parts(train, evals, cfg, batch_at=run.batch)
+    saved = getattr(run, "config", None)
+    facts = run_facts(saved) if hasattr(saved, "training") else None
+    return diagnose_parts(train, evals, cfg, batch_at=run.batch, facts=facts)
+
+
+def run_facts(config: Any) -> RunFacts:
+    """`RunFacts` of a run from its config alone: the settings, and the environment's class
+    (`environment.import_path`, else the registered name) for its expert and strict format;
+    those two are unknown (None) when the class cannot be imported here."""
+    from workbench.environments.registry import REGISTRY
+    from workbench.utils.imports import import_object
+
+    env_type = None
+    try:
+        spec = config.environment.import_path
+        target = import_object(spec) if spec else REGISTRY.resolve(config.environment.name)
+        env_type = target if isinstance(target, type) else None
+    except Exception:  # noqa: BLE001 - an environment this process cannot import: its abilities are unknown
+        env_type = None
+    return RunFacts.of(config, env_type)
+
+
+# -- remedies as commands -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunPlace:
+    """Where a run's remedies start from: its folder, its config and its checkpoint folders
+    (a `load_run` Run has all three; `RunPlace.of(run)`)."""
+
+    path: Path
+    """The run folder."""
+    config: Any
+    """Its `ConfigStore` (config.yaml)."""
+    checkpoints: list[Path] = field(default_factory=list)
+    """Its checkpoint folders, oldest first."""
+
+    @classmethod
+    def of(cls, run: Any) -> "RunPlace":
+        return cls(Path(run.path), run.config, list(run.checkpoints))
+
+
+_STEP = re.compile(r"step_(\d+)$")
+
+
+def remedy_command(finding: Finding, place: RunPlace) -> str:
+    """The complete command that tries `finding.remedy` on the run at `place`, runnable as
+    printed: a branch (`train --from`) from the newest checkpoint at or before the step the
+    finding was measured at, training to the run's own target (or, from its last step, as
+    many steps again), into `RUN-<remedy>` next to the run; a fresh run of the run's
+    config.yaml with the remedy when no such checkpoint was kept. "" without a remedy."""
+    if not finding.remedy:
+        return ""
+    q = shlex.quote
+    run_dir = place.path.resolve()
+    section, _, name = next(iter(finding.remedy)).partition(".")
+    slug = (f"{section}-{name}" if name == "steps" else name).replace("_", "-")  # runs/gn-dynamic-sampling, -sft-steps
+    out = run_dir.with_name(f"{run_dir.name}-{slug}")
+    t = place.config.training
+    rl_steps = t.num_epochs * t.num_iters_per_epoch
+    target = place.config.sft.steps + rl_steps
+    kept = [(int(m.group(1)), p) for p in place.checkpoints if (m := _STEP.search(Path(p).name))]
+    usable = [(s, p) for s, p in kept if finding.step is None or s <= finding.step]
+    if usable:
+        step, ckpt = max(usable)
+        steps = target - step if target > step else rl_steps
+        head = f"python -m workbench train --from {q(str(Path(ckpt).resolve()))} --steps {steps}"
+    else:
+        head = f"python -m workbench train --config {q(str(run_dir / 'config.yaml'))}"
+    return f"{head} --output {q(str(out))} {finding.remedy_flags()}"
+
+
+def _try_line(f: Finding, place: RunPlace | None) -> str:
+    if place is not None:
+        return remedy_command(f, place)
+    return f"python -m workbench train --from RUN/checkpoints/step_N --steps N --output NEW {f.remedy_flags()}"
 
 
 # -- reports ----------------------------------------------------------------------------------
@@ -156,8 +241,11 @@ def _where(f: Finding) -> str:
     return ("held-out" if f.source == "eval" else "train") + (f", step {f.step}" if f.step is not None else "")
 
 
-def findings_table(findings: list[Finding]) -> str:
-    """Plain text: one row per finding, then what was measured, what to do and the evidence."""
+def findings_table(findings: list[Finding], run: Any = None) -> str:
+    """Plain text: one row per finding, then what was measured, what to do, the remedy as a
+    command (`remedy_command`, complete when `run`, a `RunPlace` or a `load_run` Run, is given)
+    and the evidence."""
+    place = run if isinstance(run, RunPlace) or run is None else RunPlace.of(run)
     if not findings:
         return "doctor: no findings"
     head = ("check", "severity", "value", "threshold", "where")
@@ -168,13 +256,15 @@ def findings_table(findings: list[Finding]) -> str:
     for f in findings:
         lines += ["", f"{f.name} ({_where(f)}): {f.message}.", f"  do: {f.advice}"]
         if f.remedy:
-            lines.append(f"  try: train --from CHECKPOINT {f.remedy_flags()} (Finding.remedy)")
+            lines.append(f"  try: {_try_line(f, place)}")
         lines += [f"  - {e.where()}: {e.quote()!r}" for e in f.evidence]
     return "\n".join(lines)
 
 
-def findings_markdown(findings: list[Finding]) -> str:
-    """Markdown for summary.md: a table, then each finding's message, advice and evidence."""
+def findings_markdown(findings: list[Finding], run: Any = None) -> str:
+    """Markdown for summary.md: a table, then each finding's message, advice, remedy command
+    (as in `findings_table`) and evidence."""
+    place = run if isinstance(run, RunPlace) or run is None else RunPlace.of(run)
     if not findings:
         return "## Run doctor\n\nNo findings."
     lines = ["## Run doctor", "", "| check | severity | value | threshold | where | evidence |", "|---|---|---|---|---|---|"]
@@ -183,7 +273,7 @@ def findings_markdown(findings: list[Finding]) -> str:
         lines.append(f"| {f.name} | {f.severity} | {f.value:.3g} | {f.threshold:.3g} | {_where(f)} | {ev} |")
     for f in findings:
         lines += ["", f"**{f.name}** ({_where(f)}): {f.message}. *Do:* {f.advice}"
-                  + (f" *Try:* `train --from CHECKPOINT {f.remedy_flags()}`" if f.remedy else "")]
+                  + (f" *Try:* `{_try_line(f, place)}`" if f.remedy else "")]
         lines += [f"- {e.where()}: `{e.quote()}`" for e in f.evidence]
     return "\n".join(lines)
 
@@ -212,5 +302,5 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=1))
     else:
-        print(findings_table(findings))
+        print(findings_table(findings, run))
     return 0

@@ -341,6 +341,12 @@ def _read_evals(path: Path) -> list[dict[str, Any]]:
                        "run: run the evaluation again or delete the file") from exc
     if not isinstance(evals, list) or not all(isinstance(e, dict) for e in evals):
         raise RunError(f"{path} is not a list of evaluations ([{{'step': ..., 'eval/...': ...}}, ...])")
+    for i, e in enumerate(evals):
+        step = e.get("step")
+        if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+            raise RunError(f"{path} entry {i} has \"step\": {json.dumps(step)}; each evaluation's step is the "
+                           "global step it was taken at, an integer >= 0 (the CLI writes it): fix or delete that "
+                           "entry")
     return evals
 
 

@@ -2,8 +2,8 @@
 
     thresholds.py  `DoctorConfig`: every threshold, the config's `doctor` section (imports nothing)
     findings.py    `Finding`, `Evidence` and the per-step statistics (`History`) the checks read
-    checks.py      the named checks, the settings that address each finding (`REMEDIES`), and
-                   `StepDoctor` (what `Trainer.fit` runs each step)
+    checks.py      the named checks and `StepDoctor` (what `Trainer.fit` runs each step)
+    remedies.py    the settings that address each finding (`REMEDIES`), fitted to the run (`remedy_for`)
 
 Low in the layers: it reads batches (`workbench.trajectory`) and nothing above, so the config
 holds its thresholds and training runs its checks. Reopening a finished run and diagnosing

@@ -18,7 +18,10 @@ from statistics import median
 from typing import Any, Callable
 
 from workbench.doctor.env_errors import check_environment_errors
-from workbench.doctor.findings import BatchStats, DoctorConfig, EpisodeRecord, Evidence, Finding, History, model_turns
+from workbench.doctor.findings import (
+    BatchStats, DoctorConfig, EpisodeRecord, Evidence, Finding, History, RunFacts, model_turns,
+)
+from workbench.doctor.remedies import OVERLONG_WINDOW, REMEDIES, remedy_for  # noqa: F401 - importable here too
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -52,24 +55,11 @@ def _form_note(base: list[BatchStats], last: BatchStats) -> str:
             f"first steps {_mean([b.whole_action_share for b in base]):.0%})")
 
 
-#: Check name -> the config overrides that address it (`Finding.remedy`); a check not here has
-#: no setting for a fix (a bug to find in the environment, template or weight sync), and its
-#: advice says what to look at. A test applies every remedy to a config and validates it.
-REMEDIES: dict[str, dict[str, Any]] = {
-    "parse-from-incidental-span": {"environment.strict_format": True},
-    "repetition-to-limit": {"reward.overlong_penalty": 1.0},
-    "truncation-surge": {"reward.overlong_penalty": 1.0},
-    "zero-variance-groups": {"training.dynamic_sampling": True},
-    "format-errors": {"sft.steps": 4},
-    "entropy-collapse": {"training.entropy_coeff": 0.01},
-}
-
-
 def _finding(name: str, severity: str, value: float, threshold: float, fired: bool, message: str, advice: str,
              h: History, evidence: list, cfg: DoctorConfig, step: int | None = None) -> Finding:
     return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
                    advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
-                   source=h.source, fired=bool(fired), remedy=dict(REMEDIES.get(name, {})))
+                   source=h.source, fired=bool(fired), remedy=remedy_for(name, h.run))
 
 
 # -- held-out ---------------------------------------------------------------------------
@@ -416,13 +406,22 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
     share = len(flat) / len(groups)
     success = h.stats[-1].success_rate
     fired = share >= cfg.zero_variance_share and success < cfg.solved_success_rate
+    head = f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): "
+    ways = ("make the task easier (or harder), raise training.group_size or inference.temperature, or shape the "
+            "reward so a group's episodes differ.")
+    if h.run is None or h.run.group_relative is not False:
+        estimator = h.run.adv_estimator if h.run is not None else "a group-relative estimator"
+        message = head + f"under {estimator} their advantages are 0 and they teach nothing"
+        advice = ("Turn on dynamic sampling (training.dynamic_sampling=true: flat groups are dropped and resampled, "
+                  "at most training.dynamic_sampling_max_batches extra rounds), or " + ways)
+    else:  # GAE and REINFORCE++ do not center rewards on the group: the advantages are not 0
+        message = head + (f"under {h.run.adv_estimator} their advantages are not 0 (they come from the returns"
+                          + (" and the critic's values" if h.run.adv_estimator == "gae" else "")
+                          + "), but the reward does not tell these episodes apart, so the update cannot learn "
+                          "which of them was better")
+        advice = ("Dynamic sampling does not apply (it needs a group-relative training.adv_estimator); " + ways)
     return _finding(
-        "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired,
-        f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): their "
-        "advantages are 0 and they teach nothing",
-        "Turn on dynamic sampling (training.dynamic_sampling=true: flat groups are dropped and resampled, at "
-        "most training.dynamic_sampling_max_batches extra rounds), or make the task easier (or harder), raise "
-        "training.group_size or inference.temperature, or shape the reward so a group's episodes differ.",
+        "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired, message, advice,
         h, [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards {eps[0].outcome:+.3f}")
             for eps in flat], cfg)
 
@@ -440,8 +439,13 @@ def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:
     return _finding(
         "format-errors", "warning", share, cfg.format_error_share, share >= cfg.format_error_share,
         f"{len(bad)} of {len(turns)} replies could not be parsed or were invalid actions",
-        "Warm up with SFT on the environment's scripted expert (sft.steps, e.g. 4), sample under the action's "
-        "grammar (environment.constrained_decoding), show the format in the system prompt, or parse leniently.",
+        ("Warm up with SFT on the environment's scripted expert (sft.steps, e.g. 4: the policy learns the "
+         "format from demonstrations), sample under the action's grammar (environment.constrained_decoding), "
+         "show the reply format in the system prompt, or use a lenient parser."
+         if h.run is None or h.run.has_expert is not False else
+         "Sample under the action's grammar (environment.constrained_decoding, where the environment has one), "
+         "show the reply format in the system prompt or use a lenient parser; an SFT warm-up (sft.steps) needs "
+         "the environment to have a scripted expert (an expert_action method), which this one has not."),
         h, [h.evidence(ep, t) for ep, t in bad], cfg)
 
 
@@ -587,8 +591,12 @@ class StepDoctor:
         self.reported: set[str] = set()
         """Names already printed."""
 
-    def observe(self, batch: Any, step: int, metrics: list[dict[str, Any]]) -> dict[str, float]:
+    def observe(self, batch: Any, step: int, metrics: list[dict[str, Any]],
+                run: RunFacts | None = None) -> dict[str, float]:
+        """`run`: the run's settings the findings' words and remedies fit (`RunFacts`)."""
         start = time.perf_counter()
+        if run is not None:
+            self.history.run = run
         self.history.add(batch, step)
         self.history.metrics = list(metrics)
         measured = run_checks(self.history, self.config, STEP_CHECKS)

@@ -245,6 +245,40 @@ def episode_records(batch: TrajectoryBatch) -> dict[tuple[int, int], EpisodeReco
     return out
 
 
+@dataclass(frozen=True)
+class RunFacts:
+    """What a finding's words and remedy must fit besides the batches: the run's settings and
+    what its environment can do. None where unknown (a batch judged on its own): the remedy is
+    then the plain one (`workbench.doctor.checks.REMEDIES`)."""
+
+    adv_estimator: str | None = None
+    """`training.adv_estimator`."""
+    group_relative: bool | None = None
+    """Whether that estimator's advantages are rewards relative to the episode's group (GRPO,
+    RLOO, REINFORCE++ with baseline): only then do flat groups give zero advantages, and only
+    then is dynamic sampling a remedy."""
+    max_tokens: int | None = None
+    """`inference.max_tokens`: the overlong penalty's window must fit inside it."""
+    has_expert: bool | None = None
+    """Whether the environment has a scripted expert (`expert_action`): an SFT warm-up needs one."""
+    supports_strict_format: bool | None = None
+    """Whether the environment has a strict action format (`supports_strict_format`)."""
+
+    @classmethod
+    def of(cls, config: Any, environment: Any = None) -> "RunFacts":
+        """The facts of a run of `config` (a `ConfigStore`) on `environment` (an environment
+        object or class; None: unknown)."""
+        from workbench.algo.advantages import GROUP_RELATIVE_ESTIMATORS
+
+        t, i = config.training, config.inference
+        env_type = environment if isinstance(environment, type) or environment is None else type(environment)
+        return cls(adv_estimator=t.adv_estimator, group_relative=t.adv_estimator in GROUP_RELATIVE_ESTIMATORS,
+                   max_tokens=i.max_tokens,
+                   has_expert=None if env_type is None else callable(getattr(env_type, "expert_action", None)),
+                   supports_strict_format=None if env_type is None else bool(getattr(env_type,
+                                                                                     "supports_strict_format", False)))
+
+
 @dataclass
 class History:
     """What the checks look at: per-step `BatchStats` (earliest first), the latest batch
@@ -263,6 +297,8 @@ class History:
     records: list[dict[tuple[int, int], EpisodeRecord]] = field(default_factory=list)
     """For `source="eval"`: one `episode_records` per batch added, earliest first (what
     heldout-regression pairs by seed); empty for training batches (new seeds every step)."""
+    run: RunFacts | None = None
+    """The run's settings the findings' words and remedies fit (`RunFacts`); None: unknown."""
 
     def add(self, batch: TrajectoryBatch, step: int) -> "History":
         """Record `batch` as step `step` (its stats are kept, the batch replaces the last one;

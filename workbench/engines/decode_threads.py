@@ -105,7 +105,12 @@ class MatmulHelper:
             raise error
 
     def close(self) -> None:
+        """End the helper thread (and wait for it, unless called from it)."""
+        if not self._thread.is_alive():
+            return
         self._jobs.put(None)
+        if self._thread is not threading.current_thread():
+            self._thread.join()
 
 
 class DecodeThreads:

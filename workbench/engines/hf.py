@@ -125,6 +125,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+import weakref
 from contextlib import contextmanager
 from concurrent.futures import Future
 from typing import Any
@@ -488,6 +489,8 @@ class HFEngine(GenerationEngine):
             self.decode_threads = DecodeThreads(device, split=fast is not None, packed=packable)
             if SPLIT in self.decode_threads.candidates:
                 self._helper = MatmulHelper()
+                # An engine dropped without close() (a Trainer garbage-collected) still ends its thread.
+                weakref.finalize(self, self._helper.close)
             if PACKED in self.decode_threads.candidates:
                 self._packed = PackedWeights()
         with self.decode_threads.stepping() as stepper:  # thread count timed, then chosen (decode_threads.py)

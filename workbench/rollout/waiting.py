@@ -12,10 +12,11 @@ are running, the wait has no limit of its own: those episodes free the places, a
 of their calls is bounded by its own `step_timeout` (and their turns by `max_turns`).
 When none is running, the places are held outside the rollout (another process, another
 rollout, another user of the server): the rollout retries the waiting episodes (every
-0.05 s, backing off to 1 s) for up to each one's `step_timeout` (0 or None: no limit),
-then ends it with the environment's own words ("environment reset raised
-EnvironmentBusy: Server error: Server at capacity: 1/1 sessions active ... (code:
-CAPACITY_REACHED) ...").
+0.05 s, backing off to 1 s) for up to each one's `step_timeout`, or `ROOM_WAIT_S` (60 s)
+when that is 0 or None (no limit on a call is not a licence to wait forever for a server
+that refuses every session), then ends it with the environment's own words ("environment
+reset raised EnvironmentBusy: Server error: Server at capacity: 1/1 sessions active ...
+(code: CAPACITY_REACHED) ...").
 """
 from __future__ import annotations
 
@@ -24,7 +25,11 @@ from typing import Any
 
 from workbench.environments.base import EnvironmentBusy
 
-__all__ = ["EnvironmentBusy", "EpisodeQueue"]
+__all__ = ["EnvironmentBusy", "EpisodeQueue", "ROOM_WAIT_S"]
+
+#: Seconds a waiting episode waits for room, with no episode of its rollout running, when its
+#: `step_timeout` is 0 or None (with a `step_timeout`, that is the wait).
+ROOM_WAIT_S = 60.0
 
 
 class EpisodeQueue:
@@ -86,12 +91,14 @@ class EpisodeQueue:
         while self.waiting:
             waited = time.monotonic() - begin
             for i in list(self.waiting):
-                limit = self.step_timeouts[i]
-                if limit and waited >= limit:
+                limit = self.step_timeouts[i] or ROOM_WAIT_S
+                if waited >= limit:
                     self.waiting.remove(i)
+                    why = (f"step_timeout={limit:g}" if self.step_timeouts[i]
+                           else f"step_timeout is {self.step_timeouts[i]!r}, so the wait for room is {ROOM_WAIT_S:g} s")
                     self._fail(self.slots[i], f"environment reset raised EnvironmentBusy: {self.waiting_reason(i)} "
                                               f"(waited {waited:.1f} s with no episode of this rollout running; "
-                                              f"step_timeout={limit:g})")
+                                              f"{why})")
             if not self.waiting:
                 break
             time.sleep(delay)

@@ -128,6 +128,13 @@ def _error_text(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
+def call_name(env: Any, method: str) -> str:
+    """How a timed-out call names itself: `GuessNumberEnv.step`, and for an environment whose
+    calls go elsewhere (its `remote`, a str, e.g. "the OpenEnv server at http://...") that too."""
+    remote = getattr(env, "remote", None)
+    return f"{type(env).__name__}.{method}" + (f" ({remote})" if isinstance(remote, str) and remote else "")
+
+
 class MultiTurnManager:
     """Runs the model <-> tools <-> environment loop of one episode at a time.
 
@@ -247,7 +254,7 @@ class MultiTurnManager:
         if self.environment is not None and callable(getattr(self.environment, "reset", None)):
             env = self.environment
             result = call_with_timeout(lambda: env.reset(seed=seed) if seed is not None else env.reset(),
-                                       self.step_timeout, f"{type(env).__name__}.reset")
+                                       self.step_timeout, call_name(env, "reset"))
             observation = result[0] if isinstance(result, tuple) else result
             observation = None if observation is None else str(observation)
         self.start(observation)
@@ -334,7 +341,7 @@ class MultiTurnManager:
         result.action = action
         try:
             env = self.environment
-            raw = call_with_timeout(lambda: env.step(action), self.step_timeout, f"{type(env).__name__}.step")
+            raw = call_with_timeout(lambda: env.step(action), self.step_timeout, call_name(env, "step"))
             obs, reward, done, info = normalize_step_output(raw)
         except Exception as exc:
             self._env_failure(result, exc)

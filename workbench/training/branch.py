@@ -311,14 +311,50 @@ def now_utc() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+def check_before_load(config: ConfigStore, step: int, trainer_kwargs: Mapping[str, Any],
+                      changed: tuple[str, ...] = ()) -> None:
+    """What a branch from `step` can check before any model loads, beyond its config: when it
+    changes an `environment.*` setting or has SFT warm-up steps still to run (`sft.end_step >
+    step`), the environment is built (not reset) the way the trainer builds it
+    (`trainer_kwargs["environment"]`, else `make_env(environment.name, environment)`), so a
+    setting it refuses (a strict format it does not have) is a BranchError now, and an SFT
+    warm-up needs it to have a scripted expert (`env.expert_action`). Errors other than
+    ConfigError are left to the trainer, which builds it again."""
+    sft = config.sft.steps > 0 and config.sft.end_step > step
+    if not sft and not any(k.startswith("environment.") for k in changed):
+        return
+    from workbench.environments.registry import make_env, make_environment
+    from workbench.training.sft import expert_of
+
+    given = trainer_kwargs.get("environment")
+    try:
+        env = make_environment(given) if given is not None else make_env(config.environment.name, config.environment)
+    except ConfigError as exc:
+        raise BranchError(f"the branch's environment refuses its settings: {exc}") from None
+    except Exception:  # noqa: BLE001 - the trainer builds it again and reports its own error
+        return
+    try:
+        if sft:
+            expert_of(env)
+    except ConfigError as exc:
+        raise BranchError(f"sft.steps {config.sft.steps}: an SFT warm-up learns from the environment's scripted "
+                          f"expert, and {exc}; branch without sft.steps") from None
+    finally:
+        close = getattr(env, "close", None)
+        if callable(close):
+            close()
+
+
 # -- putting it together -----------------------------------------------------------------------------
 def start_branch(trainer_cls: Any, checkpoint: str | Path, output_dir: str | Path,
                  overrides: Mapping[str, Any] | None, steps: int | None,
                  trainer_kwargs: Mapping[str, Any]) -> Any:
     """`Trainer.from_checkpoint` (its docstring is the reference): check everything that can
     be checked from the checkpoint's config (BranchError, before any model loads and before
-    anything is written), build `trainer_cls(config, **trainer_kwargs)`, load the checkpoint,
-    then set up the branch's folder (`write_branch_folder`) under its lock."""
+    anything is written; `check_before_load`), take the branch folders' lock, build
+    `trainer_cls(config, **trainer_kwargs)`, load the checkpoint, then set up the branch's folder
+    (`write_branch_folder`). The trainer holds the lock; its `fit` releases it when it ends. When
+    any of this fails the lock is given back and the folders it created are removed."""
     placed = [k for k in flat_overrides(overrides) if k in PLACE_FIELDS]
     if placed:
         raise BranchError(f"a branch's {', '.join(placed)} is set by its output folder (checkpoints in "
@@ -334,24 +370,35 @@ def start_branch(trainer_cls: Any, checkpoint: str | Path, output_dir: str | Pat
     check_output(out, path, parent_run, config)
     changes = {k: v for k, v in config_changes(saved, config).items()
                if k not in PLACE_FIELDS and (steps is None or k not in LENGTH_FIELDS)}
-    trainer = trainer_cls(config, **trainer_kwargs)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        trainer.load_checkpoint(path)
-    for w in caught:  # an overridden learning rate is the point of the branch: no warning about it
-        if not (issubclass(w.category, ckpt.ResumedHyperparameterWarning)
-                and any(f"{k}=" in str(w.message) for k in changes)):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    trainer._resume_tried = trainer._run_started = True  # fit neither resumes nor sets this run aside
-    origin = BranchOrigin(
-        checkpoint=path.resolve(), step=step, parent_run=parent_run,
-        overrides={k: new for k, (_, new) in changes.items()},
-        parent_values={k: old for k, (old, _) in changes.items()},
-        until_step=config.sft.steps + config.training.num_epochs * config.training.num_iters_per_epoch,
-        created=now_utc())
-    with RunLock(config.checkpoint.output_dir):  # no other run writes there while it is set up
+    check_before_load(config, step, trainer_kwargs, tuple(changes))
+    # From here on the branch writes: its folders' lock first (RunLockedError, naming the run that
+    # holds them, before anything is created or written), held by the trainer until its fit ends.
+    lock = RunLock.of_config(config).acquire()
+    trainer = None
+    try:
+        trainer = trainer_cls(config, **trainer_kwargs)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.load_checkpoint(path)
+        for w in caught:  # an overridden learning rate is the point of the branch: no warning about it
+            if not (issubclass(w.category, ckpt.ResumedHyperparameterWarning)
+                    and any(f"{k}=" in str(w.message) for k in changes)):
+                warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+        trainer._resume_tried = trainer._run_started = True  # fit neither resumes nor sets this run aside
+        origin = BranchOrigin(
+            checkpoint=path.resolve(), step=step, parent_run=parent_run,
+            overrides={k: new for k, (_, new) in changes.items()},
+            parent_values={k: old for k, (old, _) in changes.items()},
+            until_step=config.sft.steps + config.training.num_epochs * config.training.num_iters_per_epoch,
+            created=now_utc())
         set_aside_earlier_run([config.checkpoint.output_dir, out], why=f"a branch starts a new run in {out}")
         write_branch_folder(out, origin, config, trainer.metrics_history)
+    except BaseException:
+        lock.release(remove_created=True)  # a branch that failed leaves no folder it made behind
+        if trainer is not None:
+            trainer.cleanup()
+        raise
+    trainer._run_lock, trainer._run_lock_kept = lock, False  # its fit writes under it, and releases it
     trainer.branched_from = origin
     write(f"branched from {path} (step {step})" + (
         ": " + ", ".join(f"{k} {origin.parent_values[k]!r} -> {v!r}" for k, v in origin.overrides.items())

@@ -289,7 +289,7 @@ def write_checkpoint(path: str | Path, tensors: Mapping[str, Mapping[str, torch.
     aside = parent / f".{path.name}.old-{tag}"
     try:
         for name, sd in tensors.items():
-            save_file({k: v.detach().cpu().contiguous() for k, v in sd.items()}, str(tmp / f"{name}.safetensors"))
+            save_tensors({k: v.detach().cpu().contiguous() for k, v in sd.items()}, tmp / f"{name}.safetensors")
         for name, data in json_files.items():
             (tmp / f"{name}.json").write_text(json.dumps(data))
         for name, text in texts.items():
@@ -308,17 +308,39 @@ def write_checkpoint(path: str | Path, tensors: Mapping[str, Mapping[str, torch.
             os.rename(path, aside)
         os.rename(tmp, path)
         _fsync(parent)
-    except BaseException:
+    except BaseException as exc:
         if aside.exists():
             if path.exists():
                 shutil.rmtree(aside, ignore_errors=True)
             else:
                 os.rename(aside, path)
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno is not None and exc.filename and str(tmp) in str(exc.filename):
+            # name the checkpoint, not the temp folder that is gone now (a full disk: ENOSPC)
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
     if aside.exists():
         shutil.rmtree(aside)
     return path
+
+
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def save_tensors(tensors: Mapping[str, torch.Tensor], path: str | Path) -> None:
+    """`safetensors.torch.save_file(tensors, path)`, with a failed write raised as the
+    `OSError` it was: safetensors reports a full disk as `SafetensorError("Error while
+    serializing: I/O error: No space left on device (os error 28)")`; here it is
+    `OSError(ENOSPC, ..., path)`, like every other write of a run, so the CLI reports it in
+    one line naming the file."""
+    try:
+        save_file(dict(tensors), str(path))
+    except SafetensorError as exc:
+        found = _OS_ERROR.search(str(exc))
+        if found is None:
+            raise
+        code = int(found.group(1))
+        raise OSError(code, os.strerror(code), str(path)) from exc
 
 
 # -- reading -------------------------------------------------------------------------------

@@ -26,7 +26,8 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
             callbacks: Sequence[Callable[[Any, dict], None]], time_limit_s: float | None,
             steps: int | None, until_step: int | None) -> list[dict[str, float]]:
     """`Trainer.fit` (see its docstring)."""
-    t, c = trainer.config.training, trainer.config.checkpoint
+    config = trainer.checked_config()  # a field set on trainer.config after it was built is checked here
+    t, c = config.training, config.checkpoint
     if steps is not None and (until_step is not None or num_epochs or num_iters_per_epoch):
         raise ValueError("fit: give steps=N (N more steps) or an absolute target (until_step, or "
                          "num_epochs/num_iters_per_epoch), not both")
@@ -34,7 +35,8 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
     if steps is not None and (not isinstance(steps, int) or steps < 0):
         raise ValueError(f"fit(steps=...) must be an integer >= 0, got {steps!r}")
     trainer.loggers = LoggerGroup(trainer.config)
-    # One run per folder (lock, released below); resumes, or moves an earlier run aside.
+    # One writer per run folder (lock, released below unless the caller holds it for longer);
+    # resumes, or moves an earlier run aside.
     run_lock = begin_run(trainer)
     if steps is not None:
         total = trainer.global_step + steps
@@ -45,6 +47,11 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
             warnings.warn(f"fit: the trainer is at step {trainer.global_step}, already at the absolute target "
                           f"step {total}, so nothing is trained; fit(steps=N) trains N more steps",
                           FitTargetReachedWarning, stacklevel=3)  # the caller of Trainer.fit
+    if total <= trainer.global_step:  # nothing to train: nothing is written either
+        if not trainer._run_lock_kept:
+            run_lock.release()
+        trainer.stop_reason = None
+        return trainer.metrics_history
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     trainer.stop_reason: str | None = None
     bar = progress_bar(t.progress, total=total, initial=min(trainer.global_step, total), desc="fit", unit="step")
@@ -64,7 +71,8 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
                                     f"of {total} steps")
             sft = "sft/nll" in metrics  # an SFT step: its batch is the expert's, not the policy's
             if trainer.doctor is not None and not sft:  # one line per new finding; diagnose/<name> in the metrics
-                metrics.update(trainer.doctor.observe(trainer.last_batch, metrics["step"], trainer.metrics_history))
+                metrics.update(trainer.doctor.observe(trainer.last_batch, metrics["step"], trainer.metrics_history,
+                                                      trainer.run_facts()))
             if sft:
                 run_files.record_demonstrations(run_dir, trainer.config, trainer.last_batch)
             else:
@@ -88,7 +96,8 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
         if trainer.ahead is not None:  # the batch in flight is dropped; the engine gets the current weights
             ahead, trainer.ahead = trainer.ahead, None
             ahead.close()
-        run_lock.release()
+        if not trainer._run_lock_kept:  # the CLI keeps it until its reports are written
+            run_lock.release()
         bar.close()
         trainer.loggers.close()
     return trainer.metrics_history
@@ -112,10 +121,13 @@ def save_after_interrupt(trainer: Any) -> None:
     if not trainer.config.checkpoint.save_interval or trainer.global_step == 0:
         return
     if getattr(trainer, "_updating", False):
+        if getattr(trainer, "_reports_interrupt", False):
+            return
         write(f"interrupted inside the update of step {trainer.global_step}: its weights may be partly updated, "
               "so no checkpoint is written; the newest checkpoint in "
               f"{trainer.config.checkpoint.output_dir} is where a resume starts")
         return
     save_step_checkpoint(trainer)
-    write(f"interrupted: saved step {trainer.global_step} to "
-          f"{Path(trainer.config.checkpoint.output_dir) / ckpt.checkpoint_name(trainer.global_step)}")
+    if not getattr(trainer, "_reports_interrupt", False):  # the CLI prints its own line (where to resume)
+        write(f"interrupted: saved step {trainer.global_step} to "
+              f"{Path(trainer.config.checkpoint.output_dir) / ckpt.checkpoint_name(trainer.global_step)}")

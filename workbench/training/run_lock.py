@@ -1,5 +1,5 @@
-"""One run per output folder: a lock file that `Trainer.fit` holds while it trains, and a
-fresh run that moves an earlier one aside instead of writing over it.
+"""One writer per run folder: a lock that a run holds from before its first write to after
+its last, and a fresh run that moves an earlier one aside instead of writing over it.
 
     lock = begin_run(trainer)     # RunLockedError if another run holds the folder; resumes,
     ...                           # or (resume=False) moves an earlier run's files aside
@@ -7,21 +7,32 @@ fresh run that moves an earlier one aside instead of writing over it.
 
 Two processes training into one folder used to corrupt each other: one died inside the
 checkpoint swap (its rename landed on the other's `step_000002`) and `metrics.jsonl`
-lost rows. The second `fit` now refuses to start, naming the folder and the process
+lost rows. The second run now refuses to start, naming the folder and the process
 (pid, host, start time) that holds it.
 
-The lock is `<folder>/.workbench.lock`, created with O_CREAT | O_EXCL (atomic on a local
-file system) and holding JSON {pid, host, started, heartbeat}. A dead holder does not keep
-it: on the same host a lock whose pid no longer runs is stale; from another host (a
-shared file system) a lock whose heartbeat (its mtime, refreshed every
+Who holds it, and from when: everything a run writes into its folders happens under the
+lock. `Trainer.fit` takes it (`hold_run_folders`) unless the trainer holds it already,
+and gives it back when it ends. A branch (`Trainer.from_checkpoint`) takes it before it
+creates or writes its folder and hands it to its trainer. The CLI's `train` takes it
+before it builds the trainer and keeps it through `fit` until its evaluations, summary and
+transcript are written; a second `train` or branch into the same folder is refused before
+it writes anything (its config.yaml included), and one into a finished run's folder, which
+would train nothing, gets `RunFinishedError` (`refuse_finished_run`).
+
+A lock covers every folder a run writes to (`RunLock.of_config`: `checkpoint.output_dir`
+and the loggers' `training.log_dir`); in each it is `<folder>/.workbench.lock`, created with
+O_CREAT | O_EXCL (atomic on a local file system) and holding JSON {pid, host, started}. A
+dead holder does not keep it: on the same host a lock whose pid no longer runs is stale;
+from another host (a shared file system) a lock whose heartbeat (its mtime, refreshed every
 `HEARTBEAT_S` by a daemon thread of the holder) is older than `STALE_AFTER_S` is stale.
 A stale lock is taken over with a warning.
 
-A fresh run over a used folder (`checkpoint.resume=False` where checkpoints or logs of
-an earlier run are) used to truncate the old `metrics.jsonl` and have its own first
-checkpoint pruned at once (the old run's steps are higher). Now the earlier run's files
-are moved aside, into `<folder>/previous_runs/<date-time>/`, with a warning naming both
-places: nothing is lost, and the new run starts in a clean folder.
+A fresh run over a used folder (`checkpoint.resume=False`, or `resume` with no checkpoint
+to resume from, where files of an earlier run are) used to truncate the old
+`metrics.jsonl` and have its own first checkpoint pruned at once (the old run's steps are
+higher). Now the earlier run's files (`RUN_FILES`, checkpoints) are moved aside, into
+`<folder>/previous_runs/<date-time>/`, with a warning naming both places: nothing is lost,
+and the new run starts in a clean folder.
 """
 from __future__ import annotations
 
@@ -34,7 +45,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from workbench.training.run_files import DEMONSTRATIONS, EVALS, ROLLOUTS
+from workbench.training.run_files import CONFIG_FILE, DEMONSTRATIONS, EVALS, EVALS_FILE, ROLLOUTS
 
 LOCK_NAME = ".workbench.lock"
 #: Seconds between heartbeats (mtime refreshes) of a held lock.
@@ -97,83 +108,146 @@ def is_stale(info: dict[str, Any], mtime: float, now: float | None = None) -> bo
 
 
 class RunLock:
-    """The lock of one output folder (see the module docstring); a context manager.
+    """The lock of a run's folders (see the module docstring); a context manager.
 
     Args:
-        folder: the run folder (`checkpoint.output_dir`); created if missing.
+        folders: the run's folders (`checkpoint.output_dir`, and the loggers' `log_dir` when
+            it is another one; `RunLock.of_config`), each created if missing and locked with its
+            own `.workbench.lock`, all or none.
+
+    Attributes:
+        created: the folders `acquire` created (`release(remove_created=True)` removes them
+            again when they are still empty: a run refused or failed before it wrote anything
+            leaves no folder behind).
     """
 
-    def __init__(self, folder: str | Path):
+    def __init__(self, folder: str | Path, *more: str | Path):
+        self.folders = list(dict.fromkeys(Path(f).resolve() for f in (folder, *more)))
+        self.folders.sort(key=lambda f: (len(f.parts), str(f)))  # a run folder before the folders inside it
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
+        self.paths = [f / LOCK_NAME for f in self.folders]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._taken: list[Path] = []
+        self.created: list[Path] = []
         self.held = False
 
+    @classmethod
+    def of_config(cls, config: Any) -> "RunLock":
+        """The lock of every folder a run of `config` writes to: `checkpoint.output_dir` and
+        the loggers' folder (`training.log_dir`, the CLI's output folder)."""
+        from workbench.training.loggers import log_dir
+
+        return cls(config.checkpoint.output_dir, log_dir(config))
+
+    def covers(self, config: Any) -> bool:
+        """Whether this lock is over exactly the folders a run of `config` writes to."""
+        return self.folders == RunLock.of_config(config).folders
+
     def acquire(self) -> "RunLock":
-        """Take the lock, or raise `RunLockedError` naming the live holder."""
-        self.folder.mkdir(parents=True, exist_ok=True)
+        """Take the lock of every folder, or raise `RunLockedError` naming the live holder
+        (and hold none of them)."""
+        self.created = []
+        for folder in self.folders:
+            missing = [p for p in (folder, *folder.parents) if not p.exists()]
+            if missing:
+                folder.mkdir(parents=True, exist_ok=True)
+                self.created += [p for p in missing if p not in self.created]
+        try:
+            for folder in self.folders:
+                self._acquire_one(folder)
+                self._taken.append(folder / LOCK_NAME)
+        except BaseException:
+            self._let_go()
+            self._remove_created()
+            raise
+        self.held = True
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._beat, name="wb-run-lock", daemon=True)
+        self._thread.start()
+        return self
+
+    def _acquire_one(self, folder: Path) -> None:
+        path = folder / LOCK_NAME
         mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                info = read_lock(self.folder)
+                info = read_lock(folder)
                 if info is None:
                     continue  # released meanwhile: try again
                 try:
-                    mtime = self.path.stat().st_mtime
+                    mtime = path.stat().st_mtime
                 except FileNotFoundError:
                     continue
                 same = info.get("pid") == os.getpid() and info.get("host") == mine["host"]
-                if info and not is_stale(info, mtime) and not (same and str(self.path) not in _HELD_HERE):
+                if info and not is_stale(info, mtime) and not (same and str(path) not in _HELD_HERE):
                     who = "this process (another Trainer.fit that has not ended)" if same else _describe(info)
                     raise RunLockedError(
-                        f"{self.folder} is in use by another run: {who} holds {self.path}. Two runs in one "
+                        f"{folder} is in use by another run: {who} holds {path}. Two runs in one "
                         "folder overwrite each other's checkpoints and metrics: give this run its own "
-                        "checkpoint.output_dir, or wait for that run to end. (If that process is gone, "
-                        f"delete {self.path}.)")
+                        "folder (--output, checkpoint.output_dir), or wait for that run to end. (If that process "
+                        f"is gone, delete {path}.)")
                 if not info and time.time() - mtime < HEARTBEAT_S:
-                    raise RunLockedError(f"{self.folder} is being locked by another run right now ({self.path} "
+                    raise RunLockedError(f"{folder} is being locked by another run right now ({path} "
                                          "is still being written); try again in a moment")
                 if not same:
-                    warnings.warn(f"taking over the lock of {self.folder} from a run that is gone "
-                                  f"({_describe(info) if info else 'unreadable lock file'})", stacklevel=3)
+                    warnings.warn(f"taking over the lock of {folder} from a run that is gone "
+                                  f"({_describe(info) if info else 'unreadable lock file'})", stacklevel=4)
                 try:
-                    self.path.unlink()
+                    path.unlink()
                 except FileNotFoundError:
                     pass
                 continue
             with os.fdopen(fd, "w") as fh:
                 json.dump(mine, fh)
-            self.held = True
-            _HELD_HERE.add(str(self.path))
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._beat, name="wb-run-lock", daemon=True)
-            self._thread.start()
-            return self
-        raise RunLockedError(f"could not take the lock {self.path}: other runs keep taking it")
+            _HELD_HERE.add(str(path))
+            return
+        raise RunLockedError(f"could not take the lock {path}: other runs keep taking it")
 
     def _beat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
-            try:
-                os.utime(self.path)
-            except OSError:
-                return
+            for path in list(self._taken):
+                try:
+                    os.utime(path)
+                except OSError:
+                    pass
 
-    def release(self) -> None:
-        """Give the lock back (only if this process still holds it)."""
-        if not self.held:
-            return
-        self.held = False
-        self._stop.set()
-        _HELD_HERE.discard(str(self.path))
-        info = read_lock(self.folder)
-        if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+    def _let_go(self) -> None:
+        """Remove the lock files this object took (only those this process still holds)."""
+        for path in reversed(self._taken):
+            _HELD_HERE.discard(str(path))
+            info = read_lock(path.parent)
+            if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+                try:
+                    path.unlink()
+                except FileNotFoundError:
+                    pass
+        self._taken = []
+
+    def _remove_created(self) -> None:
+        """Remove the folders `acquire` created, deepest first, where they are still empty."""
+        for folder in sorted(self.created, key=lambda f: len(f.parts), reverse=True):
             try:
-                self.path.unlink()
-            except FileNotFoundError:
+                folder.rmdir()
+            except OSError:  # not empty (something was written there) or gone: keep it
                 pass
+        self.created = []
+
+    def release(self, remove_created: bool = False) -> None:
+        """Give the lock back (only if this process still holds it). `remove_created`: also
+        remove the folders `acquire` created, when nothing was written into them."""
+        if self.held:
+            self.held = False
+            self._stop.set()
+            thread, self._thread = self._thread, None
+            if thread is not None and thread is not threading.current_thread():
+                thread.join()
+            self._let_go()
+        if remove_created:
+            self._remove_created()
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
@@ -182,13 +256,15 @@ class RunLock:
         self.release()
 
     def __repr__(self) -> str:
-        return f"RunLock({str(self.folder)!r}, held={self.held})"
+        return f"RunLock({', '.join(repr(str(f)) for f in self.folders)}, held={self.held})"
 
 
 #: What a run writes into its folders (checkpoints `step_*`, the loggers' files, each step's
-#: batch and the held-out batches: `workbench.training.run_files`); only these are moved by
-#: `set_aside_earlier_run` (an output folder may hold the user's own files).
-RUN_FILES = ("metrics.jsonl", "episodes.jsonl", "tensorboard", "wandb", ROLLOUTS, EVALS, DEMONSTRATIONS)
+#: batch and the held-out batches: `workbench.training.run_files`; the CLI's reports and a
+#: branch's record); only these are moved by `set_aside_earlier_run` (an output folder may
+#: hold the user's own files).
+RUN_FILES = ("metrics.jsonl", "episodes.jsonl", "tensorboard", "wandb", ROLLOUTS, EVALS, DEMONSTRATIONS,
+             CONFIG_FILE, EVALS_FILE, "summary.md", "transcript.md", "reward_curve.png", "branch.json")
 #: Subfolder of an output folder that earlier runs are moved into.
 PREVIOUS_RUNS = "previous_runs"
 
@@ -228,35 +304,95 @@ def set_aside_earlier_run(folders: list[str | Path], why: str | None = None) -> 
         for path in found:
             os.replace(path, dest / path.name)
         names = ", ".join(p.name for p in found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
-        why = why or "checkpoint.resume=False starts a fresh run"
-        hint = "" if "resume" not in why else " (set checkpoint.resume=True to continue a run instead)"
-        warnings.warn(f"{why}, and {folder} held an earlier one ({names}): moved it to {dest}{hint}",
+        hint = " (set checkpoint.resume=True to continue a run instead)" if why is None else ""
+        warnings.warn(f"{why or 'checkpoint.resume=False starts a fresh run'}, and {folder} held an earlier one "
+                      f"({names}): moved it to {dest}{hint}",
                       EarlierRunMovedWarning, stacklevel=3)
         moved.append(dest)
     return moved
 
 
-def begin_run(trainer: Any) -> RunLock:
-    """What `Trainer.fit` does before its first step: take the output folder's lock (or
-    `RunLockedError`), then, when nothing was trained or resumed yet, resume if
-    `checkpoint.resume` is set (as `fit` documents), else move an earlier run's files
-    aside (`set_aside_earlier_run`). Returns the held lock (released by `fit` when it
-    ends; released here if this raises)."""
+class RunFinishedError(RuntimeError):
+    """The run folder holds a run that already reached this run's target step: resuming it
+    would train nothing (`refuse_finished_run`)."""
+
+
+def hold_run_folders(trainer: Any, keep: bool = False) -> RunLock:
+    """The lock of the folders `trainer`'s run writes to (`RunLock.of_config`), taken now
+    unless the trainer holds it already (a branch takes it before it writes its folder);
+    `RunLockedError` naming the holder otherwise. `keep=True`: `fit` leaves it held when it
+    ends (the CLI writes its evaluations and summary after `fit`, and releases it itself);
+    else the `fit` that ends releases it."""
+    lock = getattr(trainer, "_run_lock", None)
+    if lock is not None and lock.held and not lock.covers(trainer.config):
+        lock.release()  # the config was pointed at other folders since
+    if lock is None or not lock.held:
+        lock = trainer._run_lock = RunLock.of_config(trainer.config).acquire()
+    trainer._run_lock_kept = keep or getattr(trainer, "_run_lock_kept", False)
+    return lock
+
+
+def release_run_folders(trainer: Any, remove_created: bool = False) -> None:
+    """Give back the lock `hold_run_folders` took (the trainer's run writes nothing more)."""
+    lock = getattr(trainer, "_run_lock", None)
+    trainer._run_lock_kept = False
+    if lock is not None:
+        lock.release(remove_created=remove_created)
+
+
+def start_run(trainer: Any) -> None:
+    """Once per run, with the run's lock held, before its first write: when nothing was
+    trained or resumed yet, resume if `checkpoint.resume` is set (as `fit` documents); when
+    that finds no checkpoint, or with `checkpoint.resume=False`, move an earlier run's files
+    aside (`set_aside_earlier_run`), so a fresh run neither truncates nor overwrites them."""
     from workbench.training.loggers import log_dir
 
     c = trainer.config.checkpoint
-    fresh = trainer.global_step == 0 and not trainer._resume_tried
-    previous = getattr(trainer, "_run_lock", None)
-    if previous is not None:  # this trainer's earlier fit ended (one cell at a time): let go of its lock
-        previous.release()
-    lock = trainer._run_lock = RunLock(c.output_dir).acquire()
+    if trainer.global_step != 0 or trainer._resume_tried or getattr(trainer, "_run_started", False):
+        trainer._run_started = True
+        return
+    resumed = trainer.resume() if c.resume else None
+    if resumed is None:
+        why = None if not c.resume else (f"checkpoint.resume is set but {c.output_dir} holds no checkpoint to "
+                                         "resume from, so a fresh run starts")
+        set_aside_earlier_run([c.output_dir, log_dir(trainer.config)], why=why)
+    trainer._run_started = True  # a later fit() of this trainer continues its own run
+
+
+def run_target(config: Any) -> int:
+    """The absolute step a run of `config` trains up to: `sft.steps + num_epochs x num_iters_per_epoch`."""
+    return config.sft.steps + config.training.num_epochs * config.training.num_iters_per_epoch
+
+
+def refuse_finished_run(trainer: Any, out: str | Path) -> None:
+    """`RunFinishedError` when the trainer (just resumed by `start_run`) is already at its
+    config's target step: a second command into a finished run's folder would train nothing
+    and only rewrite the first run's reports. Says what to give instead."""
+    target = run_target(trainer.config)
+    if trainer.global_step < target:
+        return
+    from workbench.training import checkpoint as ckpt
+
+    saved = ckpt.latest_checkpoint(trainer.config.checkpoint.output_dir)
+    where = saved if saved is not None else trainer.config.checkpoint.output_dir
+    raise RunFinishedError(
+        f"{out} holds a finished run: {where} is at step {trainer.global_step} and this run's target is step "
+        f"{target} (sft.steps + training.num_epochs x num_iters_per_epoch), so there is nothing to train. Give "
+        f"--output NEW for a new run, a later target (--steps N, N > {trainer.global_step}) to train it on, "
+        f"--checkpoint.resume false to move it to {Path(out) / PREVIOUS_RUNS}/ and start over, or branch from it: "
+        f"python -m workbench train --from {where} --steps N --output NEW")
+
+
+def begin_run(trainer: Any) -> RunLock:
+    """What `Trainer.fit` does before its first step: hold the run folders' lock
+    (`hold_run_folders`; `RunLockedError` if another run holds them), then `start_run`
+    (resume, or move an earlier run aside). Returns the held lock; released here if this
+    raises and `fit` took it."""
+    lock = hold_run_folders(trainer)
     try:
-        if c.resume and fresh:
-            trainer.resume()
-        elif fresh and not getattr(trainer, "_run_started", False):
-            set_aside_earlier_run([c.output_dir, log_dir(trainer.config)])
-        trainer._run_started = True  # a later fit() of this trainer continues its own run
+        start_run(trainer)
     except BaseException:
-        lock.release()
+        if not trainer._run_lock_kept:
+            lock.release()
         raise
     return lock

@@ -26,6 +26,7 @@ trained token are left out. Shapes: B batch, T tokens.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Sequence
 
 import torch
@@ -37,6 +38,15 @@ from workbench.training.policy import forward_logprobs, forward_rows, micro_batc
 from workbench.trajectory import TrajectoryBatch
 
 Expert = Callable[[Any], str]
+
+
+class ExpertFailedWarning(UserWarning):
+    """A scripted expert failed on one demonstration (raised, or returned no text): that
+    demonstration is skipped and the warm-up goes on with the others."""
+
+
+class ExpertError(RuntimeError):
+    """The scripted expert failed on every demonstration: there is nothing to learn from."""
 
 #: Seeds of demonstration episodes start here: apart from training seeds (derived from
 #: `training.seed` and the step) and the held-out seeds of the CLI (10_000..).
@@ -50,32 +60,73 @@ def expert_of(env: Any) -> Expert:
         raise ConfigError(f"{type(env).__name__} has no scripted expert to learn from: give the environment an "
                           "`expert_action(self) -> str` method (the reply an expert makes in the current state), "
                           "or pass demonstrations to Trainer.sft(batch) yourself")
-    return lambda e: e.expert_action()
+
+    def expert(e: Any) -> str:
+        return e.expert_action()
+
+    expert.__qualname__ = f"{type(env).__name__}.expert_action"  # how failures name it
+    return expert
+
+
+def expert_name(expert: Expert) -> str:
+    """How messages name a scripted expert: `GuessNumberEnv.expert_action`, a function's name."""
+    return getattr(expert, "__qualname__", None) or repr(expert)
+
+
+def _expert_reply(expert: Expert, env: Any, episode: int, seed: Any, turn: int) -> tuple[str | None, str]:
+    """(the expert's reply, "") or (None, why it failed: the expert, the episode and the turn)."""
+    where = f"demonstration episode {episode} (seed {seed}), turn {turn}"
+    try:
+        reply = expert(env)
+    except Exception as exc:  # noqa: BLE001 - the expert's own bug ends its demonstration only
+        return None, f"the scripted expert {expert_name(expert)} raised {type(exc).__name__}: {exc} in {where}"
+    if not isinstance(reply, str):
+        return None, (f"the scripted expert {expert_name(expert)} returned {type(reply).__name__} "
+                      f"({str(reply)[:60]!r}) instead of the reply text in {where}")
+    return reply, ""
 
 
 def play_expert(config: Any, engine: Any, environments: Sequence[Any], seeds: Sequence[int],
                 expert: Expert, parser: Any = None, tools: Sequence[Any] = ()) -> TrajectoryBatch:
     """Episodes of `environments` (one per seed) played by `expert` through a `Rollout`
-    with `config`'s settings; the engine only lends its tokenizer (nothing is sampled)."""
+    with `config`'s settings; the engine only lends its tokenizer (nothing is sampled).
+
+    An expert that fails on an episode (raises, or returns something other than text) ends
+    that demonstration: an `ExpertFailedWarning` names the expert, the episode (and its
+    seed) and the turn, and the episode is left out of the batch (`meta["skipped"]` counts
+    them); `ExpertError` when it failed on every one."""
     rollout = make_rollout(config, engine, environments, list(seeds), parser=parser, tools=tools, progress=False)
     rollout.reset()
-    for _ in range(rollout.max_turns):
+    failed: dict[int, str] = {}
+    for turn in range(rollout.max_turns):
         if not rollout.live:
             break
         for i in list(rollout.live):
             slot = rollout.slots[i]
-            ids = rollout.renderer.human_action_ids(expert(slot.env))  # the reply + the end-of-turn id
+            reply, why = _expert_reply(expert, slot.env, i, slot.episode.env_seed, turn)
+            if reply is None:
+                failed[i] = why
+                rollout._fail(slot, why)
+                warnings.warn(f"{why}: that demonstration is skipped, the SFT warm-up goes on without it",
+                              ExpertFailedWarning, stacklevel=3)
+                continue
+            ids = rollout.renderer.human_action_ids(reply)  # the reply + the end-of-turn id
             room = rollout.max_context_tokens - rollout.close_reserve - slot.episode.num_tokens
             if len(ids) > room:
                 rollout._truncate(slot, "context")  # as a sampled turn that cannot fit
                 continue
             rollout.replay(i, ids, [0.0] * len(ids), "stop")
             slot.episode.turns[-1].source = "expert"
-    batch = rollout.batch
+    if failed and len(failed) == len(rollout.slots):
+        raise ExpertError(f"the scripted expert {expert_name(expert)} failed on all {len(failed)} demonstration "
+                          f"episodes, so there is nothing to learn from; the first: {next(iter(failed.values()))}")
+    batch = TrajectoryBatch([s.episode for i, s in enumerate(rollout.slots) if i not in failed])
     for ep in batch:
         if not ep.done:  # turns ran out: as the rollout ends an episode at max_turns
             ep.truncated, ep.truncation_reason = True, "max_turns"
     batch.meta["demonstrations"] = True
+    if failed:
+        batch.meta["skipped"] = len(failed)
     return batch
 
 
@@ -124,4 +175,5 @@ def sft_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch: Tr
             "sft/episodes": float(len(batch) - len(batch.untrained_rows())), "sft/skipped_updates": float(not kept)}
 
 
-__all__ = ["DEMONSTRATION_SEED_BASE", "expert_demonstrations", "expert_of", "play_expert", "sft_step"]
+__all__ = ["DEMONSTRATION_SEED_BASE", "ExpertError", "ExpertFailedWarning", "expert_demonstrations", "expert_name",
+           "expert_of", "play_expert", "sft_step"]

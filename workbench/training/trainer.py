@@ -41,6 +41,7 @@ from workbench import algo
 from workbench.config import ConfigError, ConfigStore
 from workbench.data import EpisodeDataset, PromptEnvironment, make_episode_env
 from workbench.doctor.checks import StepDoctor
+from workbench.doctor.findings import RunFacts
 from workbench.engines import GenerationEngine, make_engine
 from workbench.environments.registry import make_env, make_environment, record_environment
 from workbench.reward import (
@@ -114,7 +115,9 @@ class Trainer:
         if self.dataset is not None:
             make_episode_env(self.make_environment, self.dataset.first)  # a bad item fails here, not at every reset
         # Record what this run trains on (name that rebuilds it, class, params) in the config.
-        self.config.environment = record_environment(self.config.environment, self.make_environment())
+        env = self.make_environment()
+        self._env_type = type(env)  # what the doctor's remedies fit (run_facts)
+        self.config.environment = record_environment(self.config.environment, env)
         self.reward_fn = reward_fn
         self.tools, self.parser = list(tools), parser
         models = build_models(config)
@@ -137,6 +140,10 @@ class Trainer:
         #: Where this trainer's run branched from (`from_checkpoint`), else None.
         self.branched_from: Any = None
         self._resume_tried = False  # fit() resumes once, unless resume() ran already
+        self._run_started = False  # the run folder was resumed or set up (workbench.training.run_lock.start_run)
+        self._run_lock: Any = None  # the run folders' lock while this trainer writes there (run_lock)
+        self._run_lock_kept = False  # held past fit (the CLI, until its reports are written)
+        self._reports_interrupt = False  # the CLI says where a Ctrl-C'd run resumes (fit_loop.save_after_interrupt)
         # fit runs the doctor's batch checks each step (workbench.doctor.checks) with the thresholds of
         # config.doctor (the same object: a threshold changed on the config applies from the next step);
         # None turns them off.
@@ -145,6 +152,24 @@ class Trainer:
         self.stages = make_stages(self)
         #: `fit`'s rollouts of the next steps on a thread (`training.max_staleness` >= 1), else None.
         self.ahead: RolloutAhead | None = None
+
+    def checked_config(self) -> ConfigStore:
+        """`self.config`, validated again: a notebook may set a field on `trainer.config` after
+        the trainer was built (`trainer.config.training.max_staleness = 2`), and every stage
+        (`rollout`, `score`, `compute_advantages`, `update`, `train_step`, `sft_step`,
+        `evaluate`, `fork`, `fit`) checks it before using it, so a bad value is a ConfigError
+        naming the field, not a TypeError deep inside. Fields that shaped what was built
+        (model, LoRA, estimator's critic, engine) do not change the built objects."""
+        return self.config.validate()
+
+    def run_facts(self) -> RunFacts:
+        """What the doctor's findings and remedies must fit (`workbench.doctor.findings.RunFacts`):
+        this run's estimator and `max_tokens`, and whether its environment has a scripted expert
+        and a strict format."""
+        env_type = getattr(self, "_env_type", None)
+        if env_type is None:
+            self._env_type = env_type = type(self.make_environment())
+        return RunFacts.of(self.config, env_type)
 
     @property
     def ray_stages(self) -> Any:
@@ -204,6 +229,7 @@ class Trainer:
         `fit` with `training.max_staleness` >= 1, the batch sampled ahead for this step is
         taken instead (`workbench.training.async_fit`); outside `fit` there is none.
         Every episode records the weight version that sampled it (`weight_version`)."""
+        self.checked_config()
         self.policy.model.eval()
         batch = self.ahead.take(self.global_step) if self.ahead is not None else None  # async_fit
         self.last_batch = batch if batch is not None else self._sample(self.global_step, self.global_step)
@@ -231,6 +257,7 @@ class Trainer:
         All-or-nothing: a failing reward_fn or a non-finite / float32-overflowing reward
         raises RewardError naming the episode, and no episode's `score` changes."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
+        self.checked_config()
         return score_batch(batch, fn, self.environment, self.config.reward, max_tokens=self._max_tokens)
 
     @property
@@ -245,6 +272,7 @@ class Trainer:
         at most `training.dynamic_sampling_max_batches` extra rounds; `batch` itself when the
         setting is off. The result is the batch to train on (and `last_batch`); see
         `workbench.training.dynamic_sampling`."""
+        self.checked_config()
         with torch.no_grad():
             return dynamic_sampling.filter_groups(self, batch)
 
@@ -303,7 +331,7 @@ class Trainer:
 
         old_logprobs=False leaves old_logprobs (and the KL view) to `update` (see
         `training.reuse_update_logprobs`); not allowed with a KL penalty in the reward."""
-        t = self.config.training
+        t = self.checked_config().training
         if not old_logprobs and (t.use_kl_in_reward or not self.update_is_on_policy):
             raise ConfigError("old_logprobs=False needs an on-policy update (ppo_epochs=1, one mini-batch) and "
                               "training.use_kl_in_reward=False; call compute_advantages(batch)")
@@ -348,6 +376,7 @@ class Trainer:
         """PPO epochs over mini-batches (gradient accumulation over micro-batches), then the
         critic; the loops are `workbench.training.update` (the same functions data-parallel
         learners run)."""
+        self.checked_config()
         start = time.perf_counter()
         metrics = self.stages.update(self, batch)
         metrics["perf/update_seconds"] = time.perf_counter() - start
@@ -368,7 +397,7 @@ class Trainer:
         and counted (`rollout/failed_episodes`, a line naming them). A batch with no trained
         token at all is not updated: `NothingToTrainWarning` names the episodes' errors,
         `actor/skipped_updates` is 1, and the step still counts (the next one samples anew)."""
-        s = self.config.sft
+        s = self.checked_config().sft
         if s.start_step <= self.global_step < s.end_step:  # the run's SFT warm-up comes first (config.sft)
             return self.sft_step()
         start = time.perf_counter()
@@ -420,8 +449,8 @@ class Trainer:
         `sft.episodes` of them played once by the environment's scripted expert and kept."""
         n = self.config.sft.episodes if episodes is None else episodes
         cached = getattr(self, "_demonstrations", None)
-        if cached is None or len(cached) != n:
-            self._demonstrations = expert_demonstrations(self, n)
+        if cached is None or getattr(self, "_demonstrations_n", None) != n:  # (episodes the expert failed are left out)
+            self._demonstrations, self._demonstrations_n = expert_demonstrations(self, n), n
         return self._demonstrations
 
     def sft_step(self, data: Any = None) -> dict[str, float]:
@@ -432,6 +461,7 @@ class Trainer:
         the history; the engine gets the new weights. With `ray.use_ray` the step runs in this
         process too: the learners' Adam moments come in first, and the new weights and moments
         go out to the learners and rollout workers after it."""
+        self.checked_config()
         start = time.perf_counter()
         batch = self.demonstrations() if data is None else _as_batch(data)
         if self.optimizer.state or any("sft/nll" not in m for m in self.metrics_history):
@@ -525,6 +555,7 @@ class Trainer:
         (`workbench.reward.check_env_rewards`): a non-finite or float32-overflowing one raises
         `RewardError` naming the episode and turn, instead of a NaN mean. The batch is kept in
         `last_eval_batch` either way, to look at."""
+        self.checked_config()
         self.policy.model.eval()
         rollout = self.make_rollout(seeds, group_size, temperature=temperature, sampling_seed=0)
         rollout.progress_desc = "eval"
@@ -545,6 +576,7 @@ class Trainer:
         """`n` branches of a recorded `episode` parting at `turn`, sampled with this trainer's
         engine, config, environment, parser and tools, then scored like a training batch
         (`workbench.rollout.fork.fork_episode`: replay checked, `action`/`observation` edit)."""
+        self.checked_config()
         self.policy.model.eval()
         if self.ahead is not None:
             self.ahead.settle()
@@ -673,8 +705,18 @@ class Trainer:
                 warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
         return None
 
+    def close(self) -> None:
+        """Release what the trainer holds: its engine (unless it was passed in) and the
+        engine's threads, the models (accelerator memory), the Ray stages and the run folders'
+        lock; the threads it started have ended when this returns. The same as `cleanup`."""
+        self.cleanup()
+
     def cleanup(self) -> None:
-        """Release the engine (unless it was passed in) and models (frees accelerator memory)."""
+        """Release the engine (unless it was passed in) and models (frees accelerator memory),
+        and the run folders' lock if this trainer still holds it (see `close`)."""
+        lock = getattr(self, "_run_lock", None)
+        if lock is not None:
+            lock.release()
         if self._owns_engine and self.engine is not None:
             self.engine.close()
         if getattr(self, "stages", None) is not None:

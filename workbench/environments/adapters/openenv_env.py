@@ -32,8 +32,12 @@ per episode (`GenericEnvClient(base_url).sync()`, plain dicts in and out). This 
   * errors: a failed connection, a server error or an invalid action raise from
     `reset`/`step`, which ends that episode only (the rollout records it), with the
     server's own words ("Server error: ... (code: ...)") also when it closed the socket
-    instead of answering; the client's message timeout is `step_timeout`, so a hung
-    server cannot hold a step longer.
+    instead of answering. The client waits `step_timeout` for each answer (60 s when that is
+    0 or None), so a hung server cannot hold a call longer; a silent server, an answer that
+    is not the protocol's JSON and a connection closed without words are errors that name
+    the server and the call ("the OpenEnv server at URL did not answer reset within 3 s").
+    A session whose call went unanswered (timed out, interrupted) is dropped at once when it
+    ends, not closed with a handshake the busy server would not answer.
   * sessions and the server's limit: each episode holds one WebSocket session, opened by
     `reset` and closed by `end_episode()` (the rollout calls it when the episode ends) or
     `close()`. An OpenEnv server serves at most `max_concurrent_envs` sessions at once
@@ -56,6 +60,7 @@ per episode (`GenericEnvClient(base_url).sync()`, plain dicts in and out). This 
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
@@ -156,6 +161,11 @@ class _Session:
         self.client: Any = None
         self.has_place = False
         self.lock = threading.Lock()
+        #: A call is (or was left) unanswered on this session: set before each call and cleared
+        #: when the server answered, so a call that timed out or was interrupted leaves it set, and
+        #: `close` then drops the connection instead of waiting for a closing handshake that a
+        #: server still busy with that call does not answer (websockets waits up to 10 s for it).
+        self.unanswered = False
 
     def open(self, make_client: Any) -> Any:
         """The open client; takes a place and connects first when there is none.
@@ -172,17 +182,35 @@ class _Session:
         return self.client
 
     def close(self) -> None:
-        """Close the client (if any) and give the place back (if held)."""
+        """Close the client (if any) and give the place back (if held). After an unanswered
+        call the connection is dropped at once (`unanswered`), not closed with a handshake."""
         with self.lock:
             client, self.client = self.client, None
             place, self.has_place = self.has_place, False
+            abort, self.unanswered = self.unanswered, False
         if client is not None:
+            if abort:
+                _drop_connection(client)
             try:
                 client.close()
             except Exception:  # noqa: BLE001 - the server may be gone already
                 pass
         if place:
             self.places.give_back()
+
+
+def _drop_connection(client: Any) -> None:
+    """Abort the TCP connection under an openenv-core 0.3.0 `SyncEnvClient` (on its event
+    loop's thread), so its `close()` returns at once; nothing when the client has no open one."""
+    ws = getattr(getattr(client, "async_client", None), "_ws", None)
+    transport = getattr(ws, "transport", None)
+    loop = getattr(client, "_loop", None)
+    if transport is None or loop is None or not loop.is_running():
+        return
+    try:
+        loop.call_soon_threadsafe(transport.abort)
+    except RuntimeError:  # the loop closed meanwhile
+        pass
 
 
 class OpenEnvEnvironment(BaseEnvironment):
@@ -274,8 +302,7 @@ class OpenEnvEnvironment(BaseEnvironment):
     # -- the environment API ------------------------------------------------------------------
     def _make_client(self) -> Any:
         client_cls = _import_openenv()
-        timeout = self.config.step_timeout or 60.0
-        return client_cls(base_url=self.url, message_timeout_s=float(timeout)).sync()
+        return client_cls(base_url=self.url, message_timeout_s=self._timeout).sync()
 
     def _connect(self) -> Any:
         """The open session's client (a place is taken and a session opened when there is none)."""
@@ -344,15 +371,55 @@ class OpenEnvEnvironment(BaseEnvironment):
                          f"{sorted(observation)}; set the env param observation_field (e.g. "
                          "--env-param observation_field=NAME)")
 
+    @property
+    def remote(self) -> str:
+        """What this environment's calls go to, for messages (a rollout's timeouts name it)."""
+        return f"the OpenEnv server at {self.url}"
+
+    @property
+    def _timeout(self) -> float:
+        """The client's wait for each answer: `step_timeout`, or 60 s when that is 0 or None."""
+        return float(self.config.step_timeout or 60.0)
+
+    def _call(self, client: Any, what: str, fn: Any) -> Any:
+        """`fn()`, a call of `client` named `what` ("reset", "step", "state"), with what the
+        client raises for a silent or broken server turned into errors that name the server and
+        the call: `TimeoutError` (the client's own is bare), `ValueError` for an answer that is
+        not the protocol's JSON. An error the server sent ("Server error: ...") and a closed
+        connection (whose words `server_words` may still read) stay as the client raised them."""
+        self._session.unanswered = True
+        try:
+            result = fn()
+        except (TimeoutError, asyncio.TimeoutError):
+            raise TimeoutError(f"{self.remote} did not answer {what} within {self._timeout:g} s "
+                               "(environment.step_timeout)") from None
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{self.remote} answered {what} with text that is not JSON ({exc}): is it an OpenEnv "
+                             "server?") from None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{self.remote} answered {what} with a message the OpenEnv protocol does not have "
+                             f"({type(exc).__name__}: {exc})") from None
+        self._session.unanswered = False
+        return result
+
+    def _closed_without_words(self, exc: Exception, what: str) -> Exception:
+        """The error for a connection the server closed during `what` without words of its own."""
+        if "ConnectionClosed" not in type(exc).__name__:
+            return exc
+        return ConnectionError(f"{self.remote} closed the connection during {what} without saying why "
+                               f"({type(exc).__name__}: {exc})")
+
     def reset(self) -> str:
         """Open a session (or reuse this environment's open one) and reset it. Raises
         `EnvironmentBusy` when the server has no room for it (every place of this process
-        taken, or the server refused with its capacity error; nothing stays open)."""
+        taken, or the server refused with its capacity error; nothing stays open), and errors
+        that name the server and the call when it does not answer in time (`step_timeout`) or
+        answers outside the protocol."""
         seed = self._seed if self._seed is not None else self.rng.getrandbits(31)
         client = None
         try:
             client = self._connect()
-            result = client.reset(seed=seed)
+            result = self._call(client, "reset", lambda: client.reset(seed=seed))
         except EnvironmentBusy:
             raise
         except Exception as exc:
@@ -365,6 +432,8 @@ class OpenEnvEnvironment(BaseEnvironment):
                                       f"{self.places.open} session(s) open on it]") from None
             if words is not None and words != str(exc):
                 raise self._with_words(exc, words) from exc
+            if words is None and self._closed_without_words(exc, "reset") is not exc:
+                raise self._closed_without_words(exc, "reset") from exc
             raise
         self.last_info = {}
         return self._text(result.observation)
@@ -380,11 +449,13 @@ class OpenEnvEnvironment(BaseEnvironment):
                     {"invalid_action": True, "parse_error": error})
         client = self._connect()
         try:
-            result = client.step(payload)
+            result = self._call(client, "step", lambda: client.step(payload))
         except Exception as exc:
             words = server_words(client, exc)
             if words is not None and words != str(exc):
                 raise self._with_words(exc, words) from exc
+            if words is None and self._closed_without_words(exc, "step") is not exc:
+                raise self._closed_without_words(exc, "step") from exc
             raise
         info: dict[str, Any] = {}
         observation = result.observation
@@ -392,7 +463,7 @@ class OpenEnvEnvironment(BaseEnvironment):
         if isinstance(metadata, Mapping):
             info.update(metadata)
         try:
-            state = client.state()
+            state = self._call(client, "state", client.state)
             info["state"] = state if isinstance(state, dict) else getattr(state, "__dict__", state)
         except Exception as exc:  # noqa: BLE001 - state is extra; the step itself succeeded
             info["state_error"] = f"{type(exc).__name__}: {exc}"
