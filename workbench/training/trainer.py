@@ -31,11 +31,9 @@ from __future__ import annotations
 import gc
 import time
 import warnings
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
-import yaml
 
 from workbench import algo
 from workbench.config import ConfigError, ConfigStore
@@ -45,22 +43,22 @@ from workbench.doctor.findings import RunFacts
 from workbench.engines import GenerationEngine, make_engine
 from workbench.environments.registry import make_env, make_environment, record_environment
 from workbench.reward import (
-    RewardError, RewardFn, RewardManager, check_env_rewards, overlong_summary, score_batch,
+    RewardError, RewardFn, check_env_rewards, overlong_summary, score_batch,
 )
 from workbench.rollout.configured import check_chat_template
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
-from workbench.training import checkpoint as ckpt
 from workbench.training import dynamic_sampling
 from workbench.training.async_fit import RolloutAhead, stamp_versions, staleness_metrics
 from workbench.training.fit_loop import FitTargetReachedWarning, run_fit  # noqa: F401 (the warning stays importable here)
 from workbench.training.models import build_models
 from workbench.training.constrained import allowed_tokens, model_vocab_size
 from workbench.training.policy import batch_logprobs, batch_values
-from workbench.training.sft import expert_demonstrations, sft_step
 from workbench.training.stages import LocalStages, check_stages, make_stages
+from workbench.training.trainer_checkpoints import CheckpointMethods
+from workbench.training.trainer_sft import SFTMethods
 from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
-from workbench.trajectory import Episode, TrajectoryBatch
+from workbench.trajectory import TrajectoryBatch
 from workbench.utils.progress import write
 
 Callback = Callable[["Trainer", dict], None]
@@ -78,7 +76,7 @@ class ZeroVarianceWarning(UserWarning):
     """Every group of a batch has identical rewards: a group-relative update is a no-op."""
 
 
-class Trainer:
+class Trainer(CheckpointMethods, SFTMethods):
     """PPO / GRPO trainer for multi-turn environments (see module docstring).
 
     Args:
@@ -443,60 +441,6 @@ class Trainer:
         self.metrics_history.append(metrics)
         return metrics
 
-    # -- supervised warm-up ----------------------------------------------------------------
-    def demonstrations(self, episodes: int | None = None) -> TrajectoryBatch:
-        """The expert's demonstration episodes SFT learns from (`workbench.training.sft`):
-        `sft.episodes` of them played once by the environment's scripted expert and kept."""
-        n = self.config.sft.episodes if episodes is None else episodes
-        cached = getattr(self, "_demonstrations", None)
-        if cached is None or getattr(self, "_demonstrations_n", None) != n:  # (episodes the expert failed are left out)
-            self._demonstrations, self._demonstrations_n = expert_demonstrations(self, n), n
-        return self._demonstrations
-
-    def sft_step(self, data: Any = None) -> dict[str, float]:
-        """One SFT step on `data` (a TrajectoryBatch or a list of Episodes; default the
-        expert's `demonstrations()`): one optimizer step on the NLL of its trained tokens,
-        at `sft.learning_rate` (else `training.learning_rate`). It counts as a training
-        step: `global_step` moves on and its metrics (`sft/nll`, `sft/tokens`, ...) go to
-        the history; the engine gets the new weights. With `ray.use_ray` the step runs in this
-        process too: the learners' Adam moments come in first, and the new weights and moments
-        go out to the learners and rollout workers after it."""
-        self.checked_config()
-        start = time.perf_counter()
-        batch = self.demonstrations() if data is None else _as_batch(data)
-        if self.optimizer.state or any("sft/nll" not in m for m in self.metrics_history):
-            # Ray: the learners' optimizer state, as one process holds it. Not before the learners
-            # ever stepped: torch fills a fresh optimizer's state with a zero step that counts one.
-            self.stages.before_save(self)
-        lr = self.config.sft.learning_rate or self.config.training.learning_rate
-        saved = [g["lr"] for g in self.optimizer.param_groups]
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr
-        try:
-            self._updating = True
-            step_metrics = sft_step(self.policy.model, self.optimizer, batch, self.config.training)
-        finally:
-            for g, value in zip(self.optimizer.param_groups, saved):
-                g["lr"] = value
-        self.engine.sync_weights(self.policy.model)
-        metrics: dict[str, Any] = {"step": self.global_step, **step_metrics, "sft/learning_rate": lr,
-                                   "perf/step_seconds": time.perf_counter() - start}
-        self.last_batch = batch
-        self.global_step += 1
-        self._updating = False
-        self.stages.after_load(self)  # Ray: the new weights and moments out to learners and workers
-        self.metrics_history.append(metrics)
-        return metrics
-
-    def sft(self, data: Any = None, steps: int = 1) -> list[dict[str, float]]:
-        """`steps` SFT steps (`sft_step`) on `data` (default: the expert's demonstrations);
-        returns their metrics. For the run's own warm-up set `sft.steps`, and `fit` runs
-        those steps first, with its logging and checkpoints."""
-        if not isinstance(steps, int) or steps < 0:
-            raise ValueError(f"sft(steps=...) must be an integer >= 0, got {steps!r}")
-        batch = None if data is None else _as_batch(data)
-        return [self.sft_step(batch) for _ in range(steps)]
-
     def fit(self, num_epochs: int | None = None, num_iters_per_epoch: int | None = None,
             callbacks: Sequence[Callback] = (), time_limit_s: float | None = None, *,
             steps: int | None = None, until_step: int | None = None) -> list[dict[str, float]]:
@@ -592,119 +536,6 @@ class Trainer:
 
         return pd.DataFrame(self.metrics_history)
 
-    # -- checkpoints ----------------------------------------------------------------------
-    def save_checkpoint(self, path: str | Path) -> Path:
-        """Weights, optimizer, RNG, config, step and metrics; written atomically, no pickles."""
-        self.stages.before_save(self)  # e.g. the Ray learners' Adam moments, as one process holds them
-        tensors: dict[str, Any] = {"policy": self.policy.trainable_state_dict()}
-        json_files: dict[str, Any] = {}
-        optimizers = {"optimizer": self.optimizer, "critic_optimizer": self.critic_optimizer}
-        if self.critic is not None:
-            tensors["critic"] = self.critic.trainable_state_dict()
-        for name, opt in optimizers.items():
-            if opt is not None:
-                tensors[name], json_files[name] = ckpt.optimizer_state(opt.state_dict())
-        tensors["rng"], json_files["rng"] = ckpt.rng_state()
-        json_files["trainer_state"] = {
-            "global_step": self.global_step, "metrics_history": self.metrics_history,
-            "kl_coef": float(self.kl_ctrl.value),
-            "policy_weights": "lora_adapters" if self.config.model.use_lora else "full_model"}
-        config = self.config.to_dict()
-        if isinstance(self.reward_fn, RewardManager):  # the weights the run actually scored with
-            config["reward"] = {**config["reward"], **self.reward_fn.weights(), "max_steps": self.reward_fn.max_steps}
-        written = ckpt.write_checkpoint(path, tensors, json_files,
-                                        {"config.yaml": yaml.safe_dump(config, sort_keys=False)})
-        self._checkpoint_step = (Path(path).resolve(), self.global_step)  # fit does not save it again
-        return written
-
-    def export_merged(self, path: str | Path) -> Path:
-        """The current policy as a plain Hugging Face model folder (LoRA merged, with the
-        tokenizer), loadable without peft; see `Policy.export_merged`."""
-        return self.policy.export_merged(path)
-
-    def load_checkpoint(self, path: str | Path, force: bool = False) -> None:
-        """Restore a checkpoint written by `save_checkpoint`.
-
-        Everything is verified and checked against this trainer before any state is
-        touched: a corrupt checkpoint raises CheckpointError, one written for another
-        model shape or algorithm CheckpointMismatchError, and so does one whose config
-        differs in `ckpt.IDENTITY_FIELDS` (model, LoRA, environment, estimator) unless
-        `force=True`. Nothing is loaded when it raises."""
-        data = ckpt.read_checkpoint(path)
-        state = ckpt.trainer_state(data, path, self.config.to_dict(), self.critic is not None, force)
-        tensors, js = data["tensors"], data["json"]
-        ckpt.check_weights("policy", tensors["policy"], _trained(self.policy.model))
-        restore = [(self.optimizer, ckpt.optimizer_state_dict(tensors["optimizer"], js["optimizer"],
-                                                              self.optimizer, "optimizer"))]
-        if self.critic is not None:
-            ckpt.check_weights("critic", tensors["critic"], _trained(self.critic))
-            restore.append((self.critic_optimizer, ckpt.optimizer_state_dict(
-                tensors.get("critic_optimizer", {}), js.get("critic_optimizer", {}), self.critic_optimizer,
-                "critic optimizer")))
-        rng = ckpt.prepare_rng_state(tensors["rng"], js["rng"])
-        # Checked: from here on nothing raises on a well-formed checkpoint.
-        for opt, sd in restore:
-            opt.load_state_dict(sd)
-        self.policy.load_trainable_state_dict(tensors["policy"])
-        if self.critic is not None:
-            self.critic.load_state_dict(tensors["critic"], strict=False)
-        ckpt.set_rng_state(rng)
-        self.global_step, self.metrics_history = state["global_step"], state["metrics_history"]
-        self.kl_ctrl.value = state["kl_coef"]
-        self.engine.sync_weights(self.policy.model)
-        self.stages.after_load(self)
-        self._checkpoint_step = (Path(path).resolve(), self.global_step)
-
-    @classmethod
-    def from_checkpoint(cls, checkpoint: str | Path, *, output_dir: str | Path,
-                        overrides: dict[str, Any] | None = None, steps: int | None = None,
-                        **trainer_kwargs: Any) -> "Trainer":
-        """A branch of a run: a Trainer that continues from `checkpoint` with `overrides`
-        (the remedy to try), ready to `fit`, writing only into `output_dir`
-        (`workbench.training.branch` says what a branch is).
-
-            trainer = Trainer.from_checkpoint("runs/gn/checkpoints/step_000010", output_dir="runs/gn-lr",
-                                              overrides={"training.learning_rate": 1e-4}, steps=10)
-            trainer.fit()          # steps 10..19; run.branched_from in load_run("runs/gn-lr")
-
-        Args:
-            checkpoint: a checkpoint folder (`RUN/checkpoints/step_N`), or a run folder (its
-                newest checkpoint).
-            output_dir: the branch's own run folder (logs, `branch.json`, `config.yaml`;
-                checkpoints in `output_dir/checkpoints`); not inside the parent run's folder.
-            overrides: settings to change, `{"section.field": value}` or `{"section": {...}}`;
-                every other setting is the checkpoint's. Identity fields (model, LoRA shape,
-                environment name, estimator) cannot change.
-            steps: train this many RL steps after the checkpoint's step, after the SFT warm-up
-                when `overrides` set `sft.steps` (sets the config's target); None keeps the
-                checkpoint's target (`fit(steps=N)` works too).
-            trainer_kwargs: passed to `Trainer(...)` (environment, reward_fn, dataset, tools,
-                parser, engine), as the parent was built with.
-
-        Raises `BranchError` (a ConfigError naming the field or folder) before any model
-        loads, and before anything is written."""
-        from workbench.training.branch import start_branch
-
-        return start_branch(cls, checkpoint, output_dir, overrides, steps, trainer_kwargs)
-
-    def resume(self, force: bool | None = None) -> Path | None:
-        """Load the newest checkpoint in `checkpoint.output_dir` that is intact, skipping
-        corrupt ones with a warning; returns its path (None if there is none).
-
-        A checkpoint that does not fit this trainer's config raises (no fallback); `force`
-        defaults to `checkpoint.resume == "force"` (see `load_checkpoint`)."""
-        self._resume_tried = True
-        force = self.config.checkpoint.resume == "force" if force is None else force
-        for path in reversed(ckpt.list_checkpoints(self.config.checkpoint.output_dir)):
-            try:
-                self.load_checkpoint(path, force=force)
-                return path
-            except ckpt.CheckpointMismatchError:
-                raise
-            except ckpt.CheckpointError as exc:
-                warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
-        return None
-
     def close(self) -> None:
         """Release what the trainer holds: its engine (unless it was passed in) and the
         engine's threads, the models (accelerator memory), the Ray stages and the run folders'
@@ -741,21 +572,6 @@ class Trainer:
                        (self.metrics_history[-1] if self.metrics_history else {}).items()
                        if isinstance(v, (int, float)))
         return f"<p><b>{self!r}</b></p><table>{rows}</table>"
-
-
-def _as_batch(data: Any) -> TrajectoryBatch:
-    """A TrajectoryBatch, or a list of Episodes as one."""
-    if isinstance(data, TrajectoryBatch):
-        return data
-    episodes = list(data)
-    if not episodes or not all(isinstance(e, Episode) for e in episodes):
-        raise TypeError("sft data must be a TrajectoryBatch or a non-empty list of Episodes "
-                        f"(e.g. trainer.demonstrations()), got {type(data).__name__}")
-    return TrajectoryBatch(episodes)
-
-
-def _trained(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {n: p for n, p in module.named_parameters() if p.requires_grad}
 
 
 def _default_env(config: ConfigStore) -> Any:
