@@ -217,12 +217,15 @@ def test_episodes_of_several_sequences_train_the_same_on_learners(lora_groups, t
 
     folder = tmp_path / "model"
     shutil.copytree(tiny_model_path, folder)
+    # earlier replies rendered empty; a saved chat_template.jinja wins over tokenizer_config.json
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
     tok_cfg = json.loads((folder / "tokenizer_config.json").read_text())
-    tok_cfg["chat_template"] = STRIP_EARLIER_ASSISTANT  # earlier replies rendered empty
+    tok_cfg["chat_template"] = STRIP_EARLIER_ASSISTANT
     (folder / "tokenizer_config.json").write_text(json.dumps(tok_cfg))
     config = _config(tiny_model_path, tmp_path)
     config.model.model_name = str(folder)
     trainer, batch = _trainer_and_batch(config.validate())
+    assert trainer.tokenizer.chat_template == STRIP_EARLIER_ASSISTANT
     assert all(ep.history == "rendered" for ep in batch) and sum(len(ep.segments) for ep in batch) >= 4
     assert "position_ids" in batch.tensors
     lora_groups[2].load_state_dict(_start_state(trainer))

@@ -207,12 +207,14 @@ def garbling_server():
 
 def test_malformed_json_names_the_server_and_the_call(garbling_server, tiny_engine):
     env = make_env(f"openenv:{garbling_server}", action_field="message", step_timeout=5)
-    assert env.reset(seed=0) == "Go."
-    with pytest.raises(ValueError) as err:
-        env.step("hello")
-    assert str(err.value).startswith(f"the OpenEnv server at {garbling_server} answered step with text that is "
-                                     "not JSON")
-    env.close()
+    try:
+        assert env.reset(seed=0) == "Go."
+        with pytest.raises(ValueError) as err:
+            env.step("hello")
+        assert str(err.value).startswith(f"the OpenEnv server at {garbling_server} answered step with text that "
+                                         "is not JSON")
+    finally:
+        env.close()
     envs = [make_env(f"openenv:{garbling_server}", action_field="message", step_timeout=5) for _ in range(2)]
     batch = Rollout(tiny_engine, envs, seeds=[0, 1], max_turns=1, max_tokens=4).run()
     for ep in batch:

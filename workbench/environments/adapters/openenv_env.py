@@ -327,13 +327,20 @@ class OpenEnvEnvironment(BaseEnvironment):
             import httpx
 
             try:
-                schema = httpx.get(f"{self.url}/schema", timeout=10).json().get("action", {})
+                answer = httpx.get(f"{self.url}/schema", timeout=10)
+                answer.raise_for_status()
+                schema = answer.json().get("action", {})
             except Exception as exc:  # noqa: BLE001
-                if startup:
+                if self.action_field is not None and not self.action_json:
+                    # a server without a readable /schema: the field the user named carries the text
+                    schema = {"properties": {self.action_field: {"type": "string"}}, "required": [self.action_field]}
+                elif startup:
                     return None
-                raise ValueError(f"cannot read the action schema of {self.url}/schema ({exc}); set the env param "
-                                 "action_field") from exc
-            self._schemas[self.url] = schema
+                else:
+                    raise ValueError(f"cannot read the action schema of {self.url}/schema ({exc}); set the env param "
+                                     "action_field") from exc
+            else:
+                self._schemas[self.url] = schema
         form = ActionFormat.from_schema(schema, self.action_field, self.action_json or None)
         if self.constrained_decoding and form.constraint() is None:
             raise ConfigError(f"environment.constrained_decoding is true, but the action of {self.url} is the free "
