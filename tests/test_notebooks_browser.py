@@ -59,6 +59,8 @@ LAB_SETTINGS = {
                                                                        "checkForUpdates": False},
 }
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+#: A rendered widget output: JupyterLab's widget renderer holding the widget's view.
+WIDGET_OUTPUTS = ".jp-OutputArea-output:has(> .jupyter-widgets)"
 
 # The checks, run in the page; returns a list of problems (strings), each naming its cell.
 PAGE_CHECKS = r"""
@@ -72,7 +74,7 @@ PAGE_CHECKS = r"""
   const textWidth = (el, s) => { const cs = getComputedStyle(el); canvas.font = cs.font; return canvas.measureText(s).width; };
   const pad = (el) => { const cs = getComputedStyle(el); return parseFloat(cs.paddingLeft) + parseFloat(cs.paddingRight); };
   const outputs = [...document.querySelectorAll('.jp-OutputArea-output')];
-  const widgetOutputs = outputs.filter(o => o.matches('[data-mime-type="application/vnd.jupyter.widget-view+json"]'));
+  const widgetOutputs = [...document.querySelectorAll(WIDGET_OUTPUTS)];
 
   for (const o of outputs) {
     const t = o.innerText || '';
@@ -90,6 +92,8 @@ PAGE_CHECKS = r"""
   for (const el of document.querySelectorAll('.jp-OutputArea-output select, .jp-OutputArea-output input[type=text], .jp-OutputArea-output input[type=number]')) {
     if (!shown(el)) continue;
     const value = el.tagName === 'SELECT' ? (el.selectedOptions[0] ? el.selectedOptions[0].text : '') : el.value;
+    if (el.tagName === 'SELECT' && !el.multiple && el.size <= 1 && el.options.length && !value)
+      problems.push(`${where(el)}: a dropdown with ${el.options.length} options shows none`);
     if (!value || el.multiple || el.size > 1) continue;
     const arrow = el.tagName === 'SELECT' ? 16 : 0;
     const room = el.clientWidth - pad(el) - arrow;
@@ -246,6 +250,7 @@ def shots_dir(name: str, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_in_jupyterlab(name, lab, tmp_path):
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     url, folder, data_dir = lab
@@ -273,13 +278,17 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
                 " return s && s.getAttribute('data-status') === 'idle'; }", timeout=RENDER_TIMEOUT_MS)
             if page.locator(".jp-Dialog").count():
                 problems.append("a dialog on opening: " + page.locator(".jp-Dialog").inner_text()[:200])
-            page.wait_for_function(
-                "() => ![...document.querySelectorAll('.jp-OutputArea-output')].some(o => "
-                "(o.innerText || '').includes('Loading widget...'))", timeout=RENDER_TIMEOUT_MS)
+            try:  # every widget restored from the saved state (a big state takes a while)
+                page.wait_for_function(
+                    "([sel, n]) => document.querySelectorAll(sel).length >= n && ![...document.querySelectorAll("
+                    "'.jp-OutputArea-output')].some(o => (o.innerText || '').includes('Loading widget...'))",
+                    arg=[WIDGET_OUTPUTS, widget_outputs], timeout=RENDER_TIMEOUT_MS)
+            except PlaywrightTimeout:
+                pass  # the checks below say what did not render
             page.wait_for_load_state("networkidle", timeout=60_000)
             page.wait_for_timeout(1500)  # plotly's first layout
-            problems += page.evaluate(PAGE_CHECKS)
-            widgets = page.locator(f'.jp-OutputArea-output[data-mime-type="{WIDGET_MIME}"]')
+            problems += page.evaluate(PAGE_CHECKS.replace("WIDGET_OUTPUTS", json.dumps(WIDGET_OUTPUTS)))
+            widgets = page.locator(WIDGET_OUTPUTS)
             if widgets.count() != widget_outputs:  # e.g. an untrusted notebook: widgets shown as text
                 problems.append(f"{widgets.count()} of the notebook's {widget_outputs} widget outputs rendered")
             for k in range(widgets.count()):

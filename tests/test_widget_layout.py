@@ -10,8 +10,8 @@ without a browser (tests/test_notebooks_browser.py measures the same in JupyterL
   branch from its own steps only, breaks lines across steps without a value, gives each
   chart its own legend and lists only the settings changed by hand;
 * the batch's HTML and the trajectory table fit: no None/NaN cells, no empty columns;
-* in a real Jupyter kernel a finished progress bar leaves text, not a closed widget, and the
-  dtype notice goes to stdout, not the stderr box.
+* in a real Jupyter kernel a finished progress bar leaves text, not a closed widget, the
+  dtype notice goes to stdout, not the stderr box, and a report's table is Markdown.
 """
 from __future__ import annotations
 
@@ -222,6 +222,8 @@ def test_in_a_kernel_bars_leave_text_and_the_dtype_notice_is_not_stderr(tiny_mod
         "from workbench.config import checks\n"
         "checks._announced.clear()\n"
         "checks.resolve_dtype('auto', 'cpu')",
+        "from workbench.utils.progress import print_markdown\n"
+        "print_markdown('| step | reward |\\n|---|---|\\n| 0 | 0.5 |')",
     ]
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
     nbclient.NotebookClient(nb, timeout=300, kernel_name="python3",
@@ -233,3 +235,6 @@ def test_in_a_kernel_bars_leave_text_and_the_dtype_notice_is_not_stderr(tiny_mod
     streams = nb.cells[1].outputs
     said = [o for o in streams if o.get("output_type") == "stream" and '"auto" ->' in o["text"]]
     assert said and all(o["name"] == "stdout" for o in said)
+    table = nb.cells[2].outputs  # train_and_report's metrics table: Markdown, not printed pipes
+    assert [o["output_type"] for o in table] == ["display_data"]
+    assert table[0]["data"]["text/markdown"].startswith("| step | reward |")

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from workbench.cli.reports import plot_curve, summary_table, write_transcript
 from workbench.config import ConfigStore
+from workbench.utils.progress import print_markdown
 
 
 def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[list[Any], list[int]]:
@@ -61,7 +62,7 @@ def rollout_and_report(config: ConfigStore, out: Path, episodes: int) -> list[di
         print(batch)
     table = summary_table(rows)
     (out / "summary.md").write_text(table + "\n")
-    print(table)
+    print_markdown(table)  # a table in a notebook, pipes in a terminal
     return rows
 
 
@@ -166,7 +167,7 @@ def train_and_report(config: ConfigStore, out: Path, eval_episodes: int, minutes
     (out / "summary.md").write_text((stopped + "\n\n" if stopped else "") + table + "\n"
                                     + ("\n" + summary_table(evals) + "\n" if evals else "")
                                     + "\n" + findings_markdown(report["findings"]) + "\n")
-    print(table)
+    print_markdown(table)  # a table in a notebook, pipes in a terminal
     if print_findings:
         print(findings_table(report["findings"]))
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")

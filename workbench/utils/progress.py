@@ -163,6 +163,17 @@ def fit_postfix(metrics: dict[str, Any]) -> dict[str, str]:
             if isinstance(metrics.get(name), (int, float))}
 
 
+def print_markdown(text: str) -> None:
+    """Print Markdown (e.g. a `| a | b |` table): in a Jupyter kernel it is displayed as
+    Markdown, so a table reads as a table rather than as pipes; elsewhere it is printed."""
+    if in_jupyter():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    else:
+        print(text)
+
+
 def write(text: str) -> None:
     """Print a line without breaking an active terminal bar (`tqdm.write`)."""
     from tqdm.auto import tqdm

@@ -82,4 +82,6 @@ def group_line_html(data: TrajectoryBatch | Sequence[Episode], index: int) -> st
             side = ("better than" if g["score"] > g["mean"] else "worse than" if g["score"] < g["mean"]
                     else "the same as")
             text += f" = {g['rule']}: {side} its group's mean"
+        if g["std"] == 0:
+            text += " (every score in its group is the same: nothing to learn from it)"
     return f'<div class="wb-legend wb-group">{esc(text)}</div>'

@@ -324,6 +324,7 @@ class ConversationView(widgets.VBox):
         self.show_system = show_system
         self.fork_engine, self.fork_config, self.fork_options = engine, config, dict(fork_options or {})
         self.branches: TrajectoryBatch | None = None
+        self._fork_shown: Episode | None | bool = False  # the episode the fork controls were filled for
         self._branches = widgets.HTML()
         self._branches.add_class("wb-branches-html")
         self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="auto", min_width="80px"))
@@ -448,6 +449,7 @@ class ConversationView(widgets.VBox):
 
     def refresh(self) -> None:
         """Re-render the shown episode (after it changed in place, e.g. a live play)."""
+        self._fork_shown = False
         self._refresh_options()
         self._render()
 
@@ -478,10 +480,18 @@ class ConversationView(widgets.VBox):
         n = len(self._episodes)
         group = group_line_html(self._source, self.index) if n else ""
         self._body.value = render_episode_html(self.episode, self.show_system, highlight=self.highlight, group=group)
-        if self.fork_engine is not None:
-            ep = self.episode
-            self._fork_pick.options = [(f"turn {t.index}", t.index) for t in ep.turns] if ep is not None else []
+        if self.fork_engine is not None and self._fork_shown is not self.episode:  # another episode
+            ep = self._fork_shown = self.episode
+            turns = [t.index for t in ep.turns] if ep is not None else []
+            self._fork_pick.options = [(f"turn {t}", t) for t in turns]
             self.branches, self._branches.value = None, ""
+            if turns:  # the turn picked, its text in the box: the controls show what a press would fork
+                turn = self.fork_turn if self.fork_turn in turns else turns[0]
+                self._fork_pick.value = turn
+                if self.fork_turn == turn:
+                    self._on_fork_turn({})
+                else:
+                    self.fork_turn = turn
         if n and self._pick.value != self.index:
             self._pick.value = self.index
         self._prev.disabled = self.index <= 0

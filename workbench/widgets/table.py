@@ -154,7 +154,7 @@ class TrajectoryTable(widgets.VBox):
         self._sort = widgets.Dropdown(options=cols, value="index", description="sort by",
                                       layout=widgets.Layout(width="240px"))
         self._order = widgets.ToggleButton(value=False, description="descending", icon="sort-amount-desc",
-                                           layout=widgets.Layout(width="120px"))
+                                           layout=widgets.Layout(width="auto", min_width="120px"))
         self._filter = widgets.Text(placeholder="filter, e.g. success == True and turns > 2", continuous_update=False,
                                     description="filter", layout=widgets.Layout(width="420px"))
         self._list = widgets.Select(options=[], rows=8, layout=widgets.Layout(width="640px"))
