@@ -49,7 +49,9 @@ pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("0*.ipynb"))
-VIEWPORT = {"width": 1366, "height": 900}  # a laptop screen; JupyterLab's file browser stays open
+#: A laptop screen's width, with JupyterLab's file browser open; tall, so that a screenshot holds
+#: a whole widget (JupyterLab scrolls inside the page: a taller widget would be cut).
+VIEWPORT = {"width": 1366, "height": 2000}
 RENDER_TIMEOUT_MS = 120_000
 #: JupyterLab user settings for the test server: every cell in the DOM (no windowing, so each
 #: output can be measured), no news or update checks (they would reach for the network).
@@ -59,8 +61,10 @@ LAB_SETTINGS = {
                                                                        "checkForUpdates": False},
 }
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-#: A rendered widget output: JupyterLab's widget renderer holding the widget's view.
-WIDGET_OUTPUTS = ".jp-OutputArea-output:has(> .jupyter-widgets)"
+#: A rendered widget output: JupyterLab's widget renderer holding the widget's view (an
+#: ipywidgets view, or plotly's FigureWidget; "-disconnected": restored from the saved state).
+WIDGET_OUTPUTS = (".jp-OutputArea-output:is(:has(> .jupyter-widgets), :has(> .jupyter-widgets-disconnected), "
+                  ":has(> .js-plotly-plot))")
 
 # The checks, run in the page; returns a list of problems (strings), each naming its cell.
 PAGE_CHECKS = r"""

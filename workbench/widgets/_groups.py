@@ -31,11 +31,12 @@ def _scores(data: TrajectoryBatch | Sequence[Episode]) -> list[float]:
 
 
 def group_summary(data: TrajectoryBatch | Sequence[Episode], index: int) -> dict[str, Any] | None:
-    """{"score", "mean", "std", "n", "group", "seed", "advantage", "rule"} of episode `index`
-    and its group (episodes with its `group_id` that have a trained token); None when the
+    """{"score", "mean", "std", "n", "group", "seed", "advantage", "rule", "raw"} of episode
+    `index` and its group (episodes with its `group_id` that have a trained token); None when the
     episode has no group of two or more. "advantage" (mean over the episode's trained
     tokens) is None without advantages; "rule" names the formula the advantage matches, or
-    is "" when it matches none of them."""
+    is "" when it matches none of them; "raw" is the score before a KL penalty in the reward
+    (None when there is none)."""
     episodes = list(data.episodes if isinstance(data, TrajectoryBatch) else data)
     if not 0 <= index < len(episodes):
         return None
@@ -60,8 +61,12 @@ def group_summary(data: TrajectoryBatch | Sequence[Episode], index: int) -> dict
                      ("score − mean of the others", (score - mean) * n / (n - 1))]
             rule = next((text for text, value in rules
                          if abs(advantage - value) <= 1e-3 * max(1.0, abs(value))), "")
+    raw = None  # the score before the KL penalty, when the estimator saw a penalised one
+    if isinstance(data, TrajectoryBatch) and data.has("token_level_rewards") and data.has("token_level_scores"):
+        before = float(data.tensors["token_level_scores"][index].float().sum())
+        raw = before if abs(before - score) > 1e-9 else None
     return {"score": score, "mean": mean, "std": std, "n": n, "group": ep.group_id, "seed": ep.env_seed,
-            "advantage": advantage, "rule": rule}
+            "advantage": advantage, "rule": rule, "raw": raw}
 
 
 def _signed(value: float) -> str:
@@ -74,7 +79,8 @@ def group_line_html(data: TrajectoryBatch | Sequence[Episode], index: int) -> st
     if g is None:
         return ""
     which = f"seed {g['seed']}" if g["seed"] is not None else f"group {g['group']}"
-    text = (f"score {_signed(g['score'])} · its group ({which}, {g['n']} episodes): mean {_signed(g['mean'])}, "
+    penalty = "" if g["raw"] is None else f" ({_signed(g['raw'])} less the KL penalty)"
+    text = (f"score {_signed(g['score'])}{penalty} · its group ({which}, {g['n']} episodes): mean {_signed(g['mean'])}, "
             f"std {g['std']:.3g}")
     if g["advantage"] is not None:
         text += f" · advantage {_signed(g['advantage'])}"
