@@ -1,9 +1,11 @@
 """Every tutorial notebook as a reader sees it when they open it again in JupyterLab (real Chromium).
 
 Each notebook (`notebooks/0*.ipynb`) is executed the way `make test`'s nbval pass runs it
-(WORKBENCH_SMOKE=1; progress bars on, as in a kernel without `CI`) by nbclient with the
+(WORKBENCH_SMOKE=1; progress bars on, as in a kernel without `CI`), and the cells nbval-lax
+checks (`# NBVAL_CHECK_OUTPUT`) must print what the stored notebook says, so this test runs
+every cell nbval runs and compares what nbval compares. It runs by nbclient with the
 widget state stored in the notebook, as JupyterLab stores it when "Save Widget State
-Automatically" is on, in a folder of its own (so what a notebook writes next to itself is
+Automatically" is on (the widgets still open; `lab_client`), in a folder of its own (so what a notebook writes next to itself is
 seen). JupyterLab then opens the saved notebook with a fresh kernel, exactly as after a
 restart: every widget comes back from the saved state, and an output that points at a
 widget that was closed (a finished progress bar) reads "Error displaying widget: model
@@ -21,6 +23,8 @@ not found". In the page (`PAGE_CHECKS`, JavaScript measuring the rendered elemen
   each other, and each legend next to the chart it belongs to;
 * the notebook opens with its kernel (a notebook without a kernelspec asks for one).
 
+And 01, which keeps no checkpoints, writes no `checkpoints/` folder next to itself.
+
 Each widget's output is saved as a screenshot: under `$WORKBENCH_SCREENSHOT_DIR/notebooks/NAME/`
 when that variable is set (CI keeps that folder), else under this test's pytest tmp folder
 (`.../test_notebook_in_jupyterlab_NAME0/screenshots/`); the path is printed.
@@ -32,7 +36,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -61,6 +64,7 @@ LAB_SETTINGS = {
                                                                        "checkForUpdates": False},
 }
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+CHECK = "# NBVAL_CHECK_OUTPUT"
 #: A rendered widget output: JupyterLab's widget renderer holding the widget's view (an
 #: ipywidgets view, or plotly's FigureWidget; "-disconnected": restored from the saved state).
 WIDGET_OUTPUTS = (".jp-OutputArea-output:is(:has(> .jupyter-widgets), :has(> .jupyter-widgets-disconnected), "
@@ -96,9 +100,10 @@ PAGE_CHECKS = r"""
   for (const el of document.querySelectorAll('.jp-OutputArea-output select, .jp-OutputArea-output input[type=text], .jp-OutputArea-output input[type=number]')) {
     if (!shown(el)) continue;
     const value = el.tagName === 'SELECT' ? (el.selectedOptions[0] ? el.selectedOptions[0].text : '') : el.value;
-    if (el.tagName === 'SELECT' && !el.multiple && el.size <= 1 && el.options.length && !value)
+    const list = el.tagName === 'SELECT' && (el.multiple || el.size > 1);  // a list box, not a dropdown
+    if (el.tagName === 'SELECT' && !list && el.options.length && !value)
       problems.push(`${where(el)}: a dropdown with ${el.options.length} options shows none`);
-    if (!value || el.multiple || el.size > 1) continue;
+    if (!value || list) continue;
     const arrow = el.tagName === 'SELECT' ? 16 : 0;
     const room = el.clientWidth - pad(el) - arrow;
     if (textWidth(el, value) > room + 1)
@@ -172,10 +177,8 @@ PAGE_CHECKS = r"""
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    """JupyterLab on 127.0.0.1 over an empty folder (the executed notebooks go there): (url, folder)."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip(f"{CHROMIUM} not found: apt-get install chromium")
-    pytest.importorskip("playwright")
+    """JupyterLab on 127.0.0.1 over an empty folder (the executed notebooks go there):
+    (url, folder, its notary's data folder)."""
     pytest.importorskip("jupyterlab")
     pytest.importorskip("nbclient")
     base = tmp_path_factory.mktemp("lab")
@@ -216,13 +219,29 @@ def lab(tmp_path_factory):
     log.close()
 
 
+def lab_client(nb, folder: Path):
+    """An nbclient NotebookClient that saves the widget state as JupyterLab saves it: only the
+    widgets still open (nbclient alone keeps closed ones, which JupyterLab forgets, so a
+    notebook that leaves a closed widget's view in an output would pass)."""
+    from nbclient import NotebookClient
+
+    class LabClient(NotebookClient):
+        def handle_comm_msg(self, outs, msg, cell_index):
+            super().handle_comm_msg(outs, msg, cell_index)
+            if msg["msg_type"] == "comm_close":
+                self.widget_state.pop(msg["content"]["comm_id"], None)
+                self.widget_buffers.pop(msg["content"]["comm_id"], None)
+
+    return LabClient(nb, timeout=1200, kernel_name="python3", store_widget_state=True,
+                     resources={"metadata": {"path": str(folder)}})
+
+
 def execute(name: str, folder: Path, data_dir: Path) -> Path:
     """Run notebooks/NAME.ipynb in `folder` (its working directory) as nbval does, with the
     widget state saved in it, and sign it in the server's notary (`data_dir`) as JupyterLab
     signs a notebook it ran and saved: an untrusted notebook's widget outputs show as text.
     Returns the saved notebook."""
     import nbformat
-    from nbclient import NotebookClient
     from nbformat.sign import NotebookNotary
 
     nb = nbformat.read(NOTEBOOK_DIR / f"{name}.ipynb", as_version=4)
@@ -231,8 +250,7 @@ def execute(name: str, folder: Path, data_dir: Path) -> Path:
     old = {k: os.environ.get(k) for k in env}
     os.environ.update(env)  # the kernel inherits them
     try:
-        NotebookClient(nb, timeout=1200, kernel_name="python3", store_widget_state=True,
-                       resources={"metadata": {"path": str(folder)}}).execute()
+        lab_client(nb, folder).execute()
     finally:
         for k, v in old.items():
             if v is None:
@@ -245,6 +263,22 @@ def execute(name: str, folder: Path, data_dir: Path) -> Path:
     return path
 
 
+def checked_stdout(nb: dict) -> dict[int, str]:
+    """{code cell number: its stdout} of the cells nbval-lax compares (first line
+    `# NBVAL_CHECK_OUTPUT`; in these notebooks their only outputs are stdout)."""
+    out, number = {}, 0
+    for cell in nb["cells"]:
+        if cell["cell_type"] != "code":
+            continue
+        number += 1
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if source.startswith(CHECK):
+            out[number] = "".join("".join(o["text"]) if isinstance(o["text"], list) else o["text"]
+                                  for o in cell.get("outputs", [])
+                                  if o["output_type"] == "stream" and o["name"] == "stdout")
+    return out
+
+
 def shots_dir(name: str, tmp_path: Path) -> Path:
     root = os.environ.get("WORKBENCH_SCREENSHOT_DIR")
     out = Path(root) / "notebooks" / name if root else tmp_path / "screenshots"
@@ -254,9 +288,6 @@ def shots_dir(name: str, tmp_path: Path) -> Path:
 
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_in_jupyterlab(name, lab, tmp_path):
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-    from playwright.sync_api import sync_playwright
-
     url, folder, data_dir = lab
     workdir = folder / name
     workdir.mkdir()
@@ -265,17 +296,38 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
     written = sorted(set(os.listdir(workdir)) - before - {saved.name})
     nb = json.loads(saved.read_text())
     assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", "the notebook carries no kernelspec"
-    widget_outputs = sum(WIDGET_MIME in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
-
-    problems: list[str] = []
+    if name == "01_quickstart":
+        assert "checkpoints" not in written, f"01 says it keeps no checkpoints but wrote {written}"
+    # the cells nbval-lax checks print what the stored notebook says they print
+    stored, printed = checked_stdout(json.loads((NOTEBOOK_DIR / f"{name}.ipynb").read_text())), checked_stdout(nb)
+    assert stored and printed.keys() == stored.keys()
+    for cell, text in stored.items():
+        assert printed[cell] == text, f"code cell {cell} printed\n{printed[cell]}\ninstead of\n{text}"
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not found: apt-get install chromium (the notebook ran; its page is not checked)")
     out = shots_dir(name, tmp_path)
+    problems = page_problems(url, f"{name}/{saved.name}", nb, out)
+    print(f"{name}: screenshots in {out}")
+    assert not problems, f"{name} in JupyterLab:\n  " + "\n  ".join(problems)
+
+
+def page_problems(url: str, path: str, nb: dict, shots: Path) -> list[str]:
+    """Open the saved notebook `path` (under the server's root) in JupyterLab in Chromium, wait
+    for its widgets, run `PAGE_CHECKS`, screenshot each widget output into `shots`; the
+    problems found."""
+    pytest.importorskip("playwright")
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+    from playwright.sync_api import sync_playwright
+
+    widget_outputs = sum(WIDGET_MIME in o.get("data", {}) for c in nb["cells"] for o in c.get("outputs", []))
+    problems: list[str] = []
+    console: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         try:
             page = browser.new_page(viewport=VIEWPORT)
-            console: list[str] = []
             page.on("console", lambda msg: console.append(msg.text) if msg.type == "error" else None)
-            page.goto(f"{url}lab/tree/{name}/{name}.ipynb?reset", timeout=RENDER_TIMEOUT_MS)
+            page.goto(f"{url}lab/tree/{path}?reset", timeout=RENDER_TIMEOUT_MS)
             page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=RENDER_TIMEOUT_MS)
             page.wait_for_function(
                 "() => { const s = document.querySelector('.jp-NotebookPanel .jp-Notebook-ExecutionIndicator');"
@@ -300,11 +352,59 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
                 if w.bounding_box() and w.bounding_box()["height"] > 2:
                     cell = w.evaluate("o => [...document.querySelectorAll('.jp-Notebook .jp-Cell')]"
                                       ".indexOf(o.closest('.jp-Cell'))")
-                    w.screenshot(path=str(out / f"cell{cell:02d}_{k}.png"))
+                    w.screenshot(path=str(shots / f"cell{cell:02d}_{k}.png"))
         finally:
             browser.close()
-    problems += [f"console: {m[:200]}" for m in console if "widget" in m.lower() or "model" in m.lower()]
-    print(f"{name}: {widget_outputs} widget outputs; screenshots in {out}")
-    if name == "01_quickstart":
-        assert "checkpoints" not in written, f"01 says it keeps no checkpoints but wrote {written}"
-    assert not problems, f"{name} in JupyterLab:\n  " + "\n  ".join(problems)
+    return problems + [f"console: {m[:200]}" for m in console if "widget" in m.lower() or "model" in m.lower()]
+
+
+#: A notebook with one of each defect the page checks look for (what each cell shows, and the
+#: start of the problem it must raise).
+DEFECTS = [
+    ('import ipywidgets as w\nw.Button(description="a label much too long for its button", '
+     'layout=w.Layout(width="80px"))', 'is cut ('),
+    ('w.Dropdown(options=["turn 0", "turn 1"], value=None, description="turn", '
+     'layout=w.Layout(width="130px"))', 'a dropdown with 2 options shows none'),
+    ('w.BoundedIntText(value=20000, max=99999, description="branches", layout=w.Layout(width="120px"))',
+     'input "20000" is cut'),
+    ('w.ToggleButtons(options=["action", "observation", "resample"], layout=w.Layout(width="160px"))',
+     'toggle buttons'),
+    ('import pandas as pd\npd.DataFrame({f"a rather long column name {i}": [i, None] for i in range(14)})',
+     'px wide in an output area of'),
+    ('pd.DataFrame({"a": [1.0, float("nan")]})', 'table cells read NaN'),
+    ('import sys\nprint("the dtype notice", file=sys.stderr)', 'stderr output that is not a warning'),
+    ('print("| step | reward |\\n|---|---|\\n| 0 | 0.5 |")', 'a Markdown table printed as text'),
+    ('{"eval/reward_mean": 0.1 + 0.2}', 'float noise 0.30000000000000004'),
+    ('bar = w.IntProgress(value=3, max=3)\ndisplay(bar)\nbar.close()', 'Error displaying widget'),
+    ('from IPython.display import HTML\nHTML(\'<div style="width: 60px; word-break: break-all">'
+     '<span class="wb-tok">&lt;|im_end|&gt;&lt;|im_start|&gt;</span></div>\')', 'broken across lines'),
+    ('w.HTML("run folder /tmp/wb-run-x1y2/checkpoints")', 'a temp path in a widget'),
+    ('import plotly.graph_objects as go\nfrom plotly.subplots import make_subplots\n'
+     'fig = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=["a title far too long to fit above '
+     'the left chart", "another title far too long for the right chart"]))\n'
+     'fig.add_scatter(x=[0, 1], y=[0, 1], name="a", row=1, col=1)\n'
+     'fig.add_scatter(x=[0, 1], y=[1, 0], name="b", row=1, col=2)\n'
+     'fig.update_layout(width=500, legend=dict(orientation="h", y=-0.9))\nfig', 'overlap'),
+    (None, 'a legend '),  # the figure above: its legend far under the charts
+]
+
+
+def test_the_page_checks_find_each_defect(lab, tmp_path):
+    """The checks can fail: a notebook with one of each defect yields each problem."""
+    import nbformat
+    from nbformat.sign import NotebookNotary
+
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not found: apt-get install chromium")
+    url, folder, data_dir = lab
+    workdir = folder / "defects"
+    workdir.mkdir()
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c, _ in DEFECTS if c is not None])
+    nb.metadata["kernelspec"] = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+    lab_client(nb, workdir).execute()
+    NotebookNotary(data_dir=str(data_dir)).sign(nb)
+    nbformat.write(nb, workdir / "defects.ipynb")
+    problems = page_problems(url, "defects/defects.ipynb", json.loads((workdir / "defects.ipynb").read_text()),
+                             shots_dir("defects", tmp_path))
+    missing = [want for _, want in DEFECTS if not any(want in p for p in problems)]
+    assert not missing, f"not found: {missing}\nfound:\n  " + "\n  ".join(problems)

@@ -15,7 +15,6 @@ without a browser (tests/test_notebooks_browser.py measures the same in JupyterL
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
@@ -25,7 +24,6 @@ import pytest
 
 from envs import make_env
 from workbench.cli import main
-from workbench.trajectory import TrajectoryBatch
 from workbench.widgets import ConversationView, RunComparisonView, TokenView, TrainingDashboard, TrajectoryTable
 from workbench.widgets.compare import BRANCH_SET_FIELDS, curve_points
 from workbench.widgets.dashboard import PANELS, panel_visibility

@@ -170,10 +170,11 @@ def comparison_figure(cmp: "RunComparison") -> Any:
     fig.update_yaxes(title_text="score", row=1, col=1)
     fig.update_yaxes(title_text="share of episodes", range=[-0.05, 1.05], row=1, col=2)
     domains = (fig.layout.xaxis.domain, fig.layout.xaxis2.domain)
-    # each legend under its chart's x-axis title, at the chart's left edge (two rows fit the margin)
-    legends = {name: dict(orientation="h", x=domains[col - 1][0], xanchor="left", y=-0.17, yanchor="top",
-                          font=dict(size=10)) for col, name in _LEGENDS.items()}
-    fig.update_layout(height=460, template="plotly_white", margin=dict(l=60, r=10, t=40, b=100),
+    # each legend under its chart's x-axis title, at the chart's left edge, one entry a line (a
+    # horizontal legend wraps at the figure's width, not its chart's, and would run under the other)
+    legends = {name: dict(orientation="v", x=domains[col - 1][0], xanchor="left", y=-0.17, yanchor="top",
+                          font=dict(size=10), tracegroupgap=0) for col, name in _LEGENDS.items()}
+    fig.update_layout(height=500, template="plotly_white", margin=dict(l=60, r=10, t=40, b=140),
                       font=dict(size=11), **legends)
     return fig
 
