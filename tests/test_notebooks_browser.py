@@ -54,7 +54,7 @@ NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("0*.ipynb"))
 #: A laptop screen's width, with JupyterLab's file browser open; tall, so that a screenshot holds
 #: a whole widget (JupyterLab scrolls inside the page: a taller widget would be cut).
-VIEWPORT = {"width": 1366, "height": 2000}
+VIEWPORT = {"width": 1366, "height": 3000}
 RENDER_TIMEOUT_MS = 120_000
 #: JupyterLab user settings for the test server: every cell in the DOM (no windowing, so each
 #: output can be measured), no news or update checks (they would reach for the network).
