@@ -65,6 +65,8 @@ for guess in ["8", "12", "14", "13"]:
 # same environment seed) and asks: which of them did better than their siblings?
 
 # %%
+import tempfile
+
 config = ConfigStore()
 config.model.model_name = "smollm2-135m-instruct"
 config.environment.name = "guess_number"
@@ -76,8 +78,9 @@ config.training.batch_size = 4 if SMOKE else 8       # episodes per training ste
 config.training.group_size = 2 if SMOKE else 4       # ... in groups sharing a seed
 config.training.learning_rate = 3e-4
 config.training.use_kl_loss = True                   # stay close to the original model
-config.checkpoint.save_interval = 0                  # no checkpoints in this tour
+config.checkpoint.save_interval = 0                  # no checkpoints in this tour ...
 config.checkpoint.resume = False
+config.checkpoint.output_dir = tempfile.mkdtemp(prefix="wb-quickstart-")   # ... and the run's log in a temp folder
 trainer = Trainer(config)
 trainer
 
@@ -129,8 +132,9 @@ batch = trainer.rollout()
 batch
 
 # %%
-batch.to_pandas("episode")[["episode_id", "group_id", "turns", "trained_tokens", "env_reward",
-                            "success", "first_action"]]
+episodes = batch.to_pandas("episode")
+episodes["first_action"] = episodes["first_action"].str.slice(0, 30)   # the first 30 characters of each
+episodes[["episode_id", "group_id", "turns", "trained_tokens", "env_reward", "success", "first_action"]]
 
 # %% [markdown]
 # ## 5. Read an episode
@@ -158,7 +162,10 @@ print(batch)
 # `TokenView` colours each token by one of these numbers: red = positive advantage (these tokens
 # will be made more likely), blue = negative. Grey italic tokens were not sampled by the model
 # (prompt, observations, chat template) and get no gradient. Hover a token to read its value, and
-# switch the quantity in the dropdown (advantage, KL, logprobs, loss mask).
+# switch the quantity in the dropdown (advantage, KL, logprobs, loss mask). The line above the
+# tokens says where the advantage comes from: the episode's score beside its group's mean and
+# std, so a lost game is red when it lost by less than its siblings. Before any training the
+# policy *is* the reference, so the KL is 0 on every token here; section 7 shows it after training.
 
 # %%
 TokenView(batch, trainer.tokenizer, field="advantages")
@@ -189,7 +196,15 @@ dash.flush()
 
 # %%
 trainer.metrics_df()[["step", "reward/mean", "env/success_rate", "kl/mean", "actor/entropy",
-                      "rollout/response_length_mean", "perf/step_seconds"]]
+                      "rollout/response_length_mean", "perf/step_seconds"]].round(4)
+
+# %% [markdown]
+# The last training batch, coloured by the KL to the reference: now that the policy has been
+# updated, its sampled tokens have moved away from the original model, some more than others
+# (switch "colour by" to `advantages` to see what pushed them).
+
+# %%
+TokenView(trainer.last_batch, trainer.tokenizer, field="kl")
 
 # %% [markdown]
 # A handful of steps on a CPU will not teach the model much: the reward curve is noisy at this
@@ -202,7 +217,10 @@ trainer.metrics_df()[["step", "reward/mean", "env/success_rate", "kl/mean", "act
 # on held-out seeds:
 
 # %%
-trainer.evaluate(seeds=range(1000, 1002 if SMOKE else 1008))
+import pandas as pd
+
+held_out = trainer.evaluate(seeds=range(1000, 1002 if SMOKE else 1008))
+pd.Series(held_out, name="held-out (greedy)").round(3).to_frame()
 
 # %% [markdown]
 # ## Next

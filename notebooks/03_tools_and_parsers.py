@@ -142,7 +142,7 @@ batch = rollout.run()
 {k: round(v, 3) for k, v in batch.summary().items() if k.startswith("env/")}
 
 # %%
-batch.to_pandas("turn")[["episode_id", "turn", "tool_calls", "parse_error", "reward", "observation"]]
+batch.to_pandas("turn")[["episode_id", "turn", "tool_calls", "parse_error", "reward", "observation"]].fillna("")
 
 # %%
 conv = ConversationView(batch)

@@ -29,8 +29,9 @@ print("smoke mode" if SMOKE else "full mode")
 # ## Train a few steps
 #
 # The demo's game: guess a secret from 1 to 8 in 4 guesses. The run folder gets the config,
-# `metrics.jsonl`, a checkpoint after every step, and `rollouts/step_XXXXXX.jsonl.gz`: each
-# step's scored batch (`training.save_rollouts_every`, default 1).
+# `metrics.jsonl`, a checkpoint after every step (`checkpoint.save_interval = 1`; the newest 3 are
+# kept, `checkpoint.keep_last_n`), and `rollouts/step_XXXXXX.jsonl.gz`: each step's scored batch
+# (`training.save_rollouts_every`, default 1), every one of them kept.
 
 # %%
 import tempfile

@@ -29,6 +29,8 @@ CHECK = "# NBVAL_CHECK_OUTPUT"
 NOT_EXECUTED = {"browser_demo"}  # run by tests/test_browser.py instead
 FULL_OUTPUTS = {"09_finding_to_fix"}  # stored outputs from full mode (see the module docstring)
 TEXT = ("text/plain", "text/markdown", "text/html")
+#: The kernel every notebook names (ipykernel's own spec, the one `make install` puts in the venv).
+KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
 
 
 def text_outputs(outputs: list) -> list:
@@ -81,6 +83,7 @@ def refresh(name: str) -> None:
     NotebookClient(nb, timeout=1200, kernel_name="python3", resources={"metadata": {"path": str(HERE)}}).execute()
     keep_checked_outputs(nb, full)
     nb.metadata["jupytext"] = {"formats": "ipynb,py:percent"}
+    nb.metadata["kernelspec"] = dict(KERNELSPEC)  # JupyterLab opens it with this kernel, no dialog
     jupytext.write(nb, py.with_suffix(".ipynb"))
     print(f"{py.stem}: ran in {time.time() - start:.0f}s ({'full' if full else 'smoke'} mode), wrote {py.stem}.ipynb")
 

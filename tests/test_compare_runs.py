@@ -10,6 +10,7 @@ runs of the tiny model (two GRPO steps, held-out evaluation before and after on 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -204,22 +205,30 @@ def test_the_widget_builds_without_a_kernel_and_holds_both_curves(runs):
     cmp = compare_runs(runs["A"], runs["B"])
     view = RunComparisonView(cmp)
     assert view.comparison is cmp
-    traces = {t.name: t for t in view.figure.data}
-    assert set(traces) == {f"{run} {text}" for run in "AB" for _, _, text in TRACES}
+    names = {"A": runs["A"].name, "B": runs["B"].name}  # folder names, not paths
+    assert view.names == names and str(runs["A"].parent) not in view._head.value
+    traces = [t for t in view.figure.data]
+    by_name = {t.name: t for t in traces}
+    assert set(by_name) == {f"{run} {names[run]} · {text}" for run in "AB" for _, _, text in TRACES}
     for run in "AB":
         rows = cmp.curves[cmp.curves["run"] == run]
-        for _, column, text in TRACES:
-            points = rows.dropna(subset=[column])
-            assert list(traces[f"{run} {text}"].x) == points["step"].tolist()
-            assert list(traces[f"{run} {text}"].y) == points[column].tolist()
-    assert list(traces["A held-out success"].x) == [0, 2]
+        for panel, column, text in TRACES:
+            trace = next(t for t in traces if t.name == f"{run} {names[run]} · {text}"
+                         and t.xaxis == ("x" if panel == 1 else "x2"))
+            points = rows.dropna(subset=[column])  # every step of these runs has each training value
+            assert list(trace.x) == points["step"].tolist()
+            assert list(trace.y) == points[column].tolist()
+            assert trace.legend == ("legend" if panel == 1 else "legend2")  # one legend per chart
+    held = next(t for t in traces if t.name.startswith("A ") and t.name.endswith("held-out") and t.xaxis == "x2")
+    assert list(held.x) == [0, 2]
     assert view.seed == 10000 and "seed 10000" in view.html
     view.seed = 10002
     pair = next(p for p in cmp.pairs if p.seed == 10002)
     assert "seed 10002" in view.html and view._pick.value == 10002
     from workbench.widgets._html import esc
 
-    assert view.html.count(esc(pair.a.turns[0].action)) >= 1 and esc(pair.b.turns[-1].action) in view.html
+    text = re.sub(r"<mark[^>]*>|</mark>", "", view.html)  # the action spans are marked
+    assert text.count(esc(pair.a.turns[0].action)) >= 1 and esc(pair.b.turns[-1].action) in text
     built = RunComparisonView(runs["A"], runs["E"])  # from two folders; the notice is shown
     assert "NOT COMPARABLE on held-out episodes" in built._head.value
     with pytest.raises(TypeError, match="give two runs"):

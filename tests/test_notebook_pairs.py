@@ -69,3 +69,12 @@ def test_a_one_sided_edit_is_caught(tmp_path):
     ipynb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     assert cells(ipynb) != cells(py)
     assert first_difference(cells(ipynb), cells(py)).startswith(f"cell {code}:")
+
+
+@pytest.mark.parametrize("name", PAIRS)
+def test_notebook_names_its_kernel(name):
+    """Without a kernelspec JupyterLab asks which kernel to start; with ipykernel's "python3"
+    it starts the one `make install` put in the venv."""
+    ipynb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    spec = ipynb.metadata.get("kernelspec", {})
+    assert spec.get("name") == "python3" and spec.get("language") == "python", spec

@@ -20,10 +20,12 @@ def test_panel_opens_the_evidence_episode_with_the_span_marked(tiny_model_and_to
     assert episode is batch[ev.episode_id] and panel.conversation.episode is episode
     digit = ev.text[ev.span[0]:ev.span[1]]
     assert f'You have <mark class="wb-span">{digit}</mark> guesses left, so' in panel.conversation.html
-    assert panel.conversation.html.count("<mark") == 1  # only the evidence turn
+    assert panel.conversation.html.count('<mark class="wb-span"') == 1  # only the evidence turn
+    marked = panel.conversation.html.count('<mark class="wb-action"')  # the other turns' action spans, and the key
+    assert marked == 1 + sum(1 for t in episode.turns if t.index != ev.turn and t.info.get("action_span"))
     assert "parse-from-incidental-span" in panel._table.value and "Do:" in panel._detail.value
     panel.conversation.show(0)  # navigating away clears the mark
-    assert "<mark" not in panel.conversation.html
+    assert '<mark class="wb-span"' not in panel.conversation.html
     assert repr(panel) == f"FindingsPanel({len(findings)} findings, showing #0)"
 
 

@@ -3,6 +3,8 @@ built without a kernel from the folder of a real fit of the tiny model; what the
 is compared with the same widget built on the batch the trainer held in memory."""
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from envs import make_env
@@ -12,6 +14,7 @@ from workbench.debug import load_run
 from workbench.widgets import (
     ConversationView, RewardTuner, TokenView, TrainingDashboard, TrajectoryTable, render_episode_html,
 )
+from workbench.widgets._groups import group_line_html
 from workbench.widgets._html import esc
 
 
@@ -31,13 +34,13 @@ def test_conversation_view_shows_the_runs_last_or_chosen_step(fitted):
     assert len(view.episodes) == len(kept[1])
     for i, ep in enumerate(kept[1]):
         view.index = i
-        assert view.html == render_episode_html(ep)
+        assert view.html == render_episode_html(ep, group=group_line_html(kept[1], i))  # + its group's numbers
         assert esc(ep.messages[1]["content"]) in view.html  # the game's opening, as it was played
-        assert esc(ep.turns[0].action.strip()[:20]) in view.html
+        assert esc(ep.turns[0].action.strip()[:20]) in re.sub(r"<mark[^>]*>|</mark>", "", view.html)
     old = ConversationView(run, step=0)
-    assert old.html == render_episode_html(kept[0][0])
+    assert old.html == render_episode_html(kept[0][0], group=group_line_html(kept[0], 0))
     old.set_batch(run, step=1, index=2)
-    assert old.html == render_episode_html(kept[1][2])
+    assert old.html == render_episode_html(kept[1][2], group=group_line_html(kept[1], 2))
 
 
 def test_token_view_of_a_run_decodes_with_the_runs_tokenizer(fitted, tiny_model_and_tokenizer):

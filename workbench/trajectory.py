@@ -696,8 +696,34 @@ class TrajectoryBatch:
                 f"success {s['env/success_rate']:.0%}, fields: {fields_})")
 
     def _repr_html_(self) -> str:
-        df = self.to_pandas("episode")
-        return f"<p><b>{self!r}</b></p>" + df.head(20).to_html(index=False)
+        """The summary line, then one row per episode (the first 20) narrow enough for a
+        notebook's output: its outcome, how it ended and its first reply cut to 40
+        characters on one line; an empty cell is blank. `to_pandas` has every column."""
+        from html import escape
+
+        def ended(e: Episode) -> str:
+            if e.success:
+                return "success"
+            if e.error:
+                return "error"
+            if e.truncated:
+                return f"cut ({e.truncation_reason})"
+            return "done" if e.done else "running"
+
+        def first(e: Episode) -> str:
+            text = (e.actions[0] if e.actions else "").replace("\n", "↵")
+            return text if len(text) <= 40 else text[:39] + "…"
+
+        head = ["episode", "group", "seed", "turns", "tokens (trained)", "reward", "ended", "first reply"]
+        rows = [[e.episode_id, e.group_id, "" if e.env_seed is None else e.env_seed, e.num_turns,
+                 f"{e.num_tokens} ({e.response_length})", f"{e.outcome:+.3g}", ended(e), first(e)]
+                for e in self.episodes[:20]]
+        cell = "<td style='text-align:{}; white-space:nowrap'>{}</td>"
+        body = "".join("<tr>" + "".join(cell.format("left" if k in (1, 6, 7) else "right", escape(str(v)))
+                                         for k, v in enumerate(r)) + "</tr>" for r in rows)
+        more = f"<p>… and {len(self) - 20} more episodes</p>" if len(self) > 20 else ""
+        return (f"<p><b>{escape(repr(self))}</b></p><table><thead><tr>"
+                + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}</tbody></table>{more}")
 
 
 def _line_parts(f: Any, limit: int, chunk: int = 1 << 20) -> tuple[list[bytes], int]:

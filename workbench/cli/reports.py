@@ -71,8 +71,16 @@ def plot_curve(history: list[dict[str, Any]], path: Path, evals: list[dict[str, 
 
 
 def summary_table(rows: list[dict[str, Any]]) -> str:
+    """A Markdown table of `rows` (floats to 3 significant digits; "-" where a row has no value,
+    e.g. the reward of an SFT step)."""
     keys = list(rows[0]) if rows else []
     out = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for r in rows:
-        out.append("| " + " | ".join(f"{r[k]:.3g}" if isinstance(r[k], float) else str(r[k]) for k in keys) + " |")
+        out.append("| " + " | ".join(_cell(r[k]) for k in keys) + " |")
     return "\n".join(out)
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return "-" if value != value else f"{value:.3g}"  # NaN: no value
+    return str(value)

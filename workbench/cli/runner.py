@@ -16,6 +16,7 @@ from typing import Any, Callable
 from workbench.cli.reports import plot_curve, summary_table, write_transcript
 from workbench.config import ConfigStore
 from workbench.utils.files import write_text
+from workbench.utils.progress import print_markdown
 
 
 def rollout_envs(config: ConfigStore, env_spec: str, episodes: int) -> tuple[list[Any], list[int]]:
@@ -69,7 +70,7 @@ def _rollout_and_write(config: ConfigStore, out: Path, episodes: int) -> list[di
         print(batch)
     table = summary_table(rows)
     write_text(out / "summary.md", table + "\n")
-    print(table)
+    print_markdown(table)  # a table in a notebook, pipes in a terminal
     return rows
 
 
@@ -276,7 +277,7 @@ def _train_and_write(trainer: Any, config: ConfigStore, out: Path, eval_episodes
     write_text(out / "summary.md", (stopped + "\n\n" if stopped else "") + table + "\n"
                + ("\n" + summary_table(evals) + "\n" if evals else "")
                + "\n" + findings_markdown(report["findings"], place) + "\n")
-    print(table)
+    print_markdown(table)  # a table in a notebook, pipes in a terminal
     if print_findings:
         print(findings_table(report["findings"], place))
     print(f"wrote {out}/reward_curve.png, transcript.md, metrics.jsonl, summary.md")

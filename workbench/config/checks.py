@@ -108,11 +108,15 @@ _announced: set[tuple[str, str]] = set()
 
 
 def _announce(field: str, dtype: "torch.dtype", reason: str) -> None:
-    """Say once per process what "auto" chose and why."""
+    """Say once per process what "auto" chose and why: on stderr, or in a Jupyter kernel on
+    stdout (a notice, not an error: the notebook's stderr box is for those)."""
+    from workbench.utils.progress import in_jupyter
+
     key = (field, str(dtype))
     if key not in _announced:
         _announced.add(key)
-        print(f"workbench: {field} \"auto\" -> {str(dtype).removeprefix('torch.')}: {reason}", file=sys.stderr)
+        print(f"workbench: {field} \"auto\" -> {str(dtype).removeprefix('torch.')}: {reason}",
+              file=sys.stdout if in_jupyter() else sys.stderr)
 
 
 def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.device" = "cpu",

@@ -54,7 +54,9 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
         return trainer.metrics_history
     deadline = None if time_limit_s is None else time.monotonic() + time_limit_s
     trainer.stop_reason: str | None = None
-    bar = progress_bar(t.progress, total=total, initial=min(trainer.global_step, total), desc="fit", unit="step")
+    # The bar counts this call's steps (SFT and RL), not the absolute step: a branch from step 8
+    # that trains 4 SFT + 2 RL steps shows 6/6; the postfix names the absolute step.
+    bar = progress_bar(t.progress, total=max(total - trainer.global_step, 0), desc="fit", unit="step")
     trainer._fitting = True
     trainer._fit_total = total
     try:
@@ -80,7 +82,7 @@ def run_fit(trainer: Any, num_epochs: int | None, num_iters_per_epoch: int | Non
                                       last=trainer.global_step >= total or trainer.stop_reason is not None)
             trainer.loggers.log_step(metrics, trainer.last_batch, trainer.global_step)
             bar.update(1)
-            bar.set_postfix(fit_postfix(metrics))
+            bar.set_postfix({"step": metrics["step"], **fit_postfix(metrics)})
             for cb in callbacks:
                 cb(trainer, metrics)
             last = trainer.global_step >= total or trainer.stop_reason is not None

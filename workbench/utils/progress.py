@@ -11,6 +11,12 @@ default). Whether they show is `progress_enabled(setting)`:
 
 `training.progress` is that setting for a `Trainer`; `Rollout(progress=...)` takes it
 directly.
+
+In a Jupyter kernel a bar is a widget only while it runs: when it closes, its output is
+replaced by plain text (the final bar as tqdm writes it; nothing for a bar that does not
+stay, `leave=False`) and the widget is closed. A saved notebook then holds text where the
+bars were, not views of widgets that no longer exist (which JupyterLab shows as "Error
+displaying widget: model not found" when the notebook is opened again).
 """
 from __future__ import annotations
 
@@ -53,9 +59,49 @@ def progress_bar(setting: bool | None, total: int, desc: str, initial: int = 0, 
     """A `tqdm.auto` bar, or a bar that does nothing when `progress_enabled(setting)` is False."""
     if not progress_enabled(setting):
         return _NoBar()
+    kwargs = dict(total=total, initial=initial, desc=desc, unit=unit, leave=leave, dynamic_ncols=True)
+    if in_jupyter():
+        try:
+            return _notebook_bar_class()(**kwargs)
+        except ImportError:  # no ipywidgets: tqdm.auto's text bar below
+            pass
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=desc, unit=unit, leave=leave, dynamic_ncols=True)
+    return tqdm(**kwargs)
+
+
+_NOTEBOOK_BAR: Any = None
+
+
+def _notebook_bar_class() -> Any:
+    """tqdm's notebook bar, displayed under a display id so that `close()` can replace the
+    widget's output with text (see the module docstring)."""
+    global _NOTEBOOK_BAR
+    if _NOTEBOOK_BAR is not None:
+        return _NOTEBOOK_BAR
+    from IPython.display import display
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    class NotebookBar(notebook_tqdm):
+        def __init__(self, *args: Any, **kwargs: Any):
+            super().__init__(*args, display=False, **kwargs)
+            self._handle = None if self.disable else display(self.container, display_id=True)
+            self.displayed = True
+
+        def close(self) -> None:
+            if self.disable:
+                return
+            ended_early = bool(self.total and self.n < self.total)
+            d = self.format_dict
+            d["ncols"] = None  # no width to fit: tqdm draws its 10-character bar
+            text = self.format_meter(**d) if (self.leave or ended_early) else ""
+            super().close()
+            if self._handle is not None:
+                self._handle.update({"text/plain": text}, raw=True)
+            self.container.close()
+
+    _NOTEBOOK_BAR = NotebookBar
+    return NotebookBar
 
 
 class _NoBar:
@@ -115,6 +161,17 @@ def fit_postfix(metrics: dict[str, Any]) -> dict[str, str]:
     """The fit bar's postfix for one step's metrics (`FIT_POSTFIX`)."""
     return {label: f"{metrics[name]:.3g}" for name, label in FIT_POSTFIX.items()
             if isinstance(metrics.get(name), (int, float))}
+
+
+def print_markdown(text: str) -> None:
+    """Print Markdown (e.g. a `| a | b |` table): in a Jupyter kernel it is displayed as
+    Markdown, so a table reads as a table rather than as pipes; elsewhere it is printed."""
+    if in_jupyter():
+        from IPython.display import Markdown, display
+
+        display(Markdown(text))
+    else:
+        print(text)
 
 
 def write(text: str) -> None:

@@ -9,6 +9,7 @@
     findings.py      the run doctor's findings; each opens its evidence episode with the span marked
     compare.py       RunComparisonView: two runs' curves overlaid, the same held-out seeds side by side
     _html.py         shared HTML helpers
+    _groups.py       an episode's score beside its group's mean and std, and the advantage they give
     _runs.py         a reopened run (load_run) accepted wherever a widget takes a batch or a history
 
 | widget              | shows                                                               |

@@ -24,6 +24,7 @@ STYLE = """
 .wb-root { font-family: var(--jp-ui-font-family, -apple-system, "Segoe UI", Roboto, sans-serif); font-size: 13px; color: #222; }
 .wb-head { margin: 2px 0 6px 0; color: #444; }
 .wb-span { background: #ffe066; color: inherit; padding: 0 1px; border-radius: 2px; }
+.wb-action { background: #e6f4de; color: inherit; padding: 0 1px; border-radius: 2px; border-bottom: 2px solid #4d9221; }
 .wb-badge { display: inline-block; padding: 0 6px; margin: 0 2px; border-radius: 8px; font-size: 11px; background: #eee; color: #333; }
 .wb-badge.wb-good { background: #d9f2d0; color: #225c12; }
 .wb-badge.wb-bad { background: #fbd5d5; color: #8a1414; }
@@ -40,7 +41,7 @@ STYLE = """
 .wb-errline { color: #a11; font-weight: 600; white-space: normal; }
 .wb-reward { float: right; font-size: 11px; font-weight: 600; margin-left: 8px; }
 .wb-end { margin: 8px 0 2px 0; padding: 4px 8px; border-top: 1px solid #ddd; color: #333; }
-.wb-tokbox { font-family: var(--jp-code-font-family, monospace); font-size: 12.5px; line-height: 1.9; white-space: pre-wrap; word-break: break-all; color: #111; }
+.wb-tokbox { font-family: var(--jp-code-font-family, monospace); font-size: 12.5px; line-height: 1.9; white-space: pre-wrap; word-break: normal; overflow-wrap: normal; color: #111; }
 .wb-tok { border-radius: 2px; padding: 1px 0; }
 .wb-tok.wb-untrained { color: #8a8a8a; font-style: italic; }
 .wb-tok.wb-reason { border-bottom: 2px dotted #7a5cc2; }
@@ -50,7 +51,8 @@ STYLE = """
 .wb-legend .wb-bar { display: inline-block; width: 160px; height: 10px; vertical-align: middle; border: 1px solid #ccc; margin: 0 4px; }
 .wb-table { border-collapse: collapse; font-size: 12px; }
 .wb-table th, .wb-table td { border-bottom: 1px solid #e5e5e5; padding: 2px 8px; text-align: right; }
-.wb-table th { background: #f5f5f5; }
+.wb-table th { background: #f5f5f5; white-space: normal; vertical-align: bottom; }
+.wb-table td { white-space: nowrap; }
 .wb-table tr.wb-selected td { background: #fff3c4; }
 .wb-table.wb-clickable tbody tr { cursor: pointer; }
 .wb-table.wb-clickable tbody tr:hover td { background: #f0f6ff; }
@@ -120,11 +122,12 @@ def gradient_css(kind: str) -> str:
 def html_table(rows: Sequence[dict], columns: Sequence[str], selected: int | None = None,
                key: str | None = None, max_rows: int = 200, clickable: bool = False) -> str:
     """A small HTML table of dict rows (class `wb-table`); the row whose `key` equals `selected` is highlighted.
+    Headers show the column names with "_" as spaces, so a narrow column's header wraps.
 
     With `key`, each row carries its key in `data-key` (`clickable` adds the pointer
     cursor; a widget listens for the clicks).
     """
-    head = "".join(f"<th>{esc(c)}</th>" for c in columns)
+    head = "".join(f"<th>{esc(str(c).replace('_', ' '))}</th>" for c in columns)  # spaces let a header wrap
     body = []
     for row in list(rows)[:max_rows]:
         cls = ' class="wb-selected"' if key is not None and selected is not None and row.get(key) == selected else ""

@@ -11,9 +11,14 @@ turn number and reward; tool calls are boxed under the action with their result;
 parse errors and environment errors are shown in red. The episode's ending
 (success, truncation, error, score, warnings) closes the transcript.
 
-`render_episode_html(episode)` is the plain function behind the widget. A span of a
-reply can be highlighted (`highlight={turn: [start, end]}`, or `view.highlight`), which
-is how the run doctor's findings panel points at the part of a reply that matters.
+`render_episode_html(episode)` is the plain function behind the widget. In each reply the
+span the environment read as the action (`Turn.info["action_span"]`, reported by the
+environment and moved onto the reply by the parser, `workbench.tools.manager`) is
+underlined in green, so "I'm afraid I don't have a 5th number" reads as the 5 it was
+scored as. Another span of a reply can be highlighted in yellow (`highlight={turn:
+[start, end]}`, or `view.highlight`), which is how the run doctor's findings panel
+points at the part of a reply that matters. With a batch of groups, the header gives the
+episode's score beside its group's mean and std (and its advantage, once computed).
 
 Forking (when the view is given `engine=`: a Trainer, or an engine plus `config=`, the
 run's config): pick a turn, edit its action (or the observation before it, or leave it
@@ -32,6 +37,7 @@ import traitlets
 
 from workbench.tools.reasoning import DEFAULT_MARKERS, split_reasoning
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
+from workbench.widgets._groups import group_line_html
 from workbench.widgets._html import STYLE, esc
 from workbench.widgets._runs import batch_of
 
@@ -95,12 +101,29 @@ def _tool_calls_html(turn: Turn) -> str:
     return "".join(parts)
 
 
-def highlight_html(text: str, span: Sequence[int] | None) -> str:
-    """`text` escaped, with characters `span` = [start, end] wrapped in `<mark class="wb-span">`."""
-    if not span or not 0 <= span[0] <= span[1] <= len(text):
+def highlight_html(text: str, span: Sequence[int] | None, cls: str = "wb-span", title: str = "") -> str:
+    """`text` escaped, with characters `span` = [start, end] wrapped in `<mark class="{cls}">`."""
+    if not _valid_span(span, text):
         return esc(text)
     s, e = span
-    return f'{esc(text[:s])}<mark class="wb-span">{esc(text[s:e])}</mark>{esc(text[e:])}'
+    tip = f' title="{esc(title)}"' if title else ""
+    return f'{esc(text[:s])}<mark class="{cls}"{tip}>{esc(text[s:e])}</mark>{esc(text[e:])}'
+
+
+def _valid_span(span: Any, text: str) -> bool:
+    return (isinstance(span, (list, tuple)) and len(span) == 2 and all(isinstance(x, int) for x in span)
+            and 0 <= span[0] <= span[1] <= len(text))
+
+
+#: Hover text of the action span's mark.
+ACTION_TITLE = "the part of the reply the environment read as the action"
+
+
+def action_span(turn: Turn) -> list[int] | None:
+    """The [start, end] of `turn.action` the environment read as the action (None when the
+    turn reports no valid span, e.g. a parse error)."""
+    span = turn.info.get("action_span")
+    return list(span) if _valid_span(span, turn.action) else None
 
 
 def _reasoning_html(turn: Turn, span: Sequence[int] | None) -> str:
@@ -125,8 +148,14 @@ def _turn_html(turn: Turn, span: Sequence[int] | None = None) -> str:
         right.append(_badge("cut at max_tokens", "warn"))
     if turn.done:
         right.append(_badge("done"))
-    body = _reasoning_html(turn, span) if (turn.reasoning_tokens or turn.reasoning_cut) else (
-        highlight_html(turn.action, span) if turn.action else '<i style="color:#888">(empty)</i>')
+    if not turn.action and not turn.reasoning_cut:
+        body = '<i style="color:#888">(empty)</i>'
+    elif turn.reasoning_tokens or turn.reasoning_cut:
+        body = _reasoning_html(turn, span)
+    elif span is not None:
+        body = highlight_html(turn.action, span)
+    else:
+        body = highlight_html(turn.action, action_span(turn), "wb-action", ACTION_TITLE)
     body += _tool_calls_html(turn)
     extra = "wb-human" if human else ""
     if turn.parse_error:
@@ -148,9 +177,10 @@ def _turn_html(turn: Turn, span: Sequence[int] | None = None) -> str:
 
 
 def render_episode_html(episode: Episode | None, show_system: bool = True, style: bool = True,
-                        highlight: dict[int, Sequence[int]] | None = None) -> str:
+                        highlight: dict[int, Sequence[int]] | None = None, group: str = "") -> str:
     """The transcript of one episode as HTML (chat bubbles); `highlight` maps a turn index
-    to the [start, end] of its reply to mark."""
+    to the [start, end] of its reply to mark (instead of its action span); `group` is a line
+    of HTML under the header (`group_line_html`)."""
     css = STYLE if style else ""
     if episode is None:
         return f'{css}<div class="wb-root wb-conv-body"><i>no episode</i></div>'
@@ -173,7 +203,10 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
         badges.append(_badge("error", "bad"))
     if not ep.done:
         badges.append(_badge("in progress", "warn"))
-    parts = [f'<div class="wb-head">{" · ".join(head)} {"".join(badges)}</div>']
+    parts = [f'<div class="wb-head">{" · ".join(head)} {"".join(badges)}</div>', group]
+    if any(action_span(t) for t in ep.turns if t.action and t.index not in (highlight or {})):
+        parts.append('<div class="wb-legend"><mark class="wb-action">underlined</mark>: '
+                     f'{esc(ACTION_TITLE)}</div>')
 
     msgs = list(ep.messages)
     first_assistant = next((k for k, m in enumerate(msgs) if m.get("role") == "assistant"), len(msgs))
@@ -300,35 +333,47 @@ class ConversationView(widgets.VBox):
     def __init__(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any = None, index: int = 0,
                  show_system: bool = True, *, step: int | None = None, engine: Any = None, config: Any = None,
                  fork_options: dict[str, Any] | None = None, **kwargs: Any):
-        self._episodes: list[Episode] = as_episodes(batch_of(data, step))
+        self._set_source(batch_of(data, step))
         if config is None and hasattr(data, "batch") and hasattr(data, "config"):  # a reopened Run
             config = data.config
         self.show_system = show_system
         self.fork_engine, self.fork_config, self.fork_options = engine, config, dict(fork_options or {})
         self.branches: TrajectoryBatch | None = None
+        self._fork_shown: Episode | None | bool = False  # the episode the fork controls were filled for
         self._branches = widgets.HTML()
         self._branches.add_class("wb-branches-html")
-        self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="80px"))
-        self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="80px"))
-        self._pick = widgets.Dropdown(options=[], layout=widgets.Layout(width="430px"))
+        self._prev = widgets.Button(description="◀ prev", layout=widgets.Layout(width="auto", min_width="80px"))
+        self._next = widgets.Button(description="next ▶", layout=widgets.Layout(width="auto", min_width="80px"))
+        self._pick = widgets.Dropdown(options=[], layout=widgets.Layout(width="auto", min_width="200px",
+                                                                        max_width="520px", flex="1 1 430px"))
         self._body = widgets.HTML()
         self._body.add_class("wb-conversation-html")
         nav = widgets.HBox([self._prev, self._pick, self._next])
         children = [nav, self._body]
         if engine is not None:
-            self._fork_pick = widgets.Dropdown(options=[], description="turn", layout=widgets.Layout(width="130px"))
-            self._fork_kind = widgets.ToggleButtons(options=["action", "observation", "resample"], value="action")
-            self._fork_box = widgets.Textarea(placeholder="edited text", layout=widgets.Layout(width="360px"))
-            self._fork_count = widgets.BoundedIntText(value=2, min=1, max=64, description="n",
-                                                      layout=widgets.Layout(width="110px"))
-            self._fork_go = widgets.Button(description="continue from here", button_style="primary", icon="code-fork")
+            fit = {"description_width": "initial"}  # the description takes its text's width, the box the rest
+            self._fork_pick = widgets.Dropdown(options=[], description="turn", style=fit,
+                                               layout=widgets.Layout(width="140px"))
+            self._fork_kind = widgets.ToggleButtons(
+                options=["action", "observation", "resample"], value="action", style={"button_width": "auto"},
+                tooltips=["type the reply of this turn", "edit the observation before this turn",
+                          "let the policy sample this turn again"])
+            self._fork_box = widgets.Textarea(placeholder="edited text", rows=2,
+                                              layout=widgets.Layout(width="100%", max_width="640px"))
+            self._fork_count = widgets.BoundedIntText(value=2, min=1, max=64, description="branches", style=fit,
+                                                      layout=widgets.Layout(width="140px"))
+            self._fork_go = widgets.Button(description="continue from here", button_style="primary", icon="code-fork",
+                                           layout=widgets.Layout(width="auto", min_width="180px"))
             for w, name in ((self._fork_kind, "fork_edit"), (self._fork_box, "fork_text"),
                             (self._fork_count, "fork_n")):
                 widgets.link((w, "value"), (self, name))
             self._fork_pick.observe(lambda c: c["new"] is not None and setattr(self, "fork_turn", c["new"]),
                                     names="value")
             self._fork_go.on_click(lambda _: self.continue_from())
-            controls = widgets.HBox([self._fork_pick, self._fork_kind, self._fork_box, self._fork_count, self._fork_go])
+            row = widgets.HBox([self._fork_pick, self._fork_kind, self._fork_count, self._fork_go],
+                               layout=widgets.Layout(flex_flow="row wrap", align_items="center"))
+            controls = widgets.VBox([row, self._fork_box])
+            controls.add_class("wb-fork-controls")
             children += [controls, self._branches]
         super().__init__(children, **kwargs)
         self.add_class("wb-conversation")
@@ -357,7 +402,7 @@ class ConversationView(widgets.VBox):
     def set_batch(self, data: TrajectoryBatch | Episode | Sequence[Episode] | Any, index: int = 0,
                   step: int | None = None) -> None:
         """Show another batch (e.g. the newest rollout, or a `Run`'s step `step`)."""
-        self._episodes = as_episodes(batch_of(data, step))
+        self._set_source(batch_of(data, step))
         self._refresh_options()
         n = len(self._episodes)
         new = max(0, min(index, n - 1)) if n else 0
@@ -419,10 +464,16 @@ class ConversationView(widgets.VBox):
 
     def refresh(self) -> None:
         """Re-render the shown episode (after it changed in place, e.g. a live play)."""
+        self._fork_shown = False
         self._refresh_options()
         self._render()
 
     # -- internals ------------------------------------------------------------------
+    def _set_source(self, data: Any) -> None:
+        self._episodes = as_episodes(data)
+        # the batch itself when there is one: its advantages go beside the group's numbers
+        self._source = data if isinstance(data, TrajectoryBatch) else self._episodes
+
     @traitlets.observe("highlight")
     def _on_highlight(self, change: dict) -> None:
         self._render()
@@ -442,11 +493,20 @@ class ConversationView(widgets.VBox):
 
     def _render(self) -> None:
         n = len(self._episodes)
-        self._body.value = render_episode_html(self.episode, self.show_system, highlight=self.highlight)
-        if self.fork_engine is not None:
-            ep = self.episode
-            self._fork_pick.options = [(f"turn {t.index}", t.index) for t in ep.turns] if ep is not None else []
+        group = group_line_html(self._source, self.index) if n else ""
+        self._body.value = render_episode_html(self.episode, self.show_system, highlight=self.highlight, group=group)
+        if self.fork_engine is not None and self._fork_shown is not self.episode:  # another episode
+            ep = self._fork_shown = self.episode
+            turns = [t.index for t in ep.turns] if ep is not None else []
+            self._fork_pick.options = [(f"turn {t}", t) for t in turns]
             self.branches, self._branches.value = None, ""
+            if turns:  # the turn picked, its text in the box: the controls show what a press would fork
+                turn = self.fork_turn if self.fork_turn in turns else turns[0]
+                self._fork_pick.value = turn
+                if self.fork_turn == turn:
+                    self._on_fork_turn({})
+                else:
+                    self.fork_turn = turn
         if n and self._pick.value != self.index:
             self._pick.value = self.index
         self._prev.disabled = self.index <= 0

@@ -279,16 +279,22 @@ class RewardTuner(widgets.VBox):
             self.sliders[name] = s
         self._note = widgets.HTML()
         self._apply = widgets.Button(description="Apply to batch", icon="check",
-                                     tooltip="write the new scores into the batch (episode.score)")
+                                     tooltip="write the new scores into the batch (episode.score)",
+                                     layout=widgets.Layout(width="auto", min_width="150px"))
         self._apply.on_click(lambda _: self.apply())
         self.figure = go.FigureWidget(make_subplots(rows=1, cols=2, subplot_titles=[
             "episode reward", f"{self.adv_estimator} advantage"]))
         for col, what in ((1, "reward"), (2, "advantage")):
             for when, color in (("before", "#9e9e9e"), ("after", "#d62728")):
                 self.figure.add_histogram(x=[], name=f"{what} {when}", marker_color=color, opacity=0.6,
-                                          nbinsx=20, row=1, col=col, showlegend=True)
-        self.figure.update_layout(barmode="overlay", height=300, template="plotly_white",
-                                  margin=dict(l=40, r=10, t=40, b=30), legend=dict(orientation="h", y=-0.2))
+                                          nbinsx=20, row=1, col=col, showlegend=True,
+                                          legend="legend" if col == 1 else "legend2")
+        # each chart's legend under it, at its left edge
+        legends = {name: dict(orientation="h", x=domain[0], xanchor="left", y=-0.15, yanchor="top")
+                   for name, domain in (("legend", self.figure.layout.xaxis.domain),
+                                        ("legend2", self.figure.layout.xaxis2.domain))}
+        self.figure.update_layout(barmode="overlay", height=320, template="plotly_white",
+                                  margin=dict(l=40, r=10, t=40, b=40), **legends)
         self._table = widgets.HTML()
         self._table.add_class("wb-tuner-table")
         # Sliders in their own row, the summary below them: side by side, a narrow output

@@ -9,7 +9,10 @@
 
 Columns are `batch.to_pandas("episode")` plus `index` (position in the batch),
 `reward` (score, or env reward when unscored), `human_turns`, `parse_errors`, and
-`adv_mean` (mean advantage over trained tokens) when the batch has advantages.
+`adv_mean` (mean advantage over trained tokens) when the batch has advantages. The HTML
+table draws the `SHOWN` columns that say something about this batch: one that is empty,
+0 or False in every row (no tool calls, no errors) is left out (`shown_columns`; still
+there to sort and filter on), and the headers wrap, so the table fits its output.
 A bad query is shown in red and leaves the list unfiltered. Clicking a row of the
 HTML table (or an entry of the list above it) selects that episode: the table is a
 small anywidget whose `selected` trait the browser sets on a click.
@@ -28,7 +31,7 @@ from workbench.trajectory import TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
 from workbench.widgets._runs import batch_of
 
-__all__ = ["TrajectoryTable", "ClickableTable", "episode_frame", "filter_sort"]
+__all__ = ["TrajectoryTable", "ClickableTable", "episode_frame", "filter_sort", "shown_columns"]
 
 _CLICK_ESM = """
 function render({ model, el }) {
@@ -62,6 +65,30 @@ except ImportError:  # anywidget missing: rows are drawn but not clickable (the 
 
 SHOWN = ["index", "group_id", "seed", "turns", "tokens", "trained_tokens", "reward", "env_reward", "success",
          "truncated", "error", "tool_calls", "parse_errors", "human_turns", "adv_mean"]
+#: Columns drawn even when every row has the same empty value (a batch that never succeeds).
+ALWAYS_SHOWN = ("index", "seed", "turns", "reward", "success")
+
+
+def _empty(value: Any) -> bool:
+    if value is None or value is False or value == "" or value == 0:
+        return True
+    return isinstance(value, float) and value != value  # NaN
+
+
+def shown_columns(df) -> tuple[list[str], list[str]]:
+    """(drawn, left out): the `SHOWN` columns of `df`, less those empty, 0 or False in every
+    row (`ALWAYS_SHOWN` never are), and `env_reward` when it equals `reward` in every row."""
+    drawn, left = [], []
+    for c in SHOWN:
+        if c not in df.columns:
+            continue
+        values = df[c].tolist()
+        same = c == "env_reward" and "reward" in df.columns and values == df["reward"].tolist()
+        if c not in ALWAYS_SHOWN and (same or all(_empty(v) for v in values)):
+            left.append(c)
+        else:
+            drawn.append(c)
+    return drawn, left
 
 
 def episode_frame(batch: TrajectoryBatch):
@@ -127,7 +154,7 @@ class TrajectoryTable(widgets.VBox):
         self._sort = widgets.Dropdown(options=cols, value="index", description="sort by",
                                       layout=widgets.Layout(width="240px"))
         self._order = widgets.ToggleButton(value=False, description="descending", icon="sort-amount-desc",
-                                           layout=widgets.Layout(width="120px"))
+                                           layout=widgets.Layout(width="auto", min_width="120px"))
         self._filter = widgets.Text(placeholder="filter, e.g. success == True and turns > 2", continuous_update=False,
                                     description="filter", layout=widgets.Layout(width="420px"))
         self._list = widgets.Select(options=[], rows=8, layout=widgets.Layout(width="640px"))
@@ -221,14 +248,17 @@ class TrajectoryTable(widgets.VBox):
         finally:
             self._updating = False
         n, total = len(self.rows), len(self.df)
+        left = shown_columns(self.df)[1]
         if self.error:
             self._msg.value = f'{STYLE}<div class="wb-root wb-errline">bad filter: {esc(self.error)}</div>'
         else:
-            self._msg.value = f'{STYLE}<div class="wb-root wb-legend">{n} of {total} episodes · click a row to open it below</div>'
+            empty = f" · not drawn, empty in every row: {esc(', '.join(left))}" if left else ""
+            self._msg.value = (f'{STYLE}<div class="wb-root wb-legend">{n} of {total} episodes · click a row to open '
+                               f'it below{empty}</div>')
         self._table.value = self._table_html()
 
     def _table_html(self) -> str:
-        cols = [c for c in SHOWN if c in self.rows.columns]
+        cols = shown_columns(self.df)[0]
         if self._table.selected != self.selected:
             self._table.selected = self.selected
         return STYLE + '<div class="wb-root">' + html_table(self.rows.to_dict("records"), cols, self.selected,

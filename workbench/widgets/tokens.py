@@ -14,7 +14,10 @@ values; `scale="batch"` (or the "scale" toggle) shares one scale across the batc
 colours compare across episodes. The legend prints the scale's ends; a field that is
 0 on every trained token reads "all 0". Tokens the policy
 did not sample (prompt, observations, tool results, template glue, human turns)
-are grey and italic. Hover a token to read its position, id, text and value.
+are grey and italic. Hover a token to read its position, id, text and value. Lines
+break between tokens, never inside one. Above the tokens, the episode's score beside its
+group's mean and std, and the advantage they give (`workbench.widgets._groups`): why a lost
+game can be red.
 
 `render_tokens_html(batch, index, field, tokenizer)` is the plain function behind it.
 """
@@ -28,6 +31,7 @@ import torch
 import traitlets
 
 from workbench.trajectory import TOKEN_FIELDS, Episode, TrajectoryBatch
+from workbench.widgets._groups import group_line_html
 from workbench.widgets._html import (
     MASK_RGB, STYLE, _mix, diverging_color, esc, gradient_css, rgb_css, sequential_color,
 )
@@ -190,7 +194,7 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
     css = STYLE if style else ""
     version = f" · sampled by weights v{ep.weight_version}" if ep.weight_version is not None else ""
     head = (f'<div class="wb-head">episode {ep.episode_id} · {ep.num_tokens} tokens · '
-            f'{ep.response_length} trained{version}</div>')
+            f'{ep.response_length} trained{version}</div>') + group_line_html(batch, index)
     if reasoning:
         head += '<div class="wb-legend">dotted underline: a reply\'s reasoning block (&lt;think&gt;…&lt;/think&gt;)</div>'
     if which and kind != "mask":
@@ -200,7 +204,7 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
     if field == "kl" and batch.meta.get("kl_estimator"):
         label = f"kl ({batch.meta['kl_estimator']} estimate)"  # which estimator produced these numbers
     return (f'{css}<div class="wb-root wb-tokens-body">{head}{legend_html(label, kind, low, high)}'
-            f'<div class="wb-tokbox">{"".join(spans)}</div></div>')
+            f'<div class="wb-tokbox">{"<wbr>".join(spans)}</div></div>')  # a line may break between tokens
 
 
 class TokenView(widgets.VBox):
@@ -235,7 +239,7 @@ class TokenView(widgets.VBox):
         self._field = widgets.Dropdown(options=[], description="colour by", style=narrow,
                                        layout=widgets.Layout(width="230px", min_width="230px"))
         self._scale = widgets.ToggleButtons(options=[("episode scale", "episode"), ("batch scale", "batch")],
-                                            value=scale, style={"button_width": "100px"},
+                                            value=scale, style={"button_width": "auto"},
                                             tooltips=["colours span this episode's values",
                                                       "colours span the whole batch's values"])
         self._body = widgets.HTML()
