@@ -16,6 +16,7 @@ import math
 import re
 import time
 from collections import Counter
+from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, Callable
 
@@ -71,6 +72,59 @@ def _finding(name: str, severity: str, value: float, threshold: float, fired: bo
     return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
                    advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
                    source=h.source, fired=bool(fired), remedy=dict(REMEDIES.get(name, {})))
+
+
+# -- solved or not ------------------------------------------------------------------------
+@dataclass
+class Solved:
+    """`solved`'s verdict on a policy at one step."""
+
+    solved: bool
+    """Wins its training batch (at `solved_success_rate`) and the held-out games, when known."""
+    gap: bool
+    """Wins its training batch but not the held-out games: the case `solved` exists to catch."""
+    words: str
+    """The numbers in words, e.g. "wins 100% of its training batch but 75% of 32 held-out games"."""
+    evidence: list[Evidence] = field(default_factory=list)
+    """With `gap`: the held-out games lost (each episode with its moves and the last answer)."""
+
+
+_GAP_ADVICE = (" A policy that wins its training batches and loses held-out games needs to meet the games it "
+               "loses while it still explores: more games per step (a larger training.batch_size at the same "
+               "training.group_size) and a larger entropy bonus than the one it trained with; read the held-out "
+               "games it loses.")
+
+
+def solved(h: History, cfg: DoctorConfig, success: float | None, step: int | None = None) -> Solved:
+    """Whether a policy whose training batch of step `step` (default: the latest batch's) won
+    `success` (a share; None when not recorded) has solved the task: `success` reaches `cfg.solved_success_rate`, and so does the share of
+    held-out games won when the history holds a held-out evaluation (`History.held_out`, at
+    least `cfg.min_samples` games). A batch of a few secrets can be won by a policy that loses
+    others; the held-out games are the task."""
+    if success is None or success < cfg.solved_success_rate:
+        words = f"wins {success:.0%} of its training batch" if success is not None else ""
+        return Solved(False, False, words)
+    step = h.step if step is None else step
+    batch = f"wins {success:.0%} of its training batch" + (f" at step {step}" if step is not None else "")
+    held = h.held_out
+    if held is None or len(held) < cfg.min_samples:
+        return Solved(True, False, f"{success:.0%} success")
+    lost = [ep for ep in held if not ep.success]
+    rate = 1 - len(lost) / len(held)
+    at = f" at step {h.held_out_step}" if h.held_out_step is not None else ""
+    if rate >= cfg.solved_success_rate:
+        return Solved(True, False, f"{success:.0%} success; {rate:.0%} of {len(held)} held-out games won{at}")
+    ev = [Evidence(episode_id=ep.episode_id, step=h.held_out_step, turn=None, source="eval", seed=ep.env_seed,
+                   text=_played(ep)) for ep in lost]
+    return Solved(False, True, f"{batch} but only {rate:.0%} of the {len(held)} held-out games{at}", ev)
+
+
+def _played(ep: Any) -> str:
+    """"played 4, 5, 6, 7; lost: <the environment's last answer>"."""
+    turns = [t for t in ep.turns if t.source == "model"]
+    moves = ", ".join(t.action.strip() or repr(t.action) for t in turns)
+    last = next((t.observation for t in reversed(ep.turns) if isinstance(t.observation, str) and t.observation), "")
+    return f"played {moves}; {'won' if ep.success else 'lost'}" + (f": {last.strip()}" if last else "")
 
 
 # -- held-out ---------------------------------------------------------------------------
@@ -343,8 +397,11 @@ def _metric_rows(h: History, key: str) -> list[tuple[Any, float, dict[str, Any]]
 
 def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     """`actor/entropy` (recorded by the update) falling far below the first steps', while the
-    task is not solved: at a step whose `env/success_rate` is at least
-    `cfg.solved_success_rate` the policy converged on what wins, and a low entropy is that."""
+    task is not solved (`solved`): a policy that wins at least `cfg.solved_success_rate` of
+    its batch at that step (`env/success_rate`), and of the held-out games when the history
+    holds an evaluation, converged on what wins, and a low entropy is that. One that wins its
+    batches and loses held-out games stopped exploring before it found how to win them: the
+    finding then names the gap, with the held-out games it loses as the evidence."""
     rows = [(step, v) for step, v, _ in _metric_rows(h, "actor/entropy")]
     if len(rows) <= cfg.baseline_steps:
         return None
@@ -355,18 +412,22 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     ratio = last / ref
     success = next((float(r["env/success_rate"]) for r in h.metrics if r.get("step") == step
                     and isinstance(r.get("env/success_rate"), (int, float))), None)
-    solved = success is not None and success >= cfg.solved_success_rate
-    ev = []
+    verdict = solved(h, cfg, success, step)
+    ev = list(verdict.evidence)
     if h.batch is not None:
         common = Counter(t.action.strip() for _, t in model_turns(h.batch)).most_common(1)
-        ev = [h.evidence(ep, t) for ep, t in model_turns(h.batch) if common and t.action.strip() == common[0][0]]
+        ev += [h.evidence(ep, t) for ep, t in model_turns(h.batch) if common and t.action.strip() == common[0][0]]
+    if verdict.solved:
+        state = f"the policy converged on a batch it wins ({verdict.words})"
+    elif verdict.gap:
+        state = f"the policy is nearly deterministic and {verdict.words}, so exploration no longer finds the games it loses"
+    else:
+        state = "the policy has nearly stopped exploring"
     return _finding(
-        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction and not solved,
-        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: "
-        + (f"the policy converged on a batch it wins ({success:.0%} success)" if solved
-           else "the policy has nearly stopped exploring"),
+        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction and not verdict.solved,
+        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: {state}",
         "Add an entropy bonus (training.entropy_coeff, e.g. 0.01) or a KL term (use_kl_loss), or lower the "
-        "learning rate.",
+        "learning rate." + (_GAP_ADVICE if verdict.gap else ""),
         h, ev, cfg, step=step)
 
 
@@ -398,8 +459,11 @@ def check_kl_spike(h: History, cfg: DoctorConfig) -> Finding | None:
 
 # -- dead signal ----------------------------------------------------------------------------
 def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
-    """Share of GRPO groups (episodes with one `group_id`) whose rewards are all equal,
-    in a batch that is not solved: those groups give a group-relative estimator nothing."""
+    """Share of GRPO groups (episodes with one `group_id`) whose rewards are all equal, in a
+    batch whose task is not solved (`solved`: a batch won at `cfg.solved_success_rate` or
+    more, and held-out games too when the history holds an evaluation, has nothing left to
+    learn). Those groups give a group-relative estimator nothing. When the batch is won but
+    held-out games are lost, the evidence is the held-out games lost, then the flat groups."""
     if h.batch is None:
         return None
     groups: dict[str, list] = {}
@@ -411,16 +475,20 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
     flat = [eps for eps in groups.values() if len({round(e.outcome, 9) for e in eps}) == 1]
     share = len(flat) / len(groups)
     success = h.stats[-1].success_rate
-    fired = share >= cfg.zero_variance_share and success < cfg.solved_success_rate
+    verdict = solved(h, cfg, success)
+    fired = share >= cfg.zero_variance_share and not verdict.solved
+    why = (f"; {verdict.words}: the batches are won alike, so nothing teaches the games it loses" if verdict.gap
+           else "")
     return _finding(
         "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired,
         f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): their "
-        "advantages are 0 and they teach nothing",
+        f"advantages are 0 and they teach nothing{why}",
         "Turn on dynamic sampling (training.dynamic_sampling=true: flat groups are dropped and resampled, at "
         "most training.dynamic_sampling_max_batches extra rounds), or make the task easier (or harder), raise "
-        "training.group_size or inference.temperature, or shape the reward so a group's episodes differ.",
-        h, [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards {eps[0].outcome:+.3f}")
-            for eps in flat], cfg)
+        "training.group_size or inference.temperature, or shape the reward so a group's episodes differ."
+        + (_GAP_ADVICE if verdict.gap else ""),
+        h, verdict.evidence + [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards "
+                                                             f"{eps[0].outcome:+.3f}") for eps in flat], cfg)
 
 
 def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:
