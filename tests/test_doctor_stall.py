@@ -69,7 +69,8 @@ def test_a_stall_that_loses_held_out_games_is_named_with_them(stalled):
     assert "wins 100% of its training batch at step 2 but only 75% of the 32 held-out games at step 3" in f.message
     ev = f.evidence[0]
     assert ev.source == "eval" and ev.step == 3 and ev.turn is None
-    assert ev.text.startswith("played 4, 5, 6, 7; lost: ") and ev.text.endswith("The number was 8.")
+    assert ev.text.startswith("played 4, 5, 6, 7; lost (...") and ev.text.endswith("The number was 8.)")
+    assert "The number was 8." in ev.quote()  # the printed line shows which secret it loses
     assert {e.seed for e in f.evidence if e.source == "eval"} <= {ep.env_seed for ep in held if not ep.success}
     assert "larger entropy bonus" in f.advice and f.remedy == {"training.dynamic_sampling": True}
     # the threshold is the one read: a held-out rate of 0.75 counts as solved at 0.7

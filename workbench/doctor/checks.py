@@ -24,6 +24,7 @@ from workbench.doctor.findings import BatchStats, DoctorConfig, EpisodeRecord, E
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
+_SENTENCE_RE = re.compile(r"(?<=[.!?])\s+")
 #: Episode warnings that are not token alignment problems (context cuts, settle hooks).
 _NOT_ALIGNMENT = ("context:", "on_truncate(")
 
@@ -119,12 +120,23 @@ def solved(h: History, cfg: DoctorConfig, success: float | None, step: int | Non
     return Solved(False, True, f"{batch} but only {rate:.0%} of the {len(held)} held-out games{at}", ev)
 
 
-def _played(ep: Any) -> str:
-    """"played 4, 5, 6, 7; lost: <the environment's last answer>"."""
+def _played(ep: Any, tail: int = 30) -> str:
+    """"played 4, 5, 6, 7; lost (...The number was 8.)": the moves, the outcome and the end of
+    the environment's last answer (its last sentences that fit in `tail` characters, else its
+    last `tail` characters), short enough for `Evidence.quote`'s line."""
     turns = [t for t in ep.turns if t.source == "model"]
     moves = ", ".join(t.action.strip() or repr(t.action) for t in turns)
     last = next((t.observation for t in reversed(ep.turns) if isinstance(t.observation, str) and t.observation), "")
-    return f"played {moves}; {'won' if ep.success else 'lost'}" + (f": {last.strip()}" if last else "")
+    last = " ".join(last.split())
+    end = last
+    if len(last) > tail:
+        kept = ""
+        for sentence in reversed(_SENTENCE_RE.split(last)):
+            if len(sentence) + len(kept) + 1 > tail:
+                break
+            kept = f"{sentence} {kept}".strip()
+        end = "..." + (kept or last[-tail:].lstrip())
+    return f"played {moves}; {'won' if ep.success else 'lost'}" + (f" ({end})" if end else "")
 
 
 # -- held-out ---------------------------------------------------------------------------
