@@ -69,3 +69,13 @@ def count_up_from_4(env: Any, episode: Any) -> str:
     """The demo's learned trick on guess_number: "You have N guesses left, so" with N = 4, 5, 6, ...
     (the parser reads the first number of the reply)."""
     return f"You have {4 + episode.num_turns} guesses left, so"
+
+
+def count_up_bare(env: Any, episode: Any) -> str:
+    """What 1 SFT step teaches the embedded model on guess_number under the strict format (the
+    seed-1 stall of issue 44): a bare "4" first, then one up after "too low", one down after
+    "too high". Deterministic; it wins every secret it reaches in 4 guesses and never 8 of 1..8."""
+    last = env.guesses[-1] if env.guesses else None
+    if last is None:
+        return "4"
+    return str(last + 1 if env.secret > last else last - 1)

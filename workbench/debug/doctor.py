@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import json
 import os
 import re
@@ -97,12 +98,19 @@ def diagnose_parts(train: History | None, evals: Iterable[tuple[int, TrajectoryB
     """The fired findings of a training `History` (as `StepDoctor` keeps it) and of the
     held-out batches `evals` ((step, batch), first = before training). `batch_at(step)`
     (optional) gives a step's batch for the metric findings' evidence; `facts` (default: the
-    training history's) the run's settings the words and remedies fit (`RunFacts`)."""
+    training history's) the run's settings the words and remedies fit (`RunFacts`). The
+    training checks see the latest held-out batch (`History.held_out`): a policy that wins its
+    training batches is spared by entropy-collapse and zero-variance-groups only if it wins
+    the held-out games too."""
     cfg = config or DoctorConfig()
     out: list[Finding] = []
     facts = facts if facts is not None else getattr(train, "run", None)
     if train is not None and facts is not None:
         train.run = facts
+    evals = [(s, b) for s, b in evals if b is not None]
+    if train is not None and evals:
+        # The checks that spare a policy winning its batches ask the latest held-out games too.
+        train = dataclasses.replace(train, held_out=evals[-1][1], held_out_step=evals[-1][0])
     if train is not None and (train.stats or train.metrics):
         for f in run_checks(train, cfg):
             if f.fired and f.name in _METRIC_CHECKS and batch_at is not None and f.step not in (None, train.step):
@@ -110,7 +118,6 @@ def diagnose_parts(train: History | None, evals: Iterable[tuple[int, TrajectoryB
                 f = again or f
             if f.fired:
                 out.append(f)
-    evals = [(s, b) for s, b in evals if b is not None]
     if evals:
         names = [n for n in CHECKS if n not in _METRIC_CHECKS]
         held_out = _history(evals, "eval")
@@ -126,7 +133,7 @@ def _metric_evidence(train: History, f: Finding, cfg: DoctorConfig, batch_at: An
         batch = batch_at(f.step)
     except (OSError, ValueError, KeyError):
         return None
-    h = History(source=train.source, stats=train.stats, batch=batch, step=f.step, metrics=train.metrics, run=train.run)
+    h = dataclasses.replace(train, batch=batch, step=f.step)
     return CHECKS[f.name](h, cfg)
 
 

@@ -7,21 +7,25 @@ says whether the threshold (a `DoctorConfig` field) was crossed. `CHECKS` lists 
 name; `run_checks` runs them all; `StepDoctor` is what `Trainer.fit` calls once per step
 (cheap: string work on one batch, no model, no files).
 
-Core layer: imports only `trajectory` and `doctor.findings`, so `training` can call it;
+Core layer: imports only `trajectory` and the `doctor` modules beside it, so `training` can call it;
 `workbench.debug.doctor` is the public front (`diagnose`, the CLI).
 """
 from __future__ import annotations
 
-import math, re, time  # noqa: E401
+import math
+import re
+import time
 from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
 from workbench.doctor.env_errors import check_environment_errors
 from workbench.doctor.findings import (
-    BatchStats, DoctorConfig, EpisodeRecord, Evidence, Finding, History, RunFacts, model_turns,
+    BatchStats, DoctorConfig, Evidence, Finding, History, RunFacts, model_turns,
 )
+from workbench.doctor.held_out import GAP_ADVICE, check_heldout_regression, solved
 from workbench.doctor.remedies import OVERLONG_WINDOW, REMEDIES, remedy_for  # noqa: F401 - importable here too
+from workbench.doctor.remedies import finding as _finding
 
 Check = Callable[[History, DoctorConfig], "Finding | None"]
 _NUMBER_RE = re.compile(r"-?\d+(?:\.\d+)?")
@@ -53,76 +57,6 @@ def _same_form(base: list[BatchStats], last: BatchStats, cfg: DoctorConfig) -> l
 def _form_note(base: list[BatchStats], last: BatchStats) -> str:
     return (f"; not compared: the replies changed form ({last.whole_action_share:.0%} are the whole action, "
             f"first steps {_mean([b.whole_action_share for b in base]):.0%})")
-
-
-def _finding(name: str, severity: str, value: float, threshold: float, fired: bool, message: str, advice: str,
-             h: History, evidence: list, cfg: DoctorConfig, step: int | None = None) -> Finding:
-    return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
-                   advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
-                   source=h.source, fired=bool(fired), remedy=remedy_for(name, h.run))
-
-
-# -- held-out ---------------------------------------------------------------------------
-def check_heldout_regression(h: History, cfg: DoctorConfig) -> Finding | None:
-    """Held-out games the policy used to win and now loses. Pairs the latest held-out
-    evaluation with the earlier one that won the most games (ties: the latest of them) by
-    environment seed (`History.records`; the CLI and the demo evaluate the same seeds before
-    training, after SFT and after RL) and takes the share of the earlier one's wins that the
-    latest lost. The best earlier evaluation, not the previous one: a decline spread over
-    several evaluations, each under the threshold, adds up, and the best one is the
-    checkpoint worth going back to. Held-out batches only (training steps play new seeds);
-    silent when the earlier evaluation won fewer than `min_samples` games (an untrained model
-    that won nothing has nothing to lose). Fires at `heldout_regression_share` when the
-    success rate on the paired seeds fell too: a policy that traded a few wins for more new
-    ones improved. Evidence: the lost episodes at the turn where they part from the same
-    seed's episode at the earlier step."""
-    if h.source != "eval" or len(h.records) < 2 or len(h.records) != len(h.stats):
-        return None
-    later, step_b = h.records[-1], h.stats[-1].step
-    best = None  # (wins, i, won keys) of the earlier evaluation with the most wins on seeds the latest played
-    for i, recs in enumerate(h.records[:-1]):
-        won = [k for k, r in recs.items() if r.success and k in later]
-        if best is None or len(won) >= best[0]:
-            best = (len(won), i, won)
-    wins, i, won = best
-    if wins < cfg.min_samples:
-        return None
-    earlier, step_a = h.records[i], h.stats[i].step
-    paired = [k for k in later if k in earlier]
-    lost = sorted(k for k in won if not later[k].success)
-    x, y = wins / len(paired), sum(later[k].success for k in paired) / len(paired)
-    share = len(lost) / wins
-    common = Counter(later[k].actions for k in lost).most_common(1)
-    pattern = ""
-    if common and common[0][1] >= 2 and common[0][0]:  # the lost games share a sequence of actions
-        seq, n = common[0]
-        pattern = f"; {'all' if n == len(lost) else n} of them play {', '.join(a or repr(a) for a in seq)}"
-    ev = [_parting_evidence(later[k], earlier[k], step_b) for k in lost]
-    return _finding(
-        "heldout-regression", "warning", share, cfg.heldout_regression_share,
-        share >= cfg.heldout_regression_share and y < x,
-        f"held-out success {'fell' if y < x else 'went'} from {x:.2f} at step {step_a} to {y:.2f} at step "
-        f"{step_b}: {len(lost)} of {wins} games won at step {step_a} are lost at step {step_b}{pattern}",
-        f"Training made the policy worse on held-out games it used to win. Keep the step-{step_a} policy: "
-        f"branch from its checkpoint (python -m workbench train --from RUN/checkpoints/step_{step_a:06d} "
-        "--output NEW, or Trainer.from_checkpoint) if the run saved one (checkpoint.save_interval and "
-        f"checkpoint.keep_last_n decide which steps are kept; else rerun with a save_interval that divides "
-        f"{step_a}), and train on with a lower training.learning_rate, more groups per step "
-        "(a larger training.batch_size at the same training.group_size) so a few groups do not steer an "
-        "update, or "
-        "fewer steps (--steps); read the evidence episodes to see which move it unlearned.",
-        h, ev, cfg, step=step_b)
-
-
-def _parting_evidence(b: EpisodeRecord, a: EpisodeRecord, step: int | None) -> Evidence:
-    """Episode `b` (held-out, at `step`) at its first model turn whose action differs from the
-    same seed's episode `a`; the whole episode when they never part."""
-    j = next((j for j in range(len(b.actions)) if j >= len(a.actions) or b.actions[j] != a.actions[j]), None)
-    if j is None:
-        return Evidence(episode_id=b.episode_id, step=step, turn=None, source="eval", seed=b.seed,
-                        text=f"played {', '.join(b.actions)}; {'won' if b.success else 'lost'}")
-    return Evidence(episode_id=b.episode_id, step=step, turn=b.turns[j], text=b.replies[j], span=b.spans[j],
-                    source="eval", seed=b.seed)
 
 
 # -- reward hacking ---------------------------------------------------------------------
@@ -337,8 +271,11 @@ def _metric_rows(h: History, key: str) -> list[tuple[Any, float, dict[str, Any]]
 
 def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     """`actor/entropy` (recorded by the update) falling far below the first steps', while the
-    task is not solved: at a step whose `env/success_rate` is at least
-    `cfg.solved_success_rate` the policy converged on what wins, and a low entropy is that."""
+    task is not solved (`solved`): a policy that wins at least `cfg.solved_success_rate` of
+    its batch at that step (`env/success_rate`), and of the held-out games when the history
+    holds an evaluation, converged on what wins, and a low entropy is that. One that wins its
+    batches and loses held-out games stopped exploring before it found how to win them: the
+    finding then names the gap, with the held-out games it loses as the evidence."""
     rows = [(step, v) for step, v, _ in _metric_rows(h, "actor/entropy")]
     if len(rows) <= cfg.baseline_steps:
         return None
@@ -349,18 +286,22 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
     ratio = last / ref
     success = next((float(r["env/success_rate"]) for r in h.metrics if r.get("step") == step
                     and isinstance(r.get("env/success_rate"), (int, float))), None)
-    solved = success is not None and success >= cfg.solved_success_rate
-    ev = []
+    verdict = solved(h, cfg, success, step)
+    ev = list(verdict.evidence)
     if h.batch is not None:
         common = Counter(t.action.strip() for _, t in model_turns(h.batch)).most_common(1)
-        ev = [h.evidence(ep, t) for ep, t in model_turns(h.batch) if common and t.action.strip() == common[0][0]]
+        ev += [h.evidence(ep, t) for ep, t in model_turns(h.batch) if common and t.action.strip() == common[0][0]]
+    if verdict.solved:
+        state = f"the policy converged on a batch it wins ({verdict.words})"
+    elif verdict.gap:
+        state = f"the policy is nearly deterministic and {verdict.words}, so exploration no longer finds the games it loses"
+    else:
+        state = "the policy has nearly stopped exploring"
     return _finding(
-        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction and not solved,
-        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: "
-        + (f"the policy converged on a batch it wins ({success:.0%} success)" if solved
-           else "the policy has nearly stopped exploring"),
+        "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction and not verdict.solved,
+        f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: {state}",
         "Add an entropy bonus (training.entropy_coeff, e.g. 0.01) or a KL term (use_kl_loss), or lower the "
-        "learning rate.",
+        "learning rate." + (GAP_ADVICE if verdict.gap else ""),
         h, ev, cfg, step=step)
 
 
@@ -392,8 +333,11 @@ def check_kl_spike(h: History, cfg: DoctorConfig) -> Finding | None:
 
 # -- dead signal ----------------------------------------------------------------------------
 def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
-    """Share of GRPO groups (episodes with one `group_id`) whose rewards are all equal,
-    in a batch that is not solved: those groups give a group-relative estimator nothing."""
+    """Share of GRPO groups (episodes with one `group_id`) whose rewards are all equal, in a
+    batch whose task is not solved (`solved`: a batch won at `cfg.solved_success_rate` or
+    more, and held-out games too when the history holds an evaluation, has nothing left to
+    learn). Those groups give a group-relative estimator nothing. When the batch is won but
+    held-out games are lost, the evidence is the held-out games lost, then the flat groups."""
     if h.batch is None:
         return None
     groups: dict[str, list] = {}
@@ -405,25 +349,29 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
     flat = [eps for eps in groups.values() if len({round(e.outcome, 9) for e in eps}) == 1]
     share = len(flat) / len(groups)
     success = h.stats[-1].success_rate
-    fired = share >= cfg.zero_variance_share and success < cfg.solved_success_rate
+    verdict = solved(h, cfg, success)
+    fired = share >= cfg.zero_variance_share and not verdict.solved
+    why = (f"; {verdict.words}: the batches are won alike, so nothing teaches the games it loses" if verdict.gap
+           else "")
     head = f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): "
     ways = ("make the task easier (or harder), raise training.group_size or inference.temperature, or shape the "
             "reward so a group's episodes differ.")
     if h.run is None or h.run.group_relative is not False:
         estimator = h.run.adv_estimator if h.run is not None else "a group-relative estimator"
-        message = head + f"under {estimator} their advantages are 0 and they teach nothing"
+        message = head + f"under {estimator} their advantages are 0 and they teach nothing{why}"
         advice = ("Turn on dynamic sampling (training.dynamic_sampling=true: flat groups are dropped and resampled, "
                   "at most training.dynamic_sampling_max_batches extra rounds), or " + ways)
     else:  # GAE and REINFORCE++ do not center rewards on the group: the advantages are not 0
         message = head + (f"under {h.run.adv_estimator} their advantages are not 0 (they come from the returns"
                           + (" and the critic's values" if h.run.adv_estimator == "gae" else "")
                           + "), but the reward does not tell these episodes apart, so the update cannot learn "
-                          "which of them was better")
+                          f"which of them was better{why}")
         advice = ("Dynamic sampling does not apply (it needs a group-relative training.adv_estimator); " + ways)
     return _finding(
-        "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired, message, advice,
-        h, [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards {eps[0].outcome:+.3f}")
-            for eps in flat], cfg)
+        "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired, message,
+        advice + (GAP_ADVICE if verdict.gap else ""),
+        h, verdict.evidence + [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards "
+                                                             f"{eps[0].outcome:+.3f}") for eps in flat], cfg)
 
 
 def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:

@@ -299,6 +299,14 @@ class History:
     heldout-regression pairs by seed); empty for training batches (new seeds every step)."""
     run: RunFacts | None = None
     """The run's settings the findings' words and remedies fit (`RunFacts`); None: unknown."""
+    held_out: TrajectoryBatch | None = None
+    """For `source="train"`: the latest held-out evaluation's batch (games on unseen seeds),
+    when the caller has one (`diagnose` and `train_and_report` do; `fit`'s per-step doctor
+    does not). The checks that spare a policy winning its training batches (entropy-collapse,
+    zero-variance-groups) ask it too: a policy that wins its batches and loses held-out games
+    has not solved the task (`workbench.doctor.checks.solved`)."""
+    held_out_step: int | None = None
+    """The step `held_out` was evaluated at."""
 
     def add(self, batch: TrajectoryBatch, step: int) -> "History":
         """Record `batch` as step `step` (its stats are kept, the batch replaces the last one;

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from workbench.doctor.findings import RunFacts
+from workbench.doctor.findings import DoctorConfig, Finding, History, RunFacts
 
 #: Check name -> the config overrides that address it (`Finding.remedy`); a check not here has
 #: no setting for a fix (a bug to find in the environment, template or weight sync), and its
@@ -54,3 +54,12 @@ def remedy_for(name: str, run: RunFacts | None = None) -> dict[str, Any]:
     if "environment.strict_format" in remedy and run.supports_strict_format is False:
         return {}
     return remedy
+
+
+def finding(name: str, severity: str, value: float, threshold: float, fired: bool, message: str, advice: str,
+            h: History, evidence: list, cfg: DoctorConfig, step: int | None = None) -> Finding:
+    """A check's `Finding` on history `h` (its step unless `step`), with at most
+    `cfg.max_evidence` pieces of evidence and the remedy that fits the run (`remedy_for`)."""
+    return Finding(name=name, severity=severity, value=float(value), threshold=float(threshold), message=message,
+                   advice=advice, evidence=evidence[:cfg.max_evidence], step=h.step if step is None else step,
+                   source=h.source, fired=bool(fired), remedy=remedy_for(name, h.run))
