@@ -102,7 +102,8 @@ lab: install
 
 test: install
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900
-	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/ -q -p no:cacheprovider --timeout=900
+	# the tutorials (0*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
+	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/browser_demo.ipynb -q -p no:cacheprovider --timeout=900
 
 test-unit: install
 	$(BIN)/python -m pytest tests -q -m "not vllm and not browser"

@@ -1,9 +1,10 @@
 """Every tutorial notebook as a reader sees it when they open it again in JupyterLab (real Chromium).
 
-Each notebook (`notebooks/0*.ipynb`) is executed the way `make test`'s nbval pass runs it
+Each notebook (`notebooks/0*.ipynb`) is executed as `pytest --nbval-lax` would run it
 (WORKBENCH_SMOKE=1; progress bars on, as in a kernel without `CI`), and the cells nbval-lax
-checks (`# NBVAL_CHECK_OUTPUT`) must print what the stored notebook says, so this test runs
-every cell nbval runs and compares what nbval compares. It runs by nbclient with the
+checks (`# NBVAL_CHECK_OUTPUT`) must print what the stored notebook says: this test runs every
+cell nbval would run and compares what nbval compares, so `make test` runs the tutorials here
+only (its nbval pass is left with browser_demo.ipynb). It runs by nbclient with the
 widget state stored in the notebook, as JupyterLab stores it when "Save Widget State
 Automatically" is on (the widgets still open; `lab_client`), in a folder of its own (so what a notebook writes next to itself is
 seen). JupyterLab then opens the saved notebook with a fresh kernel, exactly as after a
