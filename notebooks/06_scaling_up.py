@@ -263,7 +263,7 @@ print("final training reward: synchronous {:+.2f}, staleness 1 {:+.2f}".format(
 # A few steps of small batches show the mechanics (which weights sampled each batch, the
 # correction's clipped share, how long each step took here), not whether staleness changed what
 # was learned: that needs held-out success after longer runs and the spread between seeds. The
-# step times depend on the machine and on what else runs on it. For both, see the README's
+# step times depend on the machine and on what else runs on it. For both, see docs/async.md's
 # "Asynchronous training" section (`python benchmarks/learning.py --max-staleness 1`).
 
 # %% [markdown]

@@ -160,8 +160,8 @@ TokenView(diff.batch, trainer.tokenizer, field="diff_delta")
 # do replies collapse to one template, run into the token limit, do groups carry no signal, ...
 # Each finding names its number, its threshold and the episodes that show it. `FindingsPanel`
 # lists them; picking one opens its evidence episode with the part of the reply that matters
-# marked. What it finds depends on how far this short run got; `make demo`'s longer run ends with
-# a `parse-from-incidental-span` finding (see the README).
+# marked. What it finds depends on how far this short run got; docs/debugging.md shows a longer run's
+# findings (`parse-from-incidental-span`, `truncation-surge`) as `diagnose` prints them.
 
 # %%
 from workbench.debug import diagnose

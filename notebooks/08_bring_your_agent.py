@@ -170,7 +170,7 @@ print("chunks:", len(chunks), "| joined chunks equal the plain reply:", streamed
 #
 # The batch goes through the same `score`, `compute_advantages` and `update` as a rollout of
 # our own environments: the agent's return value sits on the last turn as the reward. Run
-# `benchmarks/bring_your_agent.py` for a whole run (the README quotes one: held-out reward
+# `benchmarks/bring_your_agent.py` for a whole run (docs/bring_your_agent.md quotes one: held-out reward
 # 0.16 to 0.34 in 8 steps).
 
 # %%
