@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from .base import Tool, ToolDefinition
 from .parser_base import (
-    DEFAULT_MAX_CHARS, ActionParser, ParseResult, ToolCall, _coerce_arguments, _definitions, _first_example,
+    ActionParser, ParseResult, ToolCall, _coerce_arguments, _definitions, _first_example,
     _json_error, _names, _new_call_id, decode_json, outside_text, stripped_span,
 )
 
@@ -49,10 +49,6 @@ class Llama3JSONParser(ActionParser):
     """
 
     name = "llama3_json"
-
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
-        self.max_chars = int(max_chars)
-        self.strict = bool(strict)
 
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
@@ -138,10 +134,6 @@ class MistralToolParser(ActionParser):
     """
 
     name = "mistral"
-
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
-        self.max_chars = int(max_chars)
-        self.strict = bool(strict)
 
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)

@@ -284,6 +284,10 @@ class ActionParser(ABC):
     actions) is a parse error instead of being searched for one. The built-in parsers take
     it as a constructor argument; a parser that has no strict mode leaves it False."""
 
+    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
+        self.max_chars = int(max_chars)
+        self.strict = bool(strict)
+
     @abstractmethod
     def parse(self, text: str) -> ParseResult:
         """Extract tool calls, free text and a final answer from ``text``.

@@ -112,10 +112,6 @@ class JSONActionParser(ActionParser):
 
     name = "json"
 
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
-        self.max_chars = int(max_chars)
-        self.strict = bool(strict)
-
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
         if refused is not None:
@@ -289,10 +285,6 @@ class ReActActionParser(ActionParser):
 
     name = "react"
 
-    def __init__(self, max_chars: int = DEFAULT_MAX_CHARS, strict: bool = False) -> None:
-        self.max_chars = int(max_chars)
-        self.strict = bool(strict)
-
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
         if refused is not None:
@@ -448,9 +440,8 @@ class FunctionCallingParser(ActionParser):
 
     def __init__(self, allow_unclosed: bool = False, max_chars: int = DEFAULT_MAX_CHARS,
                  strict: bool = False) -> None:
+        super().__init__(max_chars, strict)
         self.allow_unclosed = allow_unclosed
-        self.max_chars = int(max_chars)
-        self.strict = bool(strict)
 
     def parse(self, text: str) -> ParseResult:
         refused = self._refuse(text)
