@@ -449,6 +449,38 @@ def test_the_gateway_serves_a_tool_calling_conversation(family, history, engines
     assert all(map(torch.isfinite, map(torch.tensor, metrics.values())))
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama3", "llama3.1-tools"])
+def test_tool_choice_required_writes_the_call_in_the_familys_format(family, engines):
+    """`tool_choice="required"` on each family's template: the grammar writes the call as the
+    gateway's parser for that template reads it (Qwen3 and Llama 3 `<tool_call>`, Llama 3.1's tool
+    template a bare `{"name", "parameters"}`), so the random model's reply comes back as a call."""
+    openai = pytest.importorskip("openai")
+    from workbench.gateway import Gateway
+    from workbench.tools.parsers import get_parser
+
+    engine = _family(engines, family)
+    # arguments from an enum: a random model's free string would run to max_tokens
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"enum": ["2 + 3", "5"]}}, "required": ["expression"]}}}]
+    with Gateway(engine, max_tokens=64) as gateway:
+        client = openai.OpenAI(base_url=gateway.episode_url("e"), api_key="none", max_retries=0, timeout=120)
+        reply = client.chat.completions.create(
+            model="policy", messages=[{"role": "user", "content": "What is 2 + 3?"}], tools=tools,
+            tool_choice="required", parallel_tool_calls=False, temperature=1.0, seed=0)
+        parser = gateway.builder.parser.name
+        text = gateway.calls("e")[0].reply.text
+    # the sampled text is the family's own format, read strictly by its parser
+    assert text.startswith('{"name": "calculator", "parameters": ' if family == "llama3.1-tools" else
+                           '<tool_call>{"name": "calculator", "arguments": '), text
+    assert get_parser(parser, strict=True).parse(text).tool_calls, text
+    message = reply.choices[0].message
+    assert parser == ("llama3_json" if family == "llama3.1-tools" else "function_calling")
+    assert reply.choices[0].finish_reason == "tool_calls" and len(message.tool_calls) >= 1, message
+    for call in message.tool_calls:
+        assert call.function.name == "calculator"
+        assert json.loads(call.function.arguments) in ({"expression": "2 + 3"}, {"expression": "5"})
+
+
 def test_reasoning_content_goes_out_apart_and_comes_back(engines):
     """The gateway returns a reply's reasoning as `reasoning_content` (content and tool calls from
     the text after it); an assistant message sent back with it is the same reply (its sampled ids

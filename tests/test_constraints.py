@@ -285,3 +285,34 @@ def test_a_replayed_turn_records_its_grammar_like_a_sampled_one(tiny_engine):
     again.replay(0, original.token_ids[first.token_start:first.token_end],
                  original.rollout_logprobs[first.token_start:first.token_end], first.finish_reason)
     assert again.slots[0].episode.turns[0].constraint == first.constraint and first.constraint["kind"] == "regex"
+
+
+# -- each family's tool-call text ---------------------------------------------------------------
+
+@pytest.mark.parametrize("fmt", ["function_calling", "llama3_json", "mistral"])
+def test_tool_calls_are_written_as_the_familys_parser_reads_them(tiny_model_and_tokenizer, tiny_engine, prompt,
+                                                                 fmt):
+    """The gateway writes a required call in its model's format (Hermes `<tool_call>`, Llama 3.x
+    `{"name", "parameters"}`, Mistral `[TOOL_CALLS][...]`): every reply sampled under the
+    grammar is read back by that family's parser as one call valid for its tool's schema."""
+    from workbench.tools.parsers import get_parser
+
+    _, tok = tiny_model_and_tokenizer
+    stops = stop_token_ids(tok)
+    c = Constraint("tool_call", tools=Constraint.tool_call(TOOLS).tools, required=True, tool_call_format=fmt)
+    assert Constraint.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    results = tiny_engine.generate_ids([prompt] * 8, SamplingParams(max_tokens=80, seed=5, stop_token_ids=stops,
+                                                                    constraint=c))
+    parser = get_parser(fmt, strict=True)
+    for r in results:
+        text = _text(tok, r.token_ids, stops)
+        parsed = parser.parse(text)
+        assert r.finish_reason == "stop" and parsed.error is None and len(parsed.tool_calls) == 1, (text, parsed)
+        call = parsed.tool_calls[0]
+        jsonschema.validate(call.arguments, {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}[call.name])
+    with pytest.raises(ConstraintError, match="tool_call_format must be one of"):
+        Constraint("tool_call", tools=c.tools, tool_call_format="xml")
+    # a trajectory recorded before the format was a field (it held the Hermes tags) reads back as Hermes
+    old = {**Constraint.tool_call(TOOLS).to_dict(), "tool_call_tags": ["<tool_call>", "</tool_call>"]}
+    del old["tool_call_format"]
+    assert Constraint.from_dict(old).tool_call_format == "function_calling"

@@ -48,8 +48,18 @@ import torch
 
 KINDS = ("json_object", "json_schema", "regex", "choice", "tool_call")
 
-#: The tool-call text the constraint writes (`FunctionCallingParser` reads it back).
+#: The Hermes / Qwen tool-call text (`FunctionCallingParser` reads it back).
 TOOL_CALL_BEGIN, TOOL_CALL_END = "<tool_call>", "</tool_call>"
+
+#: Each tool-call format (`Constraint.tool_call_format`, named as the parser that reads it back,
+#: `workbench.tools.get_parser`): (the text before a call's JSON, the key of its arguments, the
+#: text after it). Llama 3.x writes a bare `{"name": ..., "parameters": ...}`; Mistral a
+#: `[TOOL_CALLS]` list, one call per list here.
+TOOL_CALL_FORMS: dict[str, tuple[str, str, str]] = {
+    "function_calling": (TOOL_CALL_BEGIN, "arguments", TOOL_CALL_END),
+    "llama3_json": ("", "parameters", ""),
+    "mistral": ("[TOOL_CALLS][", "arguments", "]"),
+}
 
 
 class ConstraintError(ValueError):
@@ -78,8 +88,9 @@ class Constraint:
     """`tool_call` with `required`: one call (False) or one or more, newline-separated (True)."""
     max_whitespace: int | None = 1
     """JSON kinds and tool-call arguments: most whitespace characters in a row (None: any)."""
-    tool_call_tags: tuple[str, str] = (TOOL_CALL_BEGIN, TOOL_CALL_END)
-    """`tool_call`: the text around each call's JSON."""
+    tool_call_format: str = "function_calling"
+    """`tool_call`: how a call is written, one of `TOOL_CALL_FORMS` (the gateway sets the
+    format its model's parser reads: Hermes/Qwen `<tool_call>`, Llama 3.x JSON, Mistral)."""
     reply: dict[str, Any] | None = None
     """`tool_call` with `required`: another constraint (its `to_dict()`) a reply may follow
     instead of being calls, e.g. the JSON schema of a final answer."""
@@ -98,7 +109,9 @@ class Constraint:
             for i, tool in enumerate(self.tools or []):
                 if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or not tool["name"]:
                     raise ConstraintError(f"tools[{i}] must be {{'name': str, 'parameters': dict}}, got {tool!r}")
-        self.tool_call_tags = tuple(self.tool_call_tags)  # type: ignore[assignment] (a list after JSON)
+        if self.tool_call_format not in TOOL_CALL_FORMS:
+            raise ConstraintError(f"tool_call_format must be one of {', '.join(TOOL_CALL_FORMS)}, got "
+                                  f"{self.tool_call_format!r}")
 
     # -- builders ---------------------------------------------------------------------------
     @classmethod
@@ -132,12 +145,12 @@ class Constraint:
     # -- forms ------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able dict (`from_dict` reads it back); what a trajectory turn records."""
-        out = asdict(self)
-        out["tool_call_tags"] = list(self.tool_call_tags)
-        return out
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Constraint":
+        data = dict(data)
+        data.pop("tool_call_tags", None)  # recorded before tool_call_format: always the Hermes tags
         return cls(**data)
 
     def key(self) -> str:
@@ -163,12 +176,13 @@ class Constraint:
             return {"type": "regex", "pattern": self.pattern}
         if self.kind == "choice":
             return {"type": "or", "elements": [{"type": "const_string", "value": c} for c in self.choices or []]}
-        begin, end = self.tool_call_tags
-        tags = [{"type": "tag", "begin": f'{begin}{{"name": {json.dumps(t["name"])}, "arguments": ',
-                 "content": self._json(t.get("parameters") or {"type": "object"}), "end": f"}}{end}"}
+        before, key, after = TOOL_CALL_FORMS[self.tool_call_format]
+        tags = [{"type": "tag", "begin": f'{before}{{"name": {json.dumps(t["name"])}, "{key}": ',
+                 "content": self._json(t.get("parameters") or {"type": "object"}), "end": f"}}{after}"}
                 for t in self.tools or []]
         if not self.required:  # text, and at most one call in it
-            return {"type": "triggered_tags", "triggers": [begin], "tags": tags, "stop_after_first": True}
+            return {"type": "triggered_tags", "triggers": [before or '{"name": '], "tags": tags,
+                    "stop_after_first": True}
         calls = ({"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
                  if self.parallel else {"type": "or", "elements": tags})
         if self.reply is not None:

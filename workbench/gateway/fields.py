@@ -24,6 +24,7 @@ vLLM's own extension `structured_outputs` ({"json": schema} | {"regex"} | {"choi
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from workbench.engines.constraints import Constraint, ConstraintError
@@ -181,11 +182,16 @@ def _bad(field: str, what: str) -> None:
     raise RequestError(f"{field} must be {what}", field)
 
 
-def request_constraint(body: dict[str, Any], tools: list[dict[str, Any]]) -> Constraint | None:
+def request_constraint(body: dict[str, Any], tools: list[dict[str, Any]],
+                       tool_call_format: str = "function_calling") -> Constraint | None:
     """The grammar a chat request asks its reply to follow (None: free text); `tools` are the
-    request's checked tools (`parse_tools`). RequestErrors name the field at fault."""
+    request's checked tools (`parse_tools`); tool calls are written in `tool_call_format` (the
+    name of the parser that reads the model's replies, one of `TOOL_CALL_FORMS`). RequestErrors
+    name the field at fault."""
     try:
         constraint = _constraint(body, tools)
+        if constraint is not None and constraint.kind == "tool_call":
+            constraint = replace(constraint, tool_call_format=tool_call_format)
         return constraint.check() if constraint is not None else None
     except ConstraintError as exc:
         field = next((f for f in ("structured_outputs", "response_format") if body.get(f) is not None), "tools")

@@ -421,7 +421,8 @@ class Gateway:
         want_logprobs = check_choices(body)
         messages = check_messages(body.get("messages"))
         tools = parse_tools(body.get("tools"))
-        constraint = request_constraint(body, tools)  # response_format, tool_choice, parallel_tool_calls
+        # response_format, tool_choice, parallel_tool_calls; calls written as the model's parser reads them
+        constraint = request_constraint(body, tools, self.builder.parser.name)
         if body.get("tool_choice") == "none":
             tools = []
         episode_id = episode_id or user(body)
