@@ -430,3 +430,16 @@ def longest_fitting_prefix(renderer: "ChatRenderer", opening: Any, obs: str, not
         else:
             best, lo = got, mid
     return best
+
+
+def invalid_text(text: Any, what: str) -> str | None:
+    """An episode error if `text` is a str that is not valid Unicode text (lone surrogates,
+    as `bytes.decode(..., errors="surrogateescape")` leaves for invalid UTF-8), else None."""
+    if not isinstance(text, str):
+        return None
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return (f"{what} is not valid UTF-8 text: {exc.object[exc.start:exc.end]!r} at character {exc.start}; "
+                "decode bytes with errors='replace' (or 'ignore') before returning them")
+    return None

@@ -37,22 +37,10 @@ waits (`rollout.waiting`) and is reset when one of this rollout's episodes has e
 place back). How the wait meets `step_timeout`: `workbench.rollout.waiting`. Episodes
 that waited are counted in `rollout/queued_episodes`.
 
-Chat templates (`workbench.rollout.template`): the tokenizer's template is probed when the
-rollout is built; one that cannot express a conversation raises `TemplateError` (model, rule,
-fix) before any episode starts. `history` decides how a turn's prompt is made: "sampled"
-appends each turn's rendered delta after the ids sampled before it (one sequence per
-episode), "rendered" makes each turn's prompt the template's render of the conversation so
-far and starts a new sequence where it stops extending the ids before it
-(`Episode.segments`; the final observation is kept in the messages, not as tokens);
-"auto" picks "sampled" for a prefix-stable template, else "rendered" (said once). The
-context budget bounds each sequence. `enable_thinking` goes to the template as a variable;
-with reasoning markers (`<think>`...`</think>`) the action is read after the reasoning
-block (`MultiTurnManager`), and each turn records `reasoning_tokens` / `reasoning_cut`.
-`tool_format` chooses how tool calls look: "auto" uses the template's own format when it
-renders tool definitions (they then go to its `tools` argument and the parser for that
-family reads the calls; environments with the function-calling parser only), "prompt"
-keeps the parser's instructions in the system prompt, "hermes" / "llama3_json" / "mistral"
-name the format.
+Chat templates: the tokenizer's template is probed when the rollout is built (one that cannot
+express a conversation raises `TemplateError` before any episode starts); `history`,
+`enable_thinking` and `tool_format` decide how each turn's prompt is made, how reasoning is
+read and how tool calls look (`workbench.rollout.template`, `Episode.segments`).
 
 Simplified: turns are synchronous (all live episodes generate, then all step their
 environments).
@@ -65,7 +53,7 @@ from typing import Any, Callable, Sequence
 from workbench.engines.base import EngineError, GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.constraints import Constraint
 from workbench.environments.registry import make_environment
-from workbench.rollout.chat import ChatRenderer, check_token_alignment
+from workbench.rollout.chat import ChatRenderer, check_token_alignment, invalid_text
 from workbench.rollout.opening import NoRoom, OpeningBudget
 from workbench.rollout.template import TOOL_FORMATS, say_once, tool_parser
 from workbench.rollout.waiting import EnvironmentBusy, EpisodeQueue
@@ -99,19 +87,6 @@ class _Slot:
     """The rollout's renderer with this episode's template variables (its native `tools`)."""
     constraint: dict[str, Any] | None = None
     """The grammar of the turn being sampled (recorded on it)."""
-
-
-def invalid_text(text: Any, what: str) -> str | None:
-    """An episode error if `text` is a str that is not valid Unicode text (lone surrogates,
-    as `bytes.decode(..., errors="surrogateescape")` leaves for invalid UTF-8), else None."""
-    if not isinstance(text, str):
-        return None
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        return (f"{what} is not valid UTF-8 text: {exc.object[exc.start:exc.end]!r} at character {exc.start}; "
-                "decode bytes with errors='replace' (or 'ignore') before returning them")
-    return None
 
 
 class Rollout(EpisodeQueue, OpeningBudget):
