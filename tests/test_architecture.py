@@ -17,7 +17,7 @@ PACKAGE = ROOT / "workbench"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("algo", ("workbench.algo",)),
     ("utils", ("workbench.utils", "workbench._moved")),
-    ("trajectory", ("workbench.trajectory",)),
+    ("trajectory", ("workbench.trajectory", "workbench.trajectory_files", "workbench.trajectory_views")),
     ("doctor", ("workbench.doctor",)),
     ("config", ("workbench.config",)),
     ("parts", ("workbench.environments", "workbench.tools", "workbench.engines", "workbench.models", "workbench.data")),

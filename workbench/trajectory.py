@@ -27,15 +27,16 @@ of the fields; `batch.require("advantages")` says which stage produces a missing
 """
 from __future__ import annotations
 
-import gzip
-import itertools
-import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
+
+from workbench.trajectory_files import (  # noqa: F401 - importable from here too
+    MAX_LINE_BYTES, MAX_LOAD_BYTES, BatchTooLarge, NotABatchFile, jsonable, read_records, write_records,
+)
+from workbench.trajectory_views import batch_frame, batch_html
 
 #: Per-token (B, T) tensor fields: name -> (dtype, meaning, stage that fills it).
 TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
@@ -66,24 +67,6 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
 COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
 #: Collated too, only when some episode holds several sequences (`Episode.segments`).
 SEQUENCE_FIELDS = ("position_ids",)
-
-#: The most decompressed bytes `TrajectoryBatch.load` reads from one file (2 GiB: a saved
-#: batch takes about 100-300 bytes per token with every field, so millions of tokens).
-MAX_LOAD_BYTES = 2 * 1024**3
-#: The longest line (one episode) `TrajectoryBatch.load` reads (256 MiB: an episode of
-#: about a million tokens).
-MAX_LINE_BYTES = 256 * 1024**2
-
-
-class NotABatchFile(ValueError):
-    """`TrajectoryBatch.load` was given a file that does not start with the header `save`
-    writes (another file, an empty one); the message names the file."""
-
-
-class BatchTooLarge(ValueError):
-    """A batch file decompresses to more than `TrajectoryBatch.load` reads (`MAX_LOAD_BYTES`
-    in all, `MAX_LINE_BYTES` in one line); the message names the file and the limit."""
-
 
 @dataclass
 class Turn:
@@ -369,21 +352,6 @@ class Episode:
 Trajectory = Episode
 
 
-def jsonable(value: Any) -> Any:
-    """A JSON-able stand-in for a value `json` cannot write (its `default=` hook): numpy
-    arrays and tensors as nested lists (`tolist`), numpy scalars as numbers (`item`),
-    sets as sorted lists, bytes decoded (invalid UTF-8 replaced), anything else its repr."""
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if hasattr(value, "item"):
-        return value.item()
-    if isinstance(value, (set, frozenset)):
-        return sorted(value, key=repr)
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value).decode("utf-8", "replace")
-    return repr(value)
-
-
 class TrajectoryBatch:
     """Episodes plus their per-token tensors (see `TOKEN_FIELDS`)."""
 
@@ -554,40 +522,7 @@ class TrajectoryBatch:
 
     def to_pandas(self, level: str = "episode"):
         """A DataFrame with one row per "episode", "turn" or "token"."""
-        import pandas as pd
-
-        if level == "episode":
-            rows = [{
-                "episode_id": e.episode_id, "group_id": e.group_id, "env": e.env_name, "seed": e.env_seed,
-                "turns": e.num_turns, "tokens": e.num_tokens, "trained_tokens": e.response_length,
-                "env_reward": e.total_reward, "score": e.score, "success": e.success, "done": e.done,
-                "truncated": e.truncation_reason, "error": e.error, "tool_calls": e.num_tool_calls,
-                "warnings": len(e.warnings),
-                "first_action": e.actions[0] if e.actions else "",
-            } for e in self.episodes]
-            return pd.DataFrame(rows)
-        if level == "turn":
-            rows = []
-            for e in self.episodes:
-                for t in e.turns:
-                    rows.append({
-                        "episode_id": e.episode_id, "turn": t.index, "source": t.source, "action": t.action,
-                        "observation": t.observation, "reward": t.reward, "done": t.done,
-                        "tool_calls": len(t.tool_calls), "parse_error": t.parse_error, "env_error": t.env_error,
-                        "finish_reason": t.finish_reason, "action_tokens": t.token_end - t.token_start,
-                    })
-            return pd.DataFrame(rows)
-        if level == "token":
-            rows = []
-            present = [k for k in TOKEN_FIELDS if k in self.tensors and k not in ("input_ids", "attention_mask")]
-            for b, e in enumerate(self.episodes):
-                cols = {k: self.token_values(b, k) for k in present}
-                for i, tok in enumerate(e.token_ids):
-                    row = {"episode_id": e.episode_id, "position": i, "token_id": tok, "turn": e.turn_index[i]}
-                    row.update({k: v[i] for k, v in cols.items()})
-                    rows.append(row)
-            return pd.DataFrame(rows)
-        raise ValueError(f"level must be 'episode', 'turn' or 'token', got {level!r}")
+        return batch_frame(self, level, [k for k in TOKEN_FIELDS if k in self.tensors])
 
     # -- persistence ----------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -603,19 +538,10 @@ class TrajectoryBatch:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         extra = [k for k in self.tensors if k not in COLLATED + SEQUENCE_FIELDS]  # those: rebuilt by collate
-        tmp = path.with_name(f".{path.name}.tmp")
-        try:
-            with _open_text(tmp, "w") as f:
-                f.write(json.dumps({"format": "workbench.trajectory_batch", "version": 1,
-                                    "fields": extra, "meta": self.meta}, default=jsonable) + "\n")
-                for b, ep in enumerate(self.episodes):
-                    rec = ep.to_dict()
-                    rec["_fields"] = {k: self.token_values(b, k) for k in extra}
-                    f.write(json.dumps(rec, default=jsonable) + "\n")
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        records = ({**ep.to_dict(), "_fields": {k: self.token_values(b, k) for k in extra}}
+                   for b, ep in enumerate(self.episodes))
+        write_records(path, {"format": "workbench.trajectory_batch", "version": 1, "fields": extra,
+                             "meta": self.meta}, records)
         return path
 
     @classmethod
@@ -634,50 +560,7 @@ class TrajectoryBatch:
         ValueError (naming the file and line), EOFError or OSError (a cut or damaged gzip
         stream); all of them name the file except a damaged gzip stream's.
         """
-        path = Path(path)
-        limit = MAX_LOAD_BYTES if max_bytes is None else max_bytes
-        line_limit = MAX_LINE_BYTES if max_line_bytes is None else max_line_bytes
-        records: list[dict[str, Any]] = []
-        header: dict[str, Any] | None = None
-        total = 0
-        with (gzip.open(path, "rb") if path.name.endswith(".gz") else path.open("rb")) as f:
-            for number in itertools.count(1):
-                parts, size = _line_parts(f, line_limit)
-                if not size:
-                    break
-                total += size
-                if size > line_limit:
-                    raise BatchTooLarge(
-                        f"{path} line {number} is longer than {line_limit} bytes (max_line_bytes) once "
-                        "decompressed; one line holds one episode and none is that long, so this is not a "
-                        "batch written by TrajectoryBatch.save (a gzip bomb?). Reading stopped there; for a "
-                        "real batch this big pass a larger max_line_bytes to TrajectoryBatch.load")
-                if total > limit:
-                    raise BatchTooLarge(
-                        f"{path} decompresses to more than {limit} bytes (max_bytes); reading stopped there "
-                        "(a gzip bomb, or not a batch file?). For a real batch this big pass a larger "
-                        "max_bytes to TrajectoryBatch.load")
-                line = b"".join(parts)
-                try:
-                    record = json.loads(line)
-                except ValueError as exc:  # JSONDecodeError, or bytes that are not UTF-8
-                    if header is None:
-                        raise NotABatchFile(f"{path} is not a workbench trajectory batch file: its first line is "
-                                            f"not JSON ({type(exc).__name__}: {exc})") from exc
-                    raise ValueError(f"{path} line {number} is cut short or damaged "
-                                     f"({type(exc).__name__}: {exc})") from exc
-                if header is None:
-                    if not isinstance(record, dict) or record.get("format") != "workbench.trajectory_batch":
-                        raise NotABatchFile(f"{path} is not a workbench trajectory batch file (its first line is "
-                                            "not the header TrajectoryBatch.save writes)")
-                    header = record
-                elif not isinstance(record, dict) or "token_ids" not in record:
-                    raise ValueError(f"{path} line {number} is not an episode record (a JSON object with "
-                                     "'token_ids')")
-                else:
-                    records.append(record)
-        if header is None:
-            raise NotABatchFile(f"{path} is empty: not a workbench trajectory batch file")
+        header, records = read_records(Path(path), max_bytes, max_line_bytes)
         per_token = [r.pop("_fields", {}) for r in records]
         batch = cls([Episode.from_dict(r) for r in records])
         B, T = batch.tensors["input_ids"].shape
@@ -697,57 +580,8 @@ class TrajectoryBatch:
 
     def _repr_html_(self) -> str:
         """The summary line, then one row per episode (the first 20) narrow enough for a
-        notebook's output: its outcome, how it ended and its first reply cut to 40
-        characters on one line; an empty cell is blank. `to_pandas` has every column."""
-        from html import escape
-
-        def ended(e: Episode) -> str:
-            if e.success:
-                return "success"
-            if e.error:
-                return "error"
-            if e.truncated:
-                return f"cut ({e.truncation_reason})"
-            return "done" if e.done else "running"
-
-        def first(e: Episode) -> str:
-            text = (e.actions[0] if e.actions else "").replace("\n", "↵")
-            return text if len(text) <= 40 else text[:39] + "…"
-
-        head = ["episode", "group", "seed", "turns", "tokens (trained)", "reward", "ended", "first reply"]
-        rows = [[e.episode_id, e.group_id, "" if e.env_seed is None else e.env_seed, e.num_turns,
-                 f"{e.num_tokens} ({e.response_length})", f"{e.outcome:+.3g}", ended(e), first(e)]
-                for e in self.episodes[:20]]
-        cell = "<td style='text-align:{}; white-space:nowrap'>{}</td>"
-        body = "".join("<tr>" + "".join(cell.format("left" if k in (1, 6, 7) else "right", escape(str(v)))
-                                         for k, v in enumerate(r)) + "</tr>" for r in rows)
-        more = f"<p>… and {len(self) - 20} more episodes</p>" if len(self) > 20 else ""
-        return (f"<p><b>{escape(repr(self))}</b></p><table><thead><tr>"
-                + "".join(f"<th>{escape(h)}</th>" for h in head) + f"</tr></thead><tbody>{body}</tbody></table>{more}")
-
-
-def _line_parts(f: Any, limit: int, chunk: int = 1 << 20) -> tuple[list[bytes], int]:
-    """The next line of binary file `f` as pieces of at most `chunk` bytes, and its length;
-    reading stops once the line is longer than `limit` (so an endless line costs about
-    `limit` bytes, never a copy of it). ([], 0) at the end of the file."""
-    parts: list[bytes] = []
-    size = 0
-    while size <= limit:
-        piece = f.readline(chunk)
-        if not piece:
-            break
-        parts.append(piece)
-        size += len(piece)
-        if piece.endswith(b"\n"):
-            break
-    return parts, size
-
-
-def _open_text(path: Path, mode: str) -> Any:
-    """A text file, gzip-compressed when its name ends in ".gz"."""
-    if path.name.endswith(".gz") or path.name.endswith(".gz.tmp"):
-        return gzip.open(path, mode + "t", encoding="utf-8")
-    return path.open(mode, encoding="utf-8")
+        notebook's output (`workbench.trajectory_views.batch_html`)."""
+        return batch_html(self)
 
 
 #: The seeds' name for a batch of trajectories.
