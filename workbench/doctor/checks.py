@@ -19,7 +19,6 @@ from collections import Counter
 from statistics import median
 from typing import Any, Callable
 
-from workbench.doctor.env_errors import check_environment_errors
 from workbench.doctor.findings import (
     BatchStats, DoctorConfig, Evidence, Finding, History, RunFacts, model_turns,
 )
@@ -395,6 +394,28 @@ def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:
          "show the reply format in the system prompt or use a lenient parser; an SFT warm-up (sft.steps) needs "
          "the environment to have a scripted expert (an expert_action method), which this one has not."),
         h, [h.evidence(ep, t) for ep, t in bad], cfg)
+
+
+def check_environment_errors(h: History, cfg: DoctorConfig) -> Finding | None:
+    """Share of the latest batch's episodes that ended in an environment error
+    (`Episode.environment_error`); fires above `environment_error_share`."""
+    if h.batch is None or not len(h.batch):
+        return None
+    eps = list(h.batch)
+    failed = [ep for ep in eps if ep.environment_error]
+    share = len(failed) / len(eps)
+    first = failed[0].environment_error if failed else ""
+    errors = sorted({ep.environment_error for ep in failed})
+    return Finding(
+        name="environment-errors", severity="error", value=share, threshold=cfg.environment_error_share,
+        fired=share > cfg.environment_error_share,
+        message=(f"{len(failed)} of {len(eps)} episodes ended in an environment error ({len(errors)} distinct); "
+                 f"first: {first}" if failed else f"0 of {len(eps)} episodes ended in an environment error"),
+        advice="The update leaves these episodes out (their reward is the environment's failure). Read the "
+               "error: a server that is down or refuses the action's format, an environment that raises, a step "
+               "past environment.step_timeout; try the environment with workbench.check_env or one Rollout.",
+        evidence=[h.evidence(ep, None, text=ep.environment_error or "") for ep in failed][:cfg.max_evidence],
+        step=h.step, source=h.source)
 
 
 def check_tokenization_mismatch(h: History, cfg: DoctorConfig) -> Finding | None:
