@@ -136,13 +136,14 @@ try_config(model__tensor_parallel_size=0)
 # before. Here: a real local Ray cluster on this CPU, 2 rollout workers and 2 learners (gloo).
 
 # %%
+import logging
 import os
 
 import ray as ray_lib
 from envs import make_env
 
 SMOKE = os.environ.get("WORKBENCH_SMOKE") == "1"
-ray_lib.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+ray_lib.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
 
 local = ConfigStore.from_dict(cpu.to_dict())
 local.ray.use_ray, local.ray.num_actors, local.ray.num_learners = True, 2, 2

@@ -34,6 +34,7 @@ size is not known before loading); one placement group per `reserve` call.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -133,8 +134,9 @@ def ensure_ray(config: Any) -> Any:
     this machine's CPUs; an address joins that cluster)."""
     ray = require_ray("Ray rollout workers and learners (ray.use_ray)")
     if not ray.is_initialized():
+        # WARNING: Ray's INFO lines ("Started a local Ray instance") would land in a notebook's stderr box
         ray.init(address=config.ray.address, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}})
+                 logging_level=logging.WARNING, runtime_env={"env_vars": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}})
     return ray
 
 
