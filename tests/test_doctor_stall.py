@@ -12,9 +12,11 @@ import pytest
 
 from envs import EXPERTS
 from tests.doctor_policies import count_up_bare, expert, roll, roll_steps
-from workbench.debug.doctor import diagnose_parts
+from workbench.config import ConfigStore
+from workbench.debug.doctor import RunPlace, diagnose_parts, remedy_command
 from workbench.doctor.checks import run_checks, solved
-from workbench.doctor.findings import DoctorConfig, History
+from workbench.doctor.findings import DoctorConfig, History, RunFacts
+from workbench.doctor.held_out import gap_remedy
 
 GUESS = {"low": 1, "high": 8, "max_steps": 4, "max_turns": 4, "strict_format": True}
 #: Training seeds whose 4 secrets hold no 8 (7 3 1 4, 1 2 7 2, 6 7 7 1): batches count-up wins.
@@ -72,7 +74,9 @@ def test_a_stall_that_loses_held_out_games_is_named_with_them(stalled):
     assert ev.text.startswith("played 4, 5, 6, 7; lost (...") and ev.text.endswith("The number was 8.)")
     assert "The number was 8." in ev.quote()  # the printed line shows which secret it loses
     assert {e.seed for e in f.evidence if e.source == "eval"} <= {ep.env_seed for ep in held if not ep.success}
-    assert "larger entropy bonus" in f.advice and f.remedy == {"training.dynamic_sampling": True}
+    # the remedy adds more groups per step: half the batch's group size of 4, at the same batch size
+    assert "larger entropy bonus" in f.advice and "smaller training.group_size" in f.advice
+    assert f.remedy == {"training.dynamic_sampling": True, "training.group_size": 2}
     # the threshold is the one read: a held-out rate of 0.75 counts as solved at 0.7
     assert not zero_variance(history(train, held, 3), solved_success_rate=0.7).fired
 
@@ -109,3 +113,37 @@ def test_experts_judged_with_their_held_out_games_stay_quiet(name, tok):
     train, held = batches[:3], batches[3]
     assert all(ep.success for ep in held)
     assert diagnose_parts(history(train), [(0, batches[0]), (3, held)]) == []
+
+
+def test_the_gap_remedy_halves_the_runs_group_size_and_spares_groups_of_two(stalled):
+    train, held = stalled
+    h = history(train, held, 3)
+    h.run = RunFacts(adv_estimator="grpo", group_relative=True, group_size=8)
+    assert gap_remedy(h) == {"training.group_size": 4}  # the run's setting, not the batch's groups
+    h.run = RunFacts(adv_estimator="grpo", group_relative=True, group_size=2)
+    assert gap_remedy(h) == {}  # groups of 1 would give a group-relative estimator nothing
+    h.run = RunFacts(adv_estimator="gae", group_relative=False, group_size=8)
+    assert gap_remedy(h) == {}  # PPO with a critic has no groups to shrink
+    # a stall that is not a gap (no held-out games) keeps the plain remedy
+    f = zero_variance(history(train))
+    assert "training.group_size" not in f.remedy
+
+
+def test_the_gap_remedy_branches_from_before_the_entropy_fell(stalled, tmp_path):
+    """The printed command starts the branch at the SFT warm-up's last checkpoint (a policy
+    that still explores), not at the newest one before the finding's step."""
+    train, held = stalled
+    f = zero_variance(history(train, held, 3))
+    config = ConfigStore()
+    config.sft.steps = 1
+    ckpts = [tmp_path / "run" / "checkpoints" / f"step_{s:06d}" for s in (1, 2)]
+    place = RunPlace(tmp_path / "run", config, ckpts)
+    command = remedy_command(f, place)
+    assert f"--from {ckpts[0].resolve()} " in command and "--training.group_size 2" in command
+    assert f.step == 2  # the plain remedy would branch from the newest kept checkpoint at or before it: step 2
+    f.remedy.pop("training.group_size")
+    assert f"--from {ckpts[1].resolve()} " in remedy_command(f, place)
+    # no checkpoint at or before the warm-up: a fresh run of the config with the remedy
+    f.remedy["training.group_size"] = 2
+    assert remedy_command(f, RunPlace(tmp_path / "run", config, ckpts[1:])).startswith(
+        f"python -m workbench train --config {(tmp_path / 'run' / 'config.yaml').resolve()}")

@@ -215,7 +215,10 @@ def remedy_command(finding: Finding, place: RunPlace) -> str:
     printed: a branch (`train --from`) from the newest checkpoint at or before the step the
     finding was measured at, training to the run's own target (or, from its last step, as
     many steps again), into `RUN-<remedy>` next to the run; a fresh run of the run's
-    config.yaml with the remedy when no such checkpoint was kept. "" without a remedy."""
+    config.yaml with the remedy when no such checkpoint was kept. A remedy that changes
+    `training.group_size` (`workbench.doctor.held_out.gap_remedy`: a policy that stopped
+    exploring before it met the games it loses) needs a policy that still explores, so its
+    branch starts at or before the SFT warm-up's last step. "" without a remedy."""
     if not finding.remedy:
         return ""
     q = shlex.quote
@@ -227,7 +230,8 @@ def remedy_command(finding: Finding, place: RunPlace) -> str:
     rl_steps = t.num_epochs * t.num_iters_per_epoch
     target = place.config.sft.steps + rl_steps
     kept = [(int(m.group(1)), p) for p in place.checkpoints if (m := _STEP.search(Path(p).name))]
-    usable = [(s, p) for s, p in kept if finding.step is None or s <= finding.step]
+    last = place.config.sft.steps if "training.group_size" in finding.remedy else finding.step
+    usable = [(s, p) for s, p in kept if last is None or s <= last]
     if usable:
         step, ckpt = max(usable)
         steps = target - step if target > step else rl_steps

@@ -22,7 +22,7 @@ from typing import Any, Callable
 from workbench.doctor.findings import (
     BatchStats, DoctorConfig, Evidence, Finding, History, RunFacts, model_turns,
 )
-from workbench.doctor.held_out import GAP_ADVICE, check_heldout_regression, solved
+from workbench.doctor.held_out import GAP_ADVICE, check_heldout_regression, gap_remedy, solved
 from workbench.doctor.remedies import OVERLONG_WINDOW, REMEDIES, remedy_for  # noqa: F401 - importable here too
 from workbench.doctor.remedies import finding as _finding
 
@@ -296,12 +296,15 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
         state = f"the policy is nearly deterministic and {verdict.words}, so exploration no longer finds the games it loses"
     else:
         state = "the policy has nearly stopped exploring"
-    return _finding(
+    f = _finding(
         "entropy-collapse", "warning", ratio, cfg.entropy_fraction, ratio <= cfg.entropy_fraction and not verdict.solved,
         f"policy entropy {last:.3g} is {ratio:.0%} of the first steps' {ref:.3g}: {state}",
         "Add an entropy bonus (training.entropy_coeff, e.g. 0.01) or a KL term (use_kl_loss), or lower the "
         "learning rate." + (GAP_ADVICE if verdict.gap else ""),
         h, ev, cfg, step=step)
+    if verdict.gap:
+        f.remedy.update(gap_remedy(h))
+    return f
 
 
 def check_kl_spike(h: History, cfg: DoctorConfig) -> Finding | None:
@@ -366,11 +369,14 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
                           + "), but the reward does not tell these episodes apart, so the update cannot learn "
                           f"which of them was better{why}")
         advice = ("Dynamic sampling does not apply (it needs a group-relative training.adv_estimator); " + ways)
-    return _finding(
+    f = _finding(
         "zero-variance-groups", "warning", share, cfg.zero_variance_share, fired, message,
         advice + (GAP_ADVICE if verdict.gap else ""),
         h, verdict.evidence + [h.evidence(eps[0], None, text=f"group {eps[0].group_id}: all {len(eps)} rewards "
                                                              f"{eps[0].outcome:+.3f}") for eps in flat], cfg)
+    if verdict.gap:
+        f.remedy.update(gap_remedy(h))
+    return f
 
 
 def check_format_errors(h: History, cfg: DoctorConfig) -> Finding | None:

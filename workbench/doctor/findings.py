@@ -263,6 +263,9 @@ class RunFacts:
     """Whether the environment has a scripted expert (`expert_action`): an SFT warm-up needs one."""
     supports_strict_format: bool | None = None
     """Whether the environment has a strict action format (`supports_strict_format`)."""
+    group_size: int | None = None
+    """`training.group_size`: a policy that wins its batches and loses held-out games is
+    offered more groups per step (`workbench.doctor.held_out.gap_remedy`)."""
 
     @classmethod
     def of(cls, config: Any, environment: Any = None) -> "RunFacts":
@@ -273,7 +276,7 @@ class RunFacts:
         t, i = config.training, config.inference
         env_type = environment if isinstance(environment, type) or environment is None else type(environment)
         return cls(adv_estimator=t.adv_estimator, group_relative=t.adv_estimator in GROUP_RELATIVE_ESTIMATORS,
-                   max_tokens=i.max_tokens,
+                   max_tokens=i.max_tokens, group_size=t.group_size,
                    has_expert=None if env_type is None else callable(getattr(env_type, "expert_action", None)),
                    supports_strict_format=None if env_type is None else bool(getattr(env_type,
                                                                                      "supports_strict_format", False)))
