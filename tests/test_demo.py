@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from workbench.cli import build_config, main, parse_args
-from workbench.cli.demo import (GUESS_TURNS, RL_LEARNING_RATE, RL_LEARNING_RATE_AFTER_SFT, SFT_LEARNING_RATE, counts,
+from workbench.cli.demo import (GUESS_TURNS, PAST_SFT, RL_LEARNING_RATE, RL_LEARNING_RATE_AFTER_SFT, SFT_LEARNING_RATE, counts,
                                 demo_config, guessing_summary, learned_line, part_two, showcase_index, side_by_side)
 from workbench.trajectory import Episode, TrajectoryBatch, Turn
 
@@ -23,6 +23,7 @@ def test_demo_runs_end_to_end_on_the_tiny_model(tmp_path, tiny_model_path, smoke
     printed = capsys.readouterr().out
     lines = [line for line in printed.splitlines() if line.strip()]
     assert lines[-1].startswith("Next: `make lab` opens notebooks/01_quickstart.ipynb")
+    assert lines[-2].startswith("GRPO past SFT: `make demo-rl` (`python -m workbench demo --past-sft`)")
     evals = json.loads((tmp_path / "train" / "evals.json").read_text())
     assert [e["step"] for e in evals] == [0, 1, 3]  # before, after the SFT step, after 2 GRPO steps
     summary_line = next(line for line in lines if line.startswith("held-out success:"))
@@ -144,3 +145,30 @@ def test_cli_quick_runs_give_the_environment_the_turn_budget(tmp_path):
     (tmp_path / "run.yaml").write_text("environment:\n  max_steps: 9\n")
     cfg = build_config(parse_args(["train", "--config", str(tmp_path / "run.yaml"), "--max-turns", "3"]))
     assert cfg.environment.max_steps == 9  # a --config file's value stays
+
+
+def test_past_sft_is_the_demo_with_one_sft_step_and_four_secrets_a_step(tmp_path):
+    """`make demo-rl`: the settings of benchmarks/rl_past_sft.py's `both_g4` variant on top of
+    the demo's; the user's own flags still come last."""
+    cfg = demo_config(parse_args(["demo", "--past-sft", "--output", str(tmp_path)]), tmp_path)
+    assert (cfg.sft.steps, cfg.training.group_size, cfg.training.batch_size) == (1, 4, 16)
+    assert cfg.training.entropy_coeff == 0.01 and cfg.training.dynamic_sampling is True
+    assert cfg.training.num_iters_per_epoch == PAST_SFT["training.num_iters_per_epoch"] == 24
+    assert cfg.training.learning_rate == RL_LEARNING_RATE_AFTER_SFT
+    assert cfg.checkpoint.save_interval == 25  # the one checkpoint at the end
+    assert "1 SFT step on 16 games" in part_two(cfg, 32) and "24 LoRA GRPO steps (16 episodes in groups of 4)" in \
+        part_two(cfg, 32)
+    mine = demo_config(parse_args(["demo", "--past-sft", "--training.group_size", "2"]), tmp_path)
+    assert mine.training.group_size == 2 and mine.sft.steps == 1
+    plain = demo_config(parse_args(["demo"]), tmp_path)
+    assert (plain.sft.steps, plain.training.group_size) == (2, 8)
+
+
+def test_the_demo_points_to_past_sft_and_past_sft_does_not(tmp_path, tiny_model_path, smoke, capsys):
+    assert main(["demo", "--model", str(tiny_model_path), "--output", str(tmp_path / "a"), "--device", "cpu",
+                 "--past-sft"]) == 0
+    printed = capsys.readouterr().out
+    assert "1 SFT step on 2 games of a scripted expert" in printed and "groups of 4" in printed
+    assert "make demo-rl" not in printed
+    evals = json.loads((tmp_path / "a" / "train" / "evals.json").read_text())
+    assert [e["step"] for e in evals] == [0, 1, 3]  # the test suite's counts keep their 2 GRPO steps

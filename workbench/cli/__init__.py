@@ -316,8 +316,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     d.add_argument("--device", default="auto", help='"auto" (CUDA when available, else CPU), "cpu", "cuda", ...')
     d.add_argument("--dtype", default="auto", choices=["auto", *DTYPES], help='"auto": bfloat16 on CUDA and on CPUs with bf16 instructions, else float32')
     d.add_argument("--output", default=unset, help=f"output folder (default {OUTPUTS['demo']})")
-    d.add_argument("--minutes", type=float, default=6,
-                   help="stop training after the step that ends past this many minutes (default 6)")
+    d.add_argument("--minutes", type=float, default=None,
+                   help="stop training after the step that ends past this many minutes (default 6; "
+                        "with --past-sft 0, no limit)")
+    d.add_argument("--past-sft", action="store_true",
+                   help="RL past SFT: 1 SFT step (held-out 0.75: it counts up from 4 and loses every "
+                        "secret 8), then 24 GRPO steps in groups of 4 (4 secrets a step) with entropy bonus 0.01 "
+                        "and dynamic sampling (workbench.cli.demo.PAST_SFT)")
     add_config_flags(d)
     x = sub.add_parser("export-verl", help="write what verl's multi-turn agent loop needs to run an environment "
                                            "and its tools (workbench.compat.verl_export)")
