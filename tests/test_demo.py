@@ -147,9 +147,11 @@ def test_cli_quick_runs_give_the_environment_the_turn_budget(tmp_path):
     assert cfg.environment.max_steps == 9  # a --config file's value stays
 
 
-def test_past_sft_is_the_demo_with_one_sft_step_and_four_secrets_a_step(tmp_path):
+def test_past_sft_is_the_demo_with_one_sft_step_and_four_secrets_a_step(tmp_path, monkeypatch):
     """`make demo-rl`: the settings of benchmarks/rl_past_sft.py's `both_g4` variant on top of
-    the demo's; the user's own flags still come last."""
+    the demo's full counts (not the test suite's cut-down ones); the user's own flags still
+    come last."""
+    monkeypatch.delenv("WORKBENCH_SMOKE", raising=False)
     cfg = demo_config(parse_args(["demo", "--past-sft", "--output", str(tmp_path)]), tmp_path)
     assert (cfg.sft.steps, cfg.training.group_size, cfg.training.batch_size) == (1, 4, 16)
     assert cfg.training.entropy_coeff == 0.01 and cfg.training.dynamic_sampling is True
