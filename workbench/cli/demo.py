@@ -268,7 +268,8 @@ def part_two(config: ConfigStore, eval_episodes: int) -> str:
     evals = "before, after SFT and after RL" if config.sft.steps else "before and after RL"
     stale = f", max_staleness {t.max_staleness}" if t.max_staleness else ""
     return (f"guess_number ({e.params.get('low')}..{e.params.get('high')}, {e.max_steps} guesses, {form}): "
-            f"{sft}{grpo} LoRA GRPO steps ({t.batch_size} episodes in groups of {t.group_size}){stale}; held-out success on {eval_episodes} unseen secrets {evals}")
+            f"{sft}{grpo} LoRA GRPO steps ({t.batch_size} episodes in groups of {t.group_size}){stale}; "
+            f"held-out success on {eval_episodes} unseen secrets {evals}")
 
 
 def run_demo(args: argparse.Namespace) -> int:
