@@ -83,13 +83,7 @@ def run_one(args: argparse.Namespace, variant: str, seed: int, work: Path) -> di
     out = work / f"{variant}_seed{seed}_{args.dtype}_{args.steps}_{args.lr:g}"
     cfg = base_config(args, seed, out)
     overrides = VARIANTS[variant]
-    for key, value in overrides.items():
-        section, name = key.split(".", 1)
-        if name.startswith("params."):  # an environment parameter: environment.params.NAME
-            getattr(cfg, section).params[name.removeprefix("params.")] = value
-        else:
-            cfg.update(section, {name: value})
-    cfg.validate()
+    cfg.apply_overrides(overrides).validate()
     load0, start = load(), time.perf_counter()
     report = train_and_report(cfg, out, args.eval_episodes, print_findings=False)
     seconds = time.perf_counter() - start

@@ -78,6 +78,20 @@ def test_unknown_field_and_section_in_from_dict():
         ConfigStore.from_dict({"optim": {}})
 
 
+def test_dotted_overrides_set_fields_and_environment_params():
+    cfg = ConfigStore().apply_overrides({"training.group_size": 2, "sft.steps": 1,
+                                         "environment.params.high": 16, "environment.strict_format": True})
+    assert (cfg.training.group_size, cfg.sft.steps, cfg.environment.strict_format) == (2, 1, True)
+    assert cfg.environment.params == {"high": 16}
+    assert (ConfigStore().training.group_size, ConfigStore().environment.params) == (4, {})  # defaults unchanged
+    with pytest.raises(ConfigError, match="unknown field training.group"):
+        ConfigStore().apply_overrides({"training.group": 4})
+    with pytest.raises(ConfigError, match="'trainer.lr': give 'section.field'"):
+        ConfigStore().apply_overrides({"trainer.lr": 1e-4})
+    with pytest.raises(ConfigError, match="give 'section.field'"):
+        ConfigStore().apply_overrides({"training": 4})
+
+
 def test_yaml_round_trip(tmp_path):
     cfg = ConfigStore()
     cfg.model.model_name = "Qwen/Qwen2.5-0.5B-Instruct"

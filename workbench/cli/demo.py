@@ -120,12 +120,9 @@ def demo_config(args: argparse.Namespace, out: Path, remedies: bool = True) -> C
     # checkpoint (that would train 0 steps), one checkpoint at the end.
     cfg.checkpoint.output_dir = str(out / "checkpoints")
     cfg.checkpoint.resume = False
-    if getattr(args, "past_sft", False):
-        for key, value in PAST_SFT.items():
-            section, name = key.split(".")
-            if counts() is SMOKE and name == "num_iters_per_epoch":
-                continue  # the test suite's cut-down counts keep their steps
-            cfg.update(section, {name: value})
+    if getattr(args, "past_sft", False):  # the test suite's cut-down counts keep their steps
+        cfg.apply_overrides({k: v for k, v in PAST_SFT.items()
+                             if not (counts() is SMOKE and k == "training.num_iters_per_epoch")})
     apply_config_flags(cfg, args)  # e.g. --training.max_staleness 1: the user's flags come last
     if "save_interval" not in given_config_flags(args).get("checkpoint", {}):
         cfg.checkpoint.save_interval = cfg.sft.steps + cfg.training.num_epochs * cfg.training.num_iters_per_epoch

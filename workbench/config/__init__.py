@@ -138,6 +138,22 @@ class ConfigStore:
             setattr(target, key, _coerce_number(value, hints[key]))
         return self
 
+    def apply_overrides(self, overrides: Mapping[str, Any]) -> "ConfigStore":
+        """Set fields named `"section.field"`, e.g. {"training.group_size": 4, "sft.steps": 1}
+        (a doctor's `Finding.remedy`, a benchmark variant); `"environment.params.NAME"` sets one
+        environment parameter. ConfigError for a key that names no section or field. Not
+        validated: call `validate()` after the last change."""
+        for key, value in overrides.items():
+            section, _, name = str(key).partition(".")
+            if section not in SECTIONS or not name:
+                raise ConfigError(f"override {key!r}: give 'section.field' (e.g. 'training.learning_rate'); "
+                                  f"sections: {', '.join(SECTIONS)}")
+            if section == "environment" and name.startswith("params."):
+                self.environment.params[name.removeprefix("params.")] = value
+            else:
+                self.update(section, {name: value})
+        return self
+
     def save(self, path: str | Path) -> Path:
         """Write the config as YAML."""
         from workbench.utils.files import write_text

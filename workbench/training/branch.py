@@ -197,16 +197,13 @@ def branch_config(saved: ConfigStore, overrides: Mapping[str, Any] | None, step:
     (validated), and, with `steps`, the target `step + steps`. BranchError when an override
     names an `IDENTITY_FIELDS` field with another value, or a field that does not exist."""
     config = ConfigStore.from_dict(saved.to_dict())
-    by_section: dict[str, dict[str, Any]] = {}
-    for key, value in flat_overrides(overrides).items():
-        section, _, name = key.partition(".")
+    flat = flat_overrides(overrides)
+    for key in flat:
+        section = key.partition(".")[0]
         if section not in SECTIONS:
             raise BranchError(f"override {key!r}: no config section {section!r}; sections: {', '.join(SECTIONS)}")
-        by_section.setdefault(section, {})[name] = value
-    for section, values in by_section.items():
-        config.update(section, values)
-    sft = by_section.get("sft", {})
-    if sft.get("steps") and "start_step" not in sft:
+    config.apply_overrides(flat)
+    if flat.get("sft.steps") and "sft.start_step" not in flat:
         config.sft.start_step = step  # the branch's own warm-up comes first, from its step
     if steps is not None:
         if not isinstance(steps, int) or isinstance(steps, bool) or steps < 1:
