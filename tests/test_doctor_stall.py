@@ -130,20 +130,26 @@ def test_the_gap_remedy_halves_the_runs_group_size_and_spares_groups_of_two(stal
 
 
 def test_the_gap_remedy_branches_from_before_the_entropy_fell(stalled, tmp_path):
-    """The printed command starts the branch at the SFT warm-up's last checkpoint (a policy
-    that still explores), not at the newest one before the finding's step."""
+    """The printed command starts the branch at the checkpoint before the first RL update (after
+    a 1-step SFT warm-up: step 1; a policy that still explores), not at the newest one before
+    the finding's step."""
     train, held = stalled
-    f = zero_variance(history(train, held, 3))
+    h = History(held_out=held, held_out_step=4)
+    for step, batch in enumerate(train, start=1):  # RL steps 1..3 after SFT step 0
+        h.add(batch, step)
+    f = zero_variance(h)
+    assert f.fired and f.step == 3 and f.branch_step == 1
     config = ConfigStore()
     config.sft.steps = 1
-    ckpts = [tmp_path / "run" / "checkpoints" / f"step_{s:06d}" for s in (1, 2)]
+    ckpts = [tmp_path / "run" / "checkpoints" / f"step_{s:06d}" for s in (1, 3)]
     place = RunPlace(tmp_path / "run", config, ckpts)
     command = remedy_command(f, place)
     assert f"--from {ckpts[0].resolve()} " in command and "--training.group_size 2" in command
-    assert f.step == 2  # the plain remedy would branch from the newest kept checkpoint at or before it: step 2
-    f.remedy.pop("training.group_size")
+    f.branch_step = None  # a finding without it branches from the newest kept checkpoint at or before its step
     assert f"--from {ckpts[1].resolve()} " in remedy_command(f, place)
-    # no checkpoint at or before the warm-up: a fresh run of the config with the remedy
-    f.remedy["training.group_size"] = 2
+    # no checkpoint at or before the first RL step: a fresh run of the config with the remedy
+    f.branch_step = 1
     assert remedy_command(f, RunPlace(tmp_path / "run", config, ckpts[1:])).startswith(
         f"python -m workbench train --config {(tmp_path / 'run' / 'config.yaml').resolve()}")
+    # without the gap there is no earlier start: the finding is not fired, nothing to branch for
+    assert zero_variance(history(train)).branch_step is None

@@ -215,10 +215,9 @@ def remedy_command(finding: Finding, place: RunPlace) -> str:
     printed: a branch (`train --from`) from the newest checkpoint at or before the step the
     finding was measured at, training to the run's own target (or, from its last step, as
     many steps again), into `RUN-<remedy>` next to the run; a fresh run of the run's
-    config.yaml with the remedy when no such checkpoint was kept. A remedy that changes
-    `training.group_size` (`workbench.doctor.held_out.gap_remedy`: a policy that stopped
-    exploring before it met the games it loses) needs a policy that still explores, so its
-    branch starts at or before the SFT warm-up's last step. "" without a remedy."""
+    config.yaml with the remedy when no such checkpoint was kept. A finding whose cause began
+    earlier (`Finding.branch_step`, e.g. a policy that stopped exploring before it met the
+    games it loses) branches from at or before that step instead. "" without a remedy."""
     if not finding.remedy:
         return ""
     q = shlex.quote
@@ -230,7 +229,7 @@ def remedy_command(finding: Finding, place: RunPlace) -> str:
     rl_steps = t.num_epochs * t.num_iters_per_epoch
     target = place.config.sft.steps + rl_steps
     kept = [(int(m.group(1)), p) for p in place.checkpoints if (m := _STEP.search(Path(p).name))]
-    last = place.config.sft.steps if "training.group_size" in finding.remedy else finding.step
+    last = finding.branch_step if finding.branch_step is not None else finding.step
     usable = [(s, p) for s, p in kept if last is None or s <= last]
     if usable:
         step, ckpt = max(usable)

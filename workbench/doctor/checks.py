@@ -22,7 +22,7 @@ from typing import Any, Callable
 from workbench.doctor.findings import (
     BatchStats, DoctorConfig, Evidence, Finding, History, RunFacts, model_turns,
 )
-from workbench.doctor.held_out import GAP_ADVICE, check_heldout_regression, gap_remedy, solved
+from workbench.doctor.held_out import GAP_ADVICE, check_heldout_regression, first_rl_step, gap_remedy, solved
 from workbench.doctor.remedies import OVERLONG_WINDOW, REMEDIES, remedy_for  # noqa: F401 - importable here too
 from workbench.doctor.remedies import finding as _finding
 
@@ -304,6 +304,7 @@ def check_entropy_collapse(h: History, cfg: DoctorConfig) -> Finding | None:
         h, ev, cfg, step=step)
     if verdict.gap:
         f.remedy.update(gap_remedy(h))
+        f.branch_step = first_rl_step(h)
     return f
 
 
@@ -376,6 +377,7 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
                                                              f"{eps[0].outcome:+.3f}") for eps in flat], cfg)
     if verdict.gap:
         f.remedy.update(gap_remedy(h))
+        f.branch_step = first_rl_step(h)
     return f
 
 

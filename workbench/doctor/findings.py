@@ -98,6 +98,11 @@ class Finding:
     """The setting(s) to try against it, as config overrides `{"section.field": value}` (what
     `branch_run(checkpoint, finding.remedy, ...)` and `train --from CKPT` take); {} when the
     fix is not a setting, and then `advice` says what to look at instead."""
+    branch_step: int | None = None
+    """A branch that tries `remedy` starts from a checkpoint at or before this step; None: at
+    or before `step`. Set when the cause began before the step it was measured at: a policy
+    that stopped exploring before it met the games it loses is branched from before its first
+    RL update (`workbench.doctor.held_out.first_rl_step`)."""
 
     def remedy_flags(self) -> str:
         """`remedy` as CLI flags ("--environment.strict_format true"); "" when there is none."""

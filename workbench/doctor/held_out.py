@@ -55,6 +55,16 @@ def gap_remedy(h: History) -> dict[str, Any]:
     return {"training.group_size": size // 2}
 
 
+def first_rl_step(h: History) -> int | None:
+    """The step of the first RL update in `h` (its first batch, else its first metric row that
+    is not an SFT step): a checkpoint at that step holds the policy before RL changed it (after
+    any SFT warm-up). None when `h` has neither."""
+    if h.stats:
+        return h.stats[0].step
+    steps = [m["step"] for m in h.metrics if "step" in m and "sft/nll" not in m]
+    return int(steps[0]) if steps else None
+
+
 def solved(h: History, cfg: DoctorConfig, success: float | None, step: int | None = None) -> Solved:
     """Whether a policy whose training batch of step `step` (default: the latest batch's) won
     `success` (a share; None when not recorded) has solved the task: `success` reaches
