@@ -35,7 +35,7 @@ KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "nam
 
 def text_outputs(outputs: list) -> list:
     """The outputs a reader of the stored notebook needs: stdout, and the text forms of results
-    that are not widgets."""
+    that are not widgets (and not empty: a progress bar's updates leave empty displays)."""
     kept = []
     for out in outputs:
         if out.get("output_type") == "stream":
@@ -43,7 +43,8 @@ def text_outputs(outputs: list) -> list:
                 kept.append(out)
         elif out.get("output_type") in ("execute_result", "display_data"):
             data = out.get("data", {})
-            if "application/vnd.jupyter.widget-view+json" not in data and any(k in data for k in TEXT):
+            if "application/vnd.jupyter.widget-view+json" not in data and any("".join(data.get(k, "")).strip()
+                                                                                  for k in TEXT):
                 out["data"] = {k: v for k, v in data.items() if k in TEXT}
                 out["metadata"] = {}
                 kept.append(out)
