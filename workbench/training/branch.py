@@ -176,6 +176,9 @@ def flat_overrides(overrides: Mapping[str, Any] | None) -> dict[str, Any]:
         if not isinstance(key, str):
             raise BranchError(f"override key {key!r} must be 'section.field' or a section name")
         if "." in key:
+            if key.partition(".")[0] not in SECTIONS:
+                raise BranchError(f"override {key!r}: no config section {key.partition('.')[0]!r}; "
+                                  f"sections: {', '.join(SECTIONS)}")
             flat[key] = value
         elif key in SECTIONS and isinstance(value, Mapping):
             flat.update({f"{key}.{name}": v for name, v in value.items()})
@@ -198,10 +201,6 @@ def branch_config(saved: ConfigStore, overrides: Mapping[str, Any] | None, step:
     names an `IDENTITY_FIELDS` field with another value, or a field that does not exist."""
     config = ConfigStore.from_dict(saved.to_dict())
     flat = flat_overrides(overrides)
-    for key in flat:
-        section = key.partition(".")[0]
-        if section not in SECTIONS:
-            raise BranchError(f"override {key!r}: no config section {section!r}; sections: {', '.join(SECTIONS)}")
     config.apply_overrides(flat)
     if flat.get("sft.steps") and "sft.start_step" not in flat:
         config.sft.start_step = step  # the branch's own warm-up comes first, from its step
