@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run can resume) and returns 130."""
     args = parse_args(argv)
     from workbench.debug.runs import RunError  # here, not at the top: --help stays quick (no torch)
-    from workbench.training.run_lock import RunFinishedError, RunLockedError
+    from workbench.training.run_lock import RunFinishedError, RunLockedError, RunLockError
     from workbench.training.sft import ExpertError
 
     try:
@@ -397,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:  # names the field; a traceback adds nothing
         print(f"config error: {exc}", file=sys.stderr)
         return 2
-    except (RunError, RunLockedError, RunFinishedError, ExpertError) as exc:  # the message says what to do
+    except (RunError, RunLockedError, RunLockError, RunFinishedError, ExpertError) as exc:  # the message says what to do
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be written (a full disk, a path through a file, no permission)
