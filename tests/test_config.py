@@ -320,3 +320,42 @@ def test_auto_policy_on_a_gpu_is_cuda_bfloat16(tiny_model_path):
     critic = Critic(cfg)
     assert {p.device.type for p in critic.parameters()} == {"cuda"}
     assert critic.value_head.weight.dtype == torch.float32  # the value head stays fp32
+
+
+# -- a misspelled setting in Python is refused at once (issue 50, item 6) --------------------------
+@pytest.mark.parametrize("section, name, nearest", [
+    ("training", "lr", "training.learning_rate"),
+    ("inference", "temprature", "inference.temperature"),
+    ("doctor", "min_sample", "doctor.min_samples"),
+    ("checkpoint", "save_intervall", "checkpoint.save_interval"),
+])
+def test_assigning_an_unknown_field_raises_naming_the_nearest_one(section, name, nearest):
+    from workbench.config import UnknownFieldError
+
+    c = ConfigStore()
+    with pytest.raises(UnknownFieldError, match=rf"unknown field {section}\.{name}; did you mean {nearest}\?"):
+        setattr(getattr(c, section), name, 1)
+    assert not hasattr(getattr(c, section), name)
+    c.validate()
+
+
+def test_an_unknown_section_and_a_trainers_config_refuse_misspellings_too(tiny_model_path):
+    from envs import make_env
+    from workbench import Trainer
+    from workbench.config import ConfigError
+
+    c = ConfigStore()
+    with pytest.raises(ConfigError, match="unknown field trainig; did you mean training"):
+        c.trainig = c.training
+    c.model.model_name = str(tiny_model_path)
+    c.model.dtype = "float32"
+    trainer = Trainer(c, environment=make_env("guess_number"))
+    with pytest.raises(AttributeError, match="did you mean training.learning_rate"):
+        trainer.config.training.lr = 1e-3
+    trainer.config.training.learning_rate = 1e-3  # a real field still takes
+    assert trainer.config.training.learning_rate == 1e-3
+
+
+def test_the_yaml_refusal_names_the_nearest_field_as_well():
+    with pytest.raises(ConfigError, match=r"unknown field inference\.temprature; did you mean inference\.temperature"):
+        ConfigStore.from_dict({"inference": {"temprature": 0.0}})

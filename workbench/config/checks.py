@@ -12,6 +12,8 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any
 
+from workbench.utils.settings import ConfigError, UnknownFieldError, unknown_field_message  # noqa: F401 - re-exported
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,8 +37,6 @@ MAX_YAML_BYTES = 4 * 2**20
 MAX_YAML_NODES = 200_000
 
 
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field."""
 
 
 def _parse_device(device: Any, field: str) -> "torch.device":
