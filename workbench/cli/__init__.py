@@ -351,6 +351,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message as one line (a message with line breaks, e.g. a grammar library's,
+    joined with "; "), so the CLI's promise of one line on stderr holds."""
+    return "; ".join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
+
+
 def os_error_line(exc: OSError) -> str:
     """One line for a failed file operation: what failed, on which path, and what to do."""
     import errno
@@ -377,6 +383,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     from workbench.debug.runs import RunError  # here, not at the top: --help stays quick (no torch)
     from workbench.training.run_lock import RunFinishedError, RunLockedError, RunLockError
+    from workbench.rollout.template import TemplateError
+    from workbench.training.checkpoint import CheckpointError
     from workbench.training.sft import ExpertError
 
     try:
@@ -395,10 +403,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"config error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except (RunError, RunLockedError, RunLockError, RunFinishedError, ExpertError) as exc:  # the message says what to do
-        print(f"error: {exc}", file=sys.stderr)
+    except (RunError, RunLockedError, RunLockError, RunFinishedError, ExpertError, TemplateError,
+            CheckpointError) as exc:  # the message says what to do (a checkpoint of another model: which, and the fix)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be written (a full disk, a path through a file, no permission)
         print(f"error: {os_error_line(exc)}", file=sys.stderr)

@@ -46,6 +46,7 @@ from workbench.reward import (
     RewardError, RewardFn, check_env_rewards, overlong_summary, score_batch,
 )
 from workbench.rollout.configured import check_chat_template
+from workbench.rollout.template import tool_parser
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import dynamic_sampling
@@ -124,6 +125,9 @@ class Trainer(CheckpointMethods, SFTMethods):
         self.tokenizer = self.policy.tokenizer
         #: The chat template as this run uses it (checked now: `check_chat_template`).
         self.chat = check_chat_template(config, self.tokenizer)
+        # inference.tool_format against the environment's parser: a ConfigError now, not at the first reset
+        tool_parser(parser if parser is not None else getattr(env, "action_parser", None), type(env).__name__,
+                    config.inference.tool_format, self.chat.profile)
         self._owns_engine = engine is None
         if engine is None:
             self.engine = make_engine(config, self.policy.model, self.tokenizer)
