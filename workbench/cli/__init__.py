@@ -173,10 +173,12 @@ def run_exit_code(report: dict[str, Any]) -> int:
     return 0
 
 
-def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int | None]:
+def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int | None, Any]:
     """`train --from CHECKPOINT`: (the checkpoint folder, the settings the flags given change
-    `{"section.field": value}`, --steps or None), read from the checkpoint's config.yaml
-    without loading a model; ConfigError (a BranchError) saying what to fix."""
+    `{"section.field": value}`, --steps or None, the hold on the checkpoint to exit once the
+    branch has loaded it), read from the checkpoint's config.yaml without loading a model;
+    ConfigError (a BranchError) saying what to fix. The hold (`branch.hold_branch_checkpoint`)
+    keeps a parent that is still training from pruning the checkpoint meanwhile."""
     from workbench.training import branch
 
     if args.config:
@@ -190,8 +192,15 @@ def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], in
     if placed:
         raise branch.BranchError(f"{', '.join(placed)}: a branch writes to --output (checkpoints in "
                                  "OUTPUT/checkpoints, logs in OUTPUT); give --output instead")
-    checkpoint = branch.resolve_checkpoint(args.from_checkpoint)
-    saved, state = branch.read_checkpoint_head(checkpoint)
+    checkpoint, hold = branch.hold_branch_checkpoint(args.from_checkpoint)
+    with hold:
+        saved, state = branch.read_checkpoint_head(checkpoint)
+        overrides, steps = _branch_changes(args, branch, checkpoint, saved, state)
+        return checkpoint, overrides, steps, hold.pop_all()
+
+
+def _branch_changes(args: argparse.Namespace, branch: Any, checkpoint: Path, saved: Any,
+                    state: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     steps = getattr(args, "steps", None)
     config = build_config(args, base=saved)
     changes = branch.config_changes(saved, config)
@@ -202,7 +211,7 @@ def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], in
         raise branch.BranchError(f"{checkpoint} is at step {step} and its run's target is step {target} "
                                  "(training.num_epochs x num_iters_per_epoch): give --steps N to train N steps "
                                  "after it")
-    return checkpoint, overrides, steps
+    return overrides, steps
 
 
 def parent_eval_episodes(parent_run: Path | None) -> int | None:
@@ -223,9 +232,10 @@ def cmd_branch(args: argparse.Namespace) -> int:
     from workbench.cli.runner import train_and_report
     from workbench.training import Trainer
 
-    checkpoint, overrides, steps = branch_overrides(args)
+    checkpoint, overrides, steps, hold = branch_overrides(args)
     out = Path(args.output)
-    trainer = Trainer.from_checkpoint(checkpoint, output_dir=out, overrides=overrides, steps=steps)
+    with hold:  # until the branch has loaded it
+        trainer = Trainer.from_checkpoint(checkpoint, output_dir=out, overrides=overrides, steps=steps)
     eval_episodes = args.eval_episodes
     if eval_episodes is None:
         eval_episodes = parent_eval_episodes(trainer.branched_from.parent_run) or DEFAULT_EVAL_EPISODES
