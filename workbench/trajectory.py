@@ -352,6 +352,23 @@ class Episode:
 Trajectory = Episode
 
 
+def success_reported(episodes: Any) -> bool:
+    """Whether the environment of these episodes reports success at all: some episode
+    succeeded, or some step's info carries a "success" key (True or False). An environment
+    that never does (a judge-graded task, a Gym env without `is_success`, a run imported
+    from a trainer that records none) has no success rate: `env/success_rate` is NaN, shown
+    "-", and the doctor's success checks leave it out, instead of a false 0.00."""
+    return any(e.success or any("success" in t.info for t in e.turns) for e in episodes)
+
+
+def format_rate(value: Any, spec: str = ".2f") -> str:
+    """A rate for a line people read: `format(value, spec)`, or "-" when it is not known
+    (None or NaN: e.g. the success rate of an environment that does not report success)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return format(value, spec)
+
+
 class TrajectoryBatch:
     """Episodes plus their per-token tensors (see `TOKEN_FIELDS`)."""
 
@@ -496,7 +513,7 @@ class TrajectoryBatch:
             "reward/std": std,
             "reward/max": max(rewards, default=0.0),
             "reward/min": min(rewards, default=0.0),
-            "env/success_rate": sum(e.success for e in eps) / n,
+            "env/success_rate": sum(e.success for e in eps) / n if success_reported(eps) else float("nan"),
             "env/turns_mean": sum(e.num_turns for e in eps) / n,
             "env/truncated_rate": sum(e.truncated for e in eps) / n,
             "env/error_rate": sum(e.error is not None for e in eps) / n,
@@ -576,7 +593,7 @@ class TrajectoryBatch:
         s = self.summary()
         fields_ = ", ".join(k for k in TOKEN_FIELDS if k in self.tensors)
         return (f"TrajectoryBatch({len(self)} episodes, reward {s['reward/mean']:.3g}±{s['reward/std']:.3g}, "
-                f"success {s['env/success_rate']:.0%}, fields: {fields_})")
+                f"success {format_rate(s['env/success_rate'], '.0%')}, fields: {fields_})")
 
     def _repr_html_(self) -> str:
         """The summary line, then one row per episode (the first 20) narrow enough for a

@@ -290,7 +290,9 @@ def _number(value: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return "-" if value != value else f"{value:.3g}"  # NaN: not known (a success the env does not report)
+    return str(value)
 
 
 def _ranges(steps: list[int]) -> str:

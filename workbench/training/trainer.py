@@ -59,7 +59,7 @@ from workbench.training.stages import LocalStages, check_stages, make_stages
 from workbench.training.trainer_checkpoints import CheckpointMethods
 from workbench.training.trainer_sft import SFTMethods
 from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
-from workbench.trajectory import TrajectoryBatch
+from workbench.trajectory import TrajectoryBatch, format_rate
 from workbench.utils.progress import write
 
 Callback = Callable[["Trainer", dict], None]
@@ -569,7 +569,7 @@ class Trainer(CheckpointMethods, SFTMethods):
         last = self.metrics_history[-1] if self.metrics_history else {}
         return (f"Trainer({t.adv_estimator}, model={self.config.model.path}, backend={self.config.inference.backend}, "
                 f"step={self.global_step}, reward={last.get('reward/mean', float('nan')):.3g}, "
-                f"success={last.get('env/success_rate', float('nan')):.2f})")
+                f"success={format_rate(last.get('env/success_rate'))})")
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{k}</td><td>{v:.4g}</td></tr>" for k, v in
