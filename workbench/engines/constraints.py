@@ -39,6 +39,7 @@ KL compare masked with masked.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -65,6 +66,25 @@ TOOL_CALL_FORMS: dict[str, tuple[str, str, str]] = {
 class ConstraintError(ValueError):
     """A constraint that cannot be compiled (bad regex, unsupported JSON schema); the message
     says which part."""
+
+
+#: xgrammar's log prefix on its messages: "[20:50:28] /project/cpp/json_schema_converter.cc:4944: ".
+_LIBRARY_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?:\d+: ")
+_CHECK_FAILED = re.compile(r"Check failed: \((?P<what>.*?)\) is false:?\s*")
+
+
+def library_reason(exc: BaseException) -> str:
+    """What the grammar library said, in a sentence a client can read: its log prefix (time,
+    source file and line) dropped, and an internal assertion ("Check failed: (...) is false")
+    said as such, since it names no part of the schema."""
+    text = " ".join(_LIBRARY_PREFIX.sub("", str(exc)).split())
+    failed = _CHECK_FAILED.search(text)
+    if failed:
+        rest = text[failed.end():].strip()
+        return ("the grammar library (xgrammar) failed an internal check while compiling it; simplify the "
+                "schema (long repetition counts such as {200} in a pattern, deep nesting)"
+                + (f": {rest}" if rest else ""))
+    return text or type(exc).__name__
 
 
 @dataclass
@@ -197,7 +217,7 @@ class Constraint:
         try:
             xgr.Grammar.from_structural_tag(json.dumps(self.structural_tag()))
         except Exception as exc:  # xgrammar's own words
-            raise ConstraintError(f"the {self.kind} constraint is not a valid grammar: {exc}") from None
+            raise ConstraintError(f"the {self.kind} constraint is not a valid grammar: {library_reason(exc)}") from None
         return self
 
     def vllm_params(self) -> dict[str, Any]:
@@ -239,7 +259,7 @@ class Grammars:
         try:
             grammar = self.compiler.compile_structural_tag(json.dumps(constraint.structural_tag()))
         except Exception as exc:  # xgrammar's own words: which schema feature or regex it refused
-            raise ConstraintError(f"cannot compile the {constraint.kind} constraint: {exc}") from None
+            raise ConstraintError(f"cannot compile the {constraint.kind} constraint: {library_reason(exc)}") from None
         with self._lock:
             self._compiled[key] = grammar
         return grammar

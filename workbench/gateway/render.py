@@ -134,6 +134,11 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
             ToolDefinition(fn.get("name"), str(fn.get("description") or ""), dict(fn.get("parameters") or {}))
         except (ValueError, TypeError) as exc:
             raise RequestError(f"tools[{i}].function: {exc}", f"tools[{i}].function") from None
+        if any(t["function"]["name"] == fn.get("name") for t in out):
+            first = next(j for j, t in enumerate(out) if t["function"]["name"] == fn.get("name"))
+            raise RequestError(f"tools[{i}].function.name {fn.get('name')!r} is the name of tools[{first}] too; "
+                               "each tool needs its own name (a call names the tool it calls)",
+                               f"tools[{i}].function.name")
         out.append({"type": "function", "function": fn})
     return out
 
