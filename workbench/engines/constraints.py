@@ -61,6 +61,28 @@ TOOL_CALL_FORMS: dict[str, tuple[str, str, str]] = {
     "llama3_json": ("", "parameters", ""),
     "mistral": ("[TOOL_CALLS][", "arguments", "]"),
 }
+#: A format's call marker (the start of its "before" text) that a family's tokenizer may hold as
+#: one control token (Mistral's `[TOOL_CALLS]`, a special token of its v3 and Tekken
+#: tokenizers). A grammar that spelled it in ordinary tokens would train ids the model was never
+#: taught; `Constraint.marker_token` names the token instead (`call_marker_token`).
+TOOL_CALL_MARKERS: dict[str, str] = {"mistral": "[TOOL_CALLS]"}
+
+
+def call_marker_token(tokenizer: Any, tool_call_format: str) -> int | None:
+    """The id of the format's call marker when `tokenizer` holds it as one token of its own
+    (what `Constraint.marker_token` takes), else None (the tokenizer spells it, and so does the
+    grammar)."""
+    marker = TOOL_CALL_MARKERS.get(tool_call_format)
+    if marker is None or tokenizer is None:
+        return None
+    try:
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+    except Exception:  # noqa: BLE001 - a tokenizer without these methods spells it
+        return None
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return tid if isinstance(tid, int) and tid != unk and list(ids) == [tid] else None
+
 
 
 class ConstraintError(ValueError):
@@ -114,6 +136,12 @@ class Constraint:
     reply: dict[str, Any] | None = None
     """`tool_call` with `required`: another constraint (its `to_dict()`) a reply may follow
     instead of being calls, e.g. the JSON schema of a final answer."""
+    marker_token: int | None = None
+    """`tool_call`: the id of the format's call marker (`TOOL_CALL_MARKERS`, e.g. Mistral's
+    `[TOOL_CALLS]`) when the model's tokenizer holds it as one control token: the grammar then
+    requires that token (xgrammar's token format) instead of spelling the marker in ordinary
+    tokens, which never gives the control token's id. None: the marker is spelled
+    (`call_marker_token` decides, from the tokenizer)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -197,10 +225,23 @@ class Constraint:
         if self.kind == "choice":
             return {"type": "or", "elements": [{"type": "const_string", "value": c} for c in self.choices or []]}
         before, key, after = TOOL_CALL_FORMS[self.tool_call_format]
-        tags = [{"type": "tag", "begin": f'{before}{{"name": {json.dumps(t["name"])}, "{key}": ',
-                 "content": self._json(t.get("parameters") or {"type": "object"}), "end": f"}}{after}"}
-                for t in self.tools or []]
+        text = TOOL_CALL_MARKERS.get(self.tool_call_format)
+        marker = self.marker_token if self.marker_token is not None and text and before.startswith(text) else None
+        if marker is not None:  # the marker is one control token: the tag opens with that token
+            rest = before[len(text):]
+            tags = [{"type": "tag", "begin": {"type": "token", "token": marker},
+                     "content": {"type": "sequence", "elements": [
+                         {"type": "const_string", "value": f'{rest}{{"name": {json.dumps(t["name"])}, "{key}": '},
+                         self._json(t.get("parameters") or {"type": "object"})]},
+                     "end": f"}}{after}"} for t in self.tools or []]
+        else:
+            tags = [{"type": "tag", "begin": f'{before}{{"name": {json.dumps(t["name"])}, "{key}": ',
+                     "content": self._json(t.get("parameters") or {"type": "object"}), "end": f"}}{after}"}
+                    for t in self.tools or []]
         if not self.required:  # text, and at most one call in it
+            if marker is not None:
+                return {"type": "token_triggered_tags", "trigger_tokens": [marker], "tags": tags,
+                        "stop_after_first": True}
             return {"type": "triggered_tags", "triggers": [before or '{"name": '], "tags": tags,
                     "stop_after_first": True}
         calls = ({"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}

@@ -184,16 +184,19 @@ def _bad(field: str, what: str) -> None:
 
 
 def request_constraint(body: dict[str, Any], tools: list[dict[str, Any]],
-                       tool_call_format: str = "function_calling", check: bool = True) -> Constraint | None:
+                       tool_call_format: str = "function_calling", check: bool = True,
+                       marker_token: int | None = None) -> Constraint | None:
     """The grammar a chat request asks its reply to follow (None: free text); `tools` are the
     request's checked tools (`parse_tools`); tool calls are written in `tool_call_format` (the
     name of the parser that reads the model's replies, one of `TOOL_CALL_FORMS`). RequestErrors
     name the field at fault. `check=False` leaves the grammar unbuilt (`Constraint.check`): the
-    gateway builds and compiles it on a worker thread, after its size check."""
+    gateway builds and compiles it on a worker thread, after its size check. `marker_token`: the
+    id of the format's call marker where the tokenizer holds it as one control token
+    (`workbench.engines.constraints.call_marker_token`), which forced calls then open with."""
     try:
         constraint = _constraint(body, tools)
         if constraint is not None and constraint.kind == "tool_call":
-            constraint = replace(constraint, tool_call_format=tool_call_format)
+            constraint = replace(constraint, tool_call_format=tool_call_format, marker_token=marker_token)
         return constraint.check() if constraint is not None and check else constraint
     except ConstraintError as exc:
         raise RequestError(str(exc), constraint_field(body)) from None

@@ -501,7 +501,8 @@ class Gateway:
         messages = check_messages(body.get("messages"))
         tools = parse_tools(body.get("tools"))
         # response_format, tool_choice, parallel_tool_calls; calls written as the model's parser reads them
-        constraint = request_constraint(body, tools, self.builder.parser.name, check=False)
+        constraint = request_constraint(body, tools, self.builder.parser.name, check=False,
+                                        marker_token=self.builder.marker_id)
         if body.get("tool_choice") == "none":
             tools = []
         episode_id = episode_id or user(body)
