@@ -15,6 +15,7 @@ from workbench.config import resolve_dtype
 @pytest.fixture
 def fresh_announcements(monkeypatch):
     monkeypatch.setattr(config_checks, "_announced", set())
+    monkeypatch.delenv(config_checks.AUTO_DTYPE_ENV, raising=False)  # these tests set the CPU's answer themselves
 
 
 @pytest.mark.parametrize("bf16_cpu", [True, False])

@@ -42,60 +42,28 @@ returned text before the stop string, as OpenAI's API does; the recorded ids sta
 # No `from __future__ import annotations` here: FastAPI reads the route functions' annotations
 # (`request: Request`) as objects, and `Request` is imported inside `_build_app`.
 import asyncio
-import json
 import logging
 import socket
 import threading
 import time
 import uuid
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from workbench.engines.base import EngineError, GenerationEngine, SamplingParams
-from workbench.engines.constraints import ConstraintError
 from workbench.gateway.checks import check_choices, check_seed, number, parse_body, user
 from workbench.gateway.fields import (check_fields, constraint_field, max_tokens_of, request_constraint,
                                       structured_outputs)
+from workbench.gateway.grammars import (COMPILE_THREADS, CONSTRAINT_TIMEOUT_S, MAX_CONSTRAINT_BYTES, CompileThreads,
+                                        prepare_constraint)
 from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, cut_at_stop, parse_tools
 from workbench.gateway.stream import check_stream, response_chunks, sse_events
 from workbench.rollout.chat import encode
 from workbench.rollout.fork import first_difference
 
 LOOPBACK = "127.0.0.1"
-#: Default `max_constraint_bytes`: the JSON of a request's grammar (schema, tools) past which it is a 400.
-MAX_CONSTRAINT_BYTES = 64 * 1024
-#: Default `constraint_timeout`: seconds a request's grammar may take to compile.
-CONSTRAINT_TIMEOUT_S = 30.0
-#: Grammars compiling at once (each on a thread of its own; more wait for one to finish).
-COMPILE_THREADS = 2
-
-
-class CompileThreads:
-    """Runs grammar compiles on daemon threads, at most `n` at once, each returning a
-    `concurrent.futures.Future`. A compile cannot be interrupted (xgrammar's C++ code); one
-    past its request's deadline runs to its end on its thread and its grammar lands in the
-    cache. Daemon threads, so a compile still running never holds up the process's exit (a
-    `ThreadPoolExecutor`'s workers are joined at exit)."""
-
-    def __init__(self, n: int):
-        self._slots = threading.BoundedSemaphore(n)
-
-    def submit(self, fn: Any) -> Future:
-        future: Future = Future()
-
-        def run() -> None:
-            with self._slots:
-                if not future.set_running_or_notify_cancel():
-                    return
-                try:
-                    future.set_result(fn())
-                except BaseException as exc:  # noqa: BLE001 - handed to the waiting request
-                    future.set_exception(exc)
-
-        threading.Thread(target=run, name="wb-gateway-compile", daemon=True).start()
-        return future
 
 LENGTH_SLACK = 2
 """A prompt is refused unread when its characters exceed LENGTH_SLACK x the tokenizer's
@@ -444,33 +412,9 @@ class Gateway:
         return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
 
     async def _prepared(self, constraint: Any, field: str) -> Any:
-        """`constraint` built and compiled for the engine (`Constraint.check`, then
-        `engine.prepare_constraint`) on the compile thread, after the size check; a RequestError
-        naming `field` when it is too large, takes longer than `constraint_timeout` to compile, or
-        cannot compile. The event loop and the engine's batches go on meanwhile."""
-        if constraint is None:
-            return None
-        size = len(json.dumps(constraint.to_dict()))
-        if size > self.max_constraint_bytes:
-            raise RequestError(f"{field}: the grammar it asks for is {size:,} bytes of JSON, more than this gateway's "
-                               f"max_constraint_bytes ({self.max_constraint_bytes:,}); send a smaller schema, or start "
-                               "the gateway with a larger max_constraint_bytes", field, "constraint_too_large")
-
-        def build() -> Any:
-            constraint.check()
-            self.engine.prepare_constraint(constraint)
-            return constraint
-
-        future = self._compiles.submit(build)
-        try:
-            return await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), self.constraint_timeout)
-        except asyncio.TimeoutError:
-            raise RequestError(f"{field}: its grammar did not compile within this gateway's constraint_timeout "
-                               f"({self.constraint_timeout:g} s); send a simpler schema, or start the gateway with a "
-                               "longer constraint_timeout (the compile goes on: the same request sent again later "
-                               "is served)", field, "constraint_timeout") from None
-        except ConstraintError as exc:
-            raise RequestError(f"{field}: {exc}", field) from None
+        """`constraint` built and compiled off the serving path (`workbench.gateway.grammars`)."""
+        return await prepare_constraint(self.engine, constraint, field, self.max_constraint_bytes,
+                                        self.constraint_timeout, self._compiles)
 
     async def _generate(self, prompt: list[int], params: SamplingParams) -> Any:
         try:
