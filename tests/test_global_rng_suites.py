@@ -148,3 +148,15 @@ def test_an_environment_that_never_reports_success_has_no_success_rate():
     assert "success -" in repr(silent)
     reported = _batch([{"success": False}, {"success": True}, {"success": False}])
     assert reported.summary()["env/success_rate"] == 1 / 3 and format_rate(1 / 3) == "0.33"
+
+
+def test_an_environment_that_says_it_reports_success_has_a_rate_even_when_no_step_mentioned_it():
+    """guess_number says `info["success"]` on every scored step, but not on an invalid reply: a
+    batch of invalid replies only has success rate 0 (its `reports_success` is True), not "-"."""
+    from envs import make_env
+
+    assert make_env("guess_number").reports_success is True
+    batch = _batch([{"invalid_action": True}, {"invalid_action": True}])
+    for ep in batch:
+        ep.success_reported = True  # what the rollout records from the environment's reports_success
+    assert batch.summary()["env/success_rate"] == 0.0

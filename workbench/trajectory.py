@@ -154,6 +154,10 @@ class Episode:
     """The episode has ended (environment done, truncation or error)."""
     success: bool = False
     """The environment reported info["success"] on some step."""
+    success_reported: bool | None = None
+    """The environment reports success at all (`BaseEnvironment.reports_success` True, set by
+    the rollout); None: judged by the infos (a "success" key on some step). See
+    `success_reported`."""
     truncated: bool = False
     """Ended by a limit rather than by the environment."""
     truncation_reason: str | None = None
@@ -353,12 +357,14 @@ Trajectory = Episode
 
 
 def success_reported(episodes: Any) -> bool:
-    """Whether the environment of these episodes reports success at all: some episode
-    succeeded, or some step's info carries a "success" key (True or False). An environment
-    that never does (a judge-graded task, a Gym env without `is_success`, a run imported
-    from a trainer that records none) has no success rate: `env/success_rate` is NaN, shown
-    "-", and the doctor's success checks leave it out, instead of a false 0.00."""
-    return any(e.success or any("success" in t.info for t in e.turns) for e in episodes)
+    """Whether the environment of these episodes reports success at all: it says it does
+    (`Episode.success_reported`, from `BaseEnvironment.reports_success`), some episode
+    succeeded, or some step's info carries a "success" key (True or False). One that never
+    does (a judge-graded task, a Gym env without `is_success`, a run imported from a trainer
+    that records none) has no success rate: `env/success_rate` is NaN, shown "-", and the
+    doctor's success checks leave it out, instead of a false 0.00. Where it does, episodes
+    whose steps never mentioned it count as not successful."""
+    return any(e.success_reported or e.success or any("success" in t.info for t in e.turns) for e in episodes)
 
 
 def format_rate(value: Any, spec: str = ".2f") -> str:

@@ -128,6 +128,7 @@ class GymTextEnvironment(BaseEnvironment):
         self.obs_to_text = obs_to_text
         self.text_to_action = text_to_action
         self.success_fn = success_fn
+        self.reports_success = True if success_fn is not None else None  # else: judged by the infos
         self._seed_pending = self.config.seed is not None
         self.last_info: dict[str, Any] = {}
 

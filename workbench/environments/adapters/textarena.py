@@ -103,6 +103,9 @@ class TextArenaEnvironment(BaseEnvironment):
         TypeError: the game is not a single-player game.
     """
 
+    #: Every scored step says `info["success"]`.
+    reports_success = True
+
     def __init__(self, env_id: str, config: EnvironmentConfig | Mapping[str, Any] | None = None,
                  **game_kwargs: Any):
         cfg = as_environment_config(config)

@@ -103,6 +103,9 @@ class VerifierEnvironment(BaseEnvironment):
         success_threshold: a score at or above this is a success and ends the episode.
     """
 
+    #: Every scored step says `info["success"]`.
+    reports_success = True
+
     def __init__(self, sample_fn: SampleFn | str, score_fn: ScoreFn | str, attempts: int = 1,
                  config: EnvironmentConfig | Mapping[str, Any] | None = None,
                  answer_fn: Callable[[str], Any] = extract_answer, success_threshold: float = 1.0):
