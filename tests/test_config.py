@@ -12,6 +12,9 @@ import yaml
 import workbench.config as config_module
 from workbench.config import SECTIONS, ConfigError, ConfigStore
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 # Seed 001's Configuration Reference (plus the environment and ray sections it uses).
 SEED_FIELDS = {
     "model": ["model_name", "dtype", "device", "tensor_parallel_size", "local_path", "trust_remote_code"],

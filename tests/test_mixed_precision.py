@@ -11,6 +11,9 @@ from workbench import Trainer
 from workbench.config import checks as config_checks
 from workbench.config import resolve_dtype
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture
 def fresh_announcements(monkeypatch):
