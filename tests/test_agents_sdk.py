@@ -75,6 +75,7 @@ def trainer(tiny_model_path, tmp_path_factory):
 
     c = ConfigStore()
     c.model.model_name, c.model.lora_rank = str(tiny_model_path), 4
+    c.model.dtype = "float32"  # engine and trainer logprobs compared at fp32's tolerance (1e-4) below
     c.training.batch_size = c.training.group_size = 4
     c.training.learning_rate = 1e-2
     c.checkpoint.output_dir, c.checkpoint.save_interval = str(tmp_path_factory.mktemp("ckpt")), 0

@@ -12,6 +12,9 @@ import yaml
 import workbench.config as config_module
 from workbench.config import SECTIONS, ConfigError, ConfigStore
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 # Seed 001's Configuration Reference (plus the environment and ray sections it uses).
 SEED_FIELDS = {
     "model": ["model_name", "dtype", "device", "tensor_parallel_size", "local_path", "trust_remote_code"],
@@ -157,9 +160,9 @@ def test_resolver_maps_auto_by_cuda_availability():
     gpu = resolve_device("auto", cuda_available=True)
     assert gpu == torch.device("cuda") and resolve_dtype("auto", gpu) == torch.bfloat16
     cpu = resolve_device("auto", cuda_available=False)
-    from workbench.config.checks import cpu_bf16_support
+    from workbench.config.checks import cpu_auto_bf16
 
-    cpu_auto = torch.bfloat16 if cpu_bf16_support()[0] else torch.float32  # bf16 where the CPU has it
+    cpu_auto = torch.bfloat16 if cpu_auto_bf16()[0] else torch.float32  # bf16 where the CPU has it (or told to)
     assert cpu == torch.device("cpu") and resolve_dtype("auto", cpu) == cpu_auto
     assert resolve_device("cuda:1", cuda_available=True) == torch.device("cuda", 1)
     assert resolve_dtype("float16", gpu) == torch.float16 and resolve_dtype("float32", gpu) == torch.float32
@@ -184,11 +187,11 @@ def test_auto_policy_and_critic_on_this_cpu(tiny_model_path):
     fp32); LoRA adapters and the critic's head fp32 either way."""
     import torch
 
-    from workbench.config.checks import cpu_bf16_support
+    from workbench.config.checks import cpu_auto_bf16
     from workbench.training.policy import Critic, Policy
 
     assert not torch.cuda.is_available()  # this machine; on a GPU "auto" would mean cuda/bf16
-    base = torch.bfloat16 if cpu_bf16_support()[0] else torch.float32
+    base = torch.bfloat16 if cpu_auto_bf16()[0] else torch.float32
     cfg = ConfigStore().model
     assert (cfg.device, cfg.dtype) == ("auto", "auto")
     cfg.model_name, cfg.lora_rank = str(tiny_model_path), 2
@@ -320,3 +323,60 @@ def test_auto_policy_on_a_gpu_is_cuda_bfloat16(tiny_model_path):
     critic = Critic(cfg)
     assert {p.device.type for p in critic.parameters()} == {"cuda"}
     assert critic.value_head.weight.dtype == torch.float32  # the value head stays fp32
+
+
+# -- a misspelled setting in Python is refused at once (issue 50, item 6) --------------------------
+@pytest.mark.parametrize("section, name, nearest", [
+    ("training", "lr", "training.learning_rate"),
+    ("inference", "temprature", "inference.temperature"),
+    ("doctor", "min_sample", "doctor.min_samples"),
+    ("checkpoint", "save_intervall", "checkpoint.save_interval"),
+])
+def test_assigning_an_unknown_field_raises_naming_the_nearest_one(section, name, nearest):
+    from workbench.config import UnknownFieldError
+
+    c = ConfigStore()
+    with pytest.raises(UnknownFieldError, match=rf"unknown field {section}\.{name}; did you mean {nearest}\?"):
+        setattr(getattr(c, section), name, 1)
+    assert not hasattr(getattr(c, section), name)
+    c.validate()
+
+
+def test_an_unknown_section_and_a_trainers_config_refuse_misspellings_too(tiny_model_path):
+    from envs import make_env
+    from workbench import Trainer
+    from workbench.config import ConfigError
+
+    c = ConfigStore()
+    with pytest.raises(ConfigError, match="unknown field trainig; did you mean training"):
+        c.trainig = c.training
+    c.model.model_name = str(tiny_model_path)
+    c.model.dtype = "float32"
+    trainer = Trainer(c, environment=make_env("guess_number"))
+    with pytest.raises(AttributeError, match="did you mean training.learning_rate"):
+        trainer.config.training.lr = 1e-3
+    trainer.config.training.learning_rate = 1e-3  # a real field still takes
+    assert trainer.config.training.learning_rate == 1e-3
+
+
+def test_the_yaml_refusal_names_the_nearest_field_as_well():
+    with pytest.raises(ConfigError, match=r"unknown field inference\.temprature; did you mean inference\.temperature"):
+        ConfigStore.from_dict({"inference": {"temprature": 0.0}})
+
+
+def test_the_environment_variable_decides_what_auto_is_on_a_cpu(monkeypatch):
+    """WORKBENCH_AUTO_DTYPE lets any machine check both dtypes (make test's second pass)."""
+    import torch
+
+    from workbench.config.checks import cpu_bf16_support, resolve_dtype
+
+    for value, want in (("bfloat16", torch.bfloat16), ("float32", torch.float32)):
+        monkeypatch.setenv("WORKBENCH_AUTO_DTYPE", value)
+        assert resolve_dtype("auto", "cpu") == want
+        assert resolve_dtype("auto", "cpu", trains_all_weights=True) == torch.float32  # no bf16 master copy
+        assert resolve_dtype("float32", "cpu") == torch.float32  # an explicit dtype is the one that runs
+    monkeypatch.setenv("WORKBENCH_AUTO_DTYPE", "")
+    assert resolve_dtype("auto", "cpu") == (torch.bfloat16 if cpu_bf16_support()[0] else torch.float32)
+    monkeypatch.setenv("WORKBENCH_AUTO_DTYPE", "fp16")
+    with pytest.raises(ConfigError, match="WORKBENCH_AUTO_DTYPE='fp16': give bfloat16 or float32"):
+        resolve_dtype("auto", "cpu")

@@ -211,6 +211,7 @@ def constrained_trainer(tiny_model_path, tmp_path_factory):
     c = ConfigStore()
     c.model.model_name = str(tiny_model_path)
     c.model.lora_rank = 4
+    c.model.dtype = "float32"  # engine and trainer logprobs compared at fp32's tolerance (1e-4)
     c.update("environment", {"name": "guess_number", "strict_format": True, "constrained_decoding": True})
     c.training.batch_size, c.training.group_size = 4, 2
     c.inference.max_tokens, c.inference.max_turns = 8, 3

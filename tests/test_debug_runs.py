@@ -115,6 +115,13 @@ def test_a_folder_without_rollouts_is_a_run_error_saying_what_to_do(tiny_model_p
         load_run(tmp_path / "nowhere")
 
 
+def test_an_empty_folder_is_said_to_be_empty(tmp_path):
+    # `diagnose EMPTY` prints it as its one line: tests/faults/test_run_folder_faults.py
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match=r"empty: no run has written there yet"):
+        load_run(tmp_path / "empty")
+
+
 def copy_run(folder: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(folder, tmp_path / "copy"))
 

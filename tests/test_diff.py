@@ -17,6 +17,9 @@ from workbench.models import load_model_and_tokenizer
 from workbench.trajectory import TrajectoryBatch
 from workbench.widgets import available_fields
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 
 def train_run(model_path, run, use_lora: bool):
     """One GRPO step saved as a run folder; returns (trainer, checkpoint folder, batch file)."""

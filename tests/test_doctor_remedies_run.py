@@ -115,12 +115,15 @@ def test_no_sft_or_strict_remedy_for_an_environment_without_them():
 # -- the printed commands run --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def run_dir(tiny_model_path, tmp_path_factory) -> Path:
-    """A finished 2-step CLI run of the untrained tiny model on guess_number (GRPO): its groups
-    all lose alike and its replies are not numbers, so zero-variance-groups and format-errors fire."""
+    """A finished 2-step CLI run of the untrained tiny model on guess_number (GRPO): its replies
+    are not numbers, so format-errors fires, and what zero-variance-groups needs is pinned rather
+    than left to the sampled replies (a bf16 CPU once sampled a group whose rewards differed): the
+    environment's rewards are weighted 0 (`reward.step_reward_weight`), so every group's rewards
+    are equal (0) whatever the model replies."""
     out = tmp_path_factory.mktemp("remedies") / "gn"
     rc = main(["train", "--model", str(tiny_model_path), "--steps", "2", "--batch-size", "4", "--group-size", "2",
                "--max-tokens", "8", "--max-turns", "2", "--save-interval", "1", "--eval-episodes", "2",
-               "--output", str(out)])
+               "--reward-param", "step_reward_weight=0", "--output", str(out)])
     assert rc == 0
     return out
 

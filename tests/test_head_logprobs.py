@@ -10,6 +10,9 @@ import torch
 import workbench.training.head_logprobs as hl
 from workbench.training.head_logprobs import fused_head_weight, head_as_input, head_logprobs
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 
 def _reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, entropy_grad: bool):
     """The plain chain: (K, V) logits, float32/64 log_softmax, gather, -sum p log p."""

@@ -70,3 +70,13 @@ def test_python_versions_agree():
     as_tuple = lambda s: tuple(int(x) for x in s.split("."))  # noqa: E731
     assert as_tuple(python) >= as_tuple(requires)
     assert as_tuple(requires) >= (3, 11)
+
+
+def test_the_project_license_is_an_spdx_string_not_the_deprecated_table():
+    """setuptools >= 77 warns at every install that `project.license` as a table is
+    deprecated (issue 50, item 9): the project states it as an SPDX expression."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert project["project"]["license"] == "Apache-2.0"
+    assert any(r.startswith("setuptools>=77") for r in project["build-system"]["requires"])

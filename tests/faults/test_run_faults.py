@@ -96,7 +96,7 @@ def test_a_lock_left_by_a_dead_process_is_taken_over(tiny_model_path, tmp_path):
     (folder / LOCK_NAME).write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname(),
                                                 "started": time.time()}))
     trainer = Trainer(c, environment=make_env("guess_number"))
-    with pytest.warns(UserWarning, match="taking over the lock"):
+    with pytest.warns(UserWarning, match="was left by a run that ended without removing it"):
         trainer.fit(steps=1)
     assert trainer.global_step == 1 and not (folder / LOCK_NAME).exists()
 

@@ -240,7 +240,7 @@ def test_diagnose_gives_one_line_errors_for_bad_paths(run, tmp_path):
     missing = tmp_path / "nonexistent"
     _assert_clean_error(_workbench("diagnose", str(missing), cwd=tmp_path), "error: ", str(missing), "no such folder")
     _assert_clean_error(_workbench("diagnose", system_file, cwd=tmp_path), system_file, "not a folder")
-    _assert_clean_error(_workbench("diagnose", str(empty), cwd=tmp_path), str(empty), "rollouts/")
+    _assert_clean_error(_workbench("diagnose", str(empty), cwd=tmp_path), str(empty), "is empty: no run has written there yet")
     _assert_clean_error(_workbench("diagnose", str(run), cwd=tmp_path), "step_000000.jsonl.gz", "cut short")
 
 

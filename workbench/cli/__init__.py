@@ -173,10 +173,12 @@ def run_exit_code(report: dict[str, Any]) -> int:
     return 0
 
 
-def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int | None]:
+def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], int | None, Any]:
     """`train --from CHECKPOINT`: (the checkpoint folder, the settings the flags given change
-    `{"section.field": value}`, --steps or None), read from the checkpoint's config.yaml
-    without loading a model; ConfigError (a BranchError) saying what to fix."""
+    `{"section.field": value}`, --steps or None, the hold on the checkpoint to exit once the
+    branch has loaded it), read from the checkpoint's config.yaml without loading a model;
+    ConfigError (a BranchError) saying what to fix. The hold (`branch.hold_branch_checkpoint`)
+    keeps a parent that is still training from pruning the checkpoint meanwhile."""
     from workbench.training import branch
 
     if args.config:
@@ -190,8 +192,15 @@ def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], in
     if placed:
         raise branch.BranchError(f"{', '.join(placed)}: a branch writes to --output (checkpoints in "
                                  "OUTPUT/checkpoints, logs in OUTPUT); give --output instead")
-    checkpoint = branch.resolve_checkpoint(args.from_checkpoint)
-    saved, state = branch.read_checkpoint_head(checkpoint)
+    checkpoint, hold = branch.hold_branch_checkpoint(args.from_checkpoint)
+    with hold:
+        saved, state = branch.read_checkpoint_head(checkpoint)
+        overrides, steps = _branch_changes(args, branch, checkpoint, saved, state)
+        return checkpoint, overrides, steps, hold.pop_all()
+
+
+def _branch_changes(args: argparse.Namespace, branch: Any, checkpoint: Path, saved: Any,
+                    state: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
     steps = getattr(args, "steps", None)
     config = build_config(args, base=saved)
     changes = branch.config_changes(saved, config)
@@ -202,7 +211,7 @@ def branch_overrides(args: argparse.Namespace) -> tuple[Path, dict[str, Any], in
         raise branch.BranchError(f"{checkpoint} is at step {step} and its run's target is step {target} "
                                  "(training.num_epochs x num_iters_per_epoch): give --steps N to train N steps "
                                  "after it")
-    return checkpoint, overrides, steps
+    return overrides, steps
 
 
 def parent_eval_episodes(parent_run: Path | None) -> int | None:
@@ -223,9 +232,10 @@ def cmd_branch(args: argparse.Namespace) -> int:
     from workbench.cli.runner import train_and_report
     from workbench.training import Trainer
 
-    checkpoint, overrides, steps = branch_overrides(args)
+    checkpoint, overrides, steps, hold = branch_overrides(args)
     out = Path(args.output)
-    trainer = Trainer.from_checkpoint(checkpoint, output_dir=out, overrides=overrides, steps=steps)
+    with hold:  # until the branch has loaded it
+        trainer = Trainer.from_checkpoint(checkpoint, output_dir=out, overrides=overrides, steps=steps)
     eval_episodes = args.eval_episodes
     if eval_episodes is None:
         eval_episodes = parent_eval_episodes(trainer.branched_from.parent_run) or DEFAULT_EVAL_EPISODES
@@ -351,6 +361,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def one_line(exc: BaseException) -> str:
+    """An error's message as one line (a message with line breaks, e.g. a grammar library's,
+    joined with "; "), so the CLI's promise of one line on stderr holds."""
+    return "; ".join(part.strip() for part in str(exc).splitlines() if part.strip()) or type(exc).__name__
+
+
 def os_error_line(exc: OSError) -> str:
     """One line for a failed file operation: what failed, on which path, and what to do."""
     import errno
@@ -376,7 +392,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     run can resume) and returns 130."""
     args = parse_args(argv)
     from workbench.debug.runs import RunError  # here, not at the top: --help stays quick (no torch)
-    from workbench.training.run_lock import RunFinishedError, RunLockedError
+    from workbench.training.run_lock import RunFinishedError, RunLockedError, RunLockError
+    from workbench.rollout.template import TemplateError
+    from workbench.training.checkpoint import CheckpointError
     from workbench.training.sft import ExpertError
 
     try:
@@ -395,10 +413,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing
-        print(f"config error: {exc}", file=sys.stderr)
+        print(f"config error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except (RunError, RunLockedError, RunFinishedError, ExpertError) as exc:  # the message says what to do
-        print(f"error: {exc}", file=sys.stderr)
+    except (RunError, RunLockedError, RunLockError, RunFinishedError, ExpertError, TemplateError,
+            CheckpointError) as exc:  # the message says what to do (a checkpoint of another model: which, and the fix)
+        print(f"error: {one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # a file that cannot be written (a full disk, a path through a file, no permission)
         print(f"error: {os_error_line(exc)}", file=sys.stderr)

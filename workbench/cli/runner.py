@@ -16,6 +16,7 @@ from typing import Any, Callable
 from workbench.cli.reports import plot_curve, summary_table, write_transcript
 from workbench.config import ConfigStore
 from workbench.utils.files import write_text
+from workbench.trajectory import format_rate
 from workbench.utils.progress import print_markdown
 
 
@@ -225,7 +226,7 @@ def _train_and_write(trainer: Any, config: ConfigStore, out: Path, eval_episodes
             return
         failed = m.get("rollout/failed_episodes", 0)  # named on the line train_step wrote before
         env_errors = round(m.get("env/environment_error_rate", 0) * m["episodes"])  # of those: environment errors
-        write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {m['env/success_rate']:.2f}  "
+        write(f"step {m['step']:3d}  reward {m['reward/mean']:+.3f}  success {format_rate(m['env/success_rate'])}  "
               f"ppo_kl {m.get('actor/ppo_kl', 0):+.4f}  entropy {m.get('actor/entropy', 0):.3f}  "
               f"{m['perf/step_seconds']:.1f}s" + (f"  failed {failed:.0f}/{m['episodes']:.0f}" if failed else "")
               + (f" ({env_errors} environment errors)" if env_errors else ""))

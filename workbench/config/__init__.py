@@ -35,6 +35,7 @@ from workbench.config.checks import (  # noqa: F401 - ConfigError, DTYPES, resol
     MAX_REWARD_WEIGHT, MAX_STEP_TIMEOUT_S, _short, resolve_device, resolve_dtype, safe_load_bounded,
 )
 from workbench.doctor.thresholds import DoctorConfig, check_doctor_config
+from workbench.utils.settings import StrictFields, UnknownFieldError, unknown_field_message
 
 from workbench.config.sections import (  # noqa: F401 - the sections are public here
     BACKENDS, EMBEDDED_MODEL, HISTORY_MODES, TOOL_FORMATS, CheckpointConfig, EnvironmentConfig, InferenceConfig,
@@ -66,8 +67,10 @@ def register_config_format(name: str, detect: Any, read: Any) -> None:
 
 
 @dataclass
-class ConfigStore:
-    """All settings of a run, one section per concern."""
+class ConfigStore(StrictFields, section=""):
+    """All settings of a run, one section per concern. Assigning a section or field that
+    does not exist (`c.trainig = ...`, `c.training.lr = ...`) raises `UnknownFieldError` (a
+    `ConfigError`) naming the nearest one, as an unknown key in YAML does."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     """The policy model."""
@@ -132,9 +135,7 @@ class ConfigStore:
         hints = _field_types(type(target))
         for key, value in values.items():
             if key not in hints:
-                raise ConfigError(
-                    f"unknown field {section}.{key}; valid fields of {section}: {sorted(hints)}"
-                )
+                raise UnknownFieldError(unknown_field_message(section, str(key), hints))
             setattr(target, key, _coerce_number(value, hints[key]))
         return self
 

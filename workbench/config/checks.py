@@ -12,6 +12,8 @@ import types
 import typing
 from typing import TYPE_CHECKING, Any
 
+from workbench.utils.settings import ConfigError, UnknownFieldError, unknown_field_message  # noqa: F401 - re-exported
+
 if TYPE_CHECKING:
     import torch
 
@@ -35,8 +37,6 @@ MAX_YAML_BYTES = 4 * 2**20
 MAX_YAML_NODES = 200_000
 
 
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the field."""
 
 
 def _parse_device(device: Any, field: str) -> "torch.device":
@@ -104,6 +104,28 @@ def cpu_bf16_support() -> tuple[bool, str]:
     return True, f"the CPU reports {' and '.join(found)}"
 
 
+#: The environment variable that decides what `dtype="auto"` is on a CPU: "bfloat16" or "float32"
+#: (unset or "": the CPU decides, `cpu_bf16_support`). It lets one machine check both dtypes:
+#: `make test` runs its numerics-sensitive tests a second time with the dtype this CPU does not
+#: pick (emulated bf16 on a CPU without bf16 instructions is slow, but exact to bf16).
+AUTO_DTYPE_ENV = "WORKBENCH_AUTO_DTYPE"
+
+
+def cpu_auto_bf16() -> tuple[bool, str]:
+    """(whether "auto" is bfloat16 on this CPU, why): `WORKBENCH_AUTO_DTYPE` when set, else
+    `cpu_bf16_support()`. ConfigError for a value other than bfloat16 / float32."""
+    import os
+
+    value = os.environ.get(AUTO_DTYPE_ENV, "").strip()
+    if not value:
+        return cpu_bf16_support()
+    if value not in ("bfloat16", "float32"):
+        raise ConfigError(f"{AUTO_DTYPE_ENV}={value!r}: give bfloat16 or float32 (what dtype \"auto\" is on a CPU), "
+                          "or unset it to let the CPU decide")
+    native, why = cpu_bf16_support()
+    return value == "bfloat16", f"{AUTO_DTYPE_ENV}={value} (without it: {'bfloat16' if native else 'float32'}, {why})"
+
+
 _announced: set[tuple[str, str]] = set()
 
 
@@ -123,7 +145,8 @@ def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.devi
                   field: str = "model.dtype", trains_all_weights: bool = False) -> "torch.dtype":
     """The torch.dtype that `dtype` names. "auto" is bfloat16 on a CUDA device and on a CPU
     with native bf16 matrix instructions (`cpu_bf16_support`), float32 elsewhere; the
-    choice and its reason are printed once per process.
+    environment variable `WORKBENCH_AUTO_DTYPE` (bfloat16 or float32) decides instead when set
+    (`cpu_auto_bf16`). The choice and its reason are printed once per process.
 
     `trains_all_weights` (full fine-tuning): "auto" stays float32 on the CPU, because the
     optimizer would update bf16 weights in place with no fp32 master copy (see
@@ -139,7 +162,7 @@ def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: "str | torch.devi
             return torch.bfloat16
         if torch.device(device).type != "cpu":
             return torch.float32
-        ok, why = cpu_bf16_support()
+        ok, why = cpu_auto_bf16()
         if ok and trains_all_weights:
             chosen, why = torch.float32, f"{why}, but full fine-tuning keeps fp32 weights (no fp32 master copy of bf16 ones)"
         else:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
 from workbench.config.checks import resolve_device, resolve_dtype
+from workbench.utils.settings import StrictFields
 
 if TYPE_CHECKING:
     import torch
@@ -26,7 +27,7 @@ TOOL_FORMATS = ("auto", "prompt", "hermes", "llama3_json", "mistral")
 
 
 @dataclass
-class ModelConfig:
+class ModelConfig(StrictFields, section="model"):
     model_name: str = EMBEDDED_MODEL
     """Hugging Face model id, a local folder, or "smollm2-135m-instruct" (embedded)."""
     dtype: str = "auto"
@@ -75,7 +76,7 @@ class ModelConfig:
 
 
 @dataclass
-class InferenceConfig:
+class InferenceConfig(StrictFields, section="inference"):
     backend: str = "hf"
     """Generation backend: "hf" (transformers, batched), "vllm" (in-process engine),
     "sglang" or "server" (a running vLLM/SGLang HTTP server at `server_url`)."""
@@ -176,7 +177,7 @@ class InferenceConfig:
 
 
 @dataclass
-class TrainingConfig:
+class TrainingConfig(StrictFields, section="training"):
     learning_rate: float = 1e-4
     """Optimizer (AdamW) learning rate for the policy."""
     gamma: float = 1.0
@@ -311,7 +312,7 @@ class TrainingConfig:
 
 
 @dataclass
-class CheckpointConfig:
+class CheckpointConfig(StrictFields, section="checkpoint"):
     output_dir: str = "./checkpoints"
     """Folder for checkpoints (`step_000010/` ...)."""
     save_interval: int = 5
@@ -329,7 +330,7 @@ class CheckpointConfig:
 
 
 @dataclass
-class EnvironmentConfig:
+class EnvironmentConfig(StrictFields, section="environment"):
     name: str = "guess_number"
     """What `workbench.make_env` builds: a registered name, `module:Class`, `textarena:<id>`
     or `reasoning_gym:<task>` (see `workbench.environments.registry`)."""
@@ -383,11 +384,12 @@ class EnvironmentConfig:
 
 
 @dataclass
-class RewardConfig:
+class RewardConfig(StrictFields, section="reward"):
     """Shaping of environment rewards (`workbench.reward.RewardManager`'s weights): the
     outcome score of an episode when the trainer has no `reward_fn`; and the overlong
     penalty, a length term applied with or without one. The defaults leave environment
     rewards unchanged. Saved with every checkpoint's config."""
+
 
     step_reward_weight: float = 1.0
     """Weight of the summed environment rewards (each turn's reward stays on its turn)."""
@@ -413,12 +415,13 @@ class RewardConfig:
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(StrictFields, section="sft"):
     """Supervised warm-up before RL (`Trainer.sft`, `workbench.training.sft`): the policy
     learns the loss-masked turns of episodes its environment's scripted expert played
     (`env.expert_action()`). With `steps` > 0, `fit` (and `python -m workbench train`)
     runs these steps first; they count as training steps (metrics `sft/...`, saved
     batches and checkpoints like any step), and RL steps follow."""
+
 
     steps: int = 0
     """SFT steps (one optimizer step each, over all demonstrations) before RL; 0: none."""
@@ -438,7 +441,7 @@ class SFTConfig:
 
 
 @dataclass
-class RayConfig:
+class RayConfig(StrictFields, section="ray"):
     use_ray: bool = False
     """Distribute rollout workers with Ray (needs `pip install ray`)."""
     num_actors: int = 1

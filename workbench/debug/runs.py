@@ -61,6 +61,9 @@ def load_run(run_dir: str | Path) -> "Run":
         what = "is a file, not a folder" if path.exists() else "no such folder"
         raise RunError(f"{path}: {what}; give the run's output folder (the CLI's --output, or "
                        "training.log_dir, else checkpoint.output_dir, of a run trained in a notebook)")
+    if not any(path.iterdir()):
+        raise RunError(f"{path} is empty: no run has written there yet; give the folder a run wrote (the CLI's "
+                       "--output, or training.log_dir of a notebook run)")
     for name in (run_files.ROLLOUTS, run_files.EVALS, run_files.CHECKPOINTS):
         inside_run(path, path / name)
     if not (path / run_files.ROLLOUTS).is_dir():
@@ -287,7 +290,9 @@ def _number(value: Any) -> str:
 
 
 def _cell(value: Any) -> str:
-    return f"{value:.3g}" if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return "-" if value != value else f"{value:.3g}"  # NaN: not known (a success the env does not report)
+    return str(value)
 
 
 def _ranges(steps: list[int]) -> str:

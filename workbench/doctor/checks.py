@@ -94,7 +94,9 @@ def check_reward_without_success(h: History, cfg: DoctorConfig) -> Finding | Non
         return None
     last = h.stats[-1]
     rise = last.reward_mean - _mean([b.reward_mean for b in base])
-    success_rise = last.success_rate - _mean([b.success_rate for b in base])
+    # the environment reports success (the latest batch says so): a first batch where no step
+    # mentioned it (an environment that only ever says True, and nobody won) won nothing
+    success_rise = last.success_rate - _mean([b.success_rate if b.reports_success else 0.0 for b in base])
     fired = rise >= cfg.reward_rise and success_rise < cfg.success_rise
     unsuccessful = sorted((e for e in h.batch if not e.success), key=lambda e: -e.outcome)
     return _finding(
@@ -356,7 +358,8 @@ def check_zero_variance_groups(h: History, cfg: DoctorConfig) -> Finding | None:
     fired = share >= cfg.zero_variance_share and not verdict.solved
     why = (f"; {verdict.words}: the batches are won alike, so nothing teaches the games it loses" if verdict.gap
            else "")
-    head = f"{len(flat)} of {len(groups)} groups have identical rewards (success rate {success:.0%}): "
+    rate = f"success rate {success:.0%}" if h.stats[-1].reports_success else "success not reported"
+    head = f"{len(flat)} of {len(groups)} groups have identical rewards ({rate}): "
     ways = ("make the task easier (or harder), raise training.group_size or inference.temperature, or shape the "
             "reward so a group's episodes differ.")
     if h.run is None or h.run.group_relative is not False:

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from workbench.doctor.thresholds import DoctorConfig  # noqa: F401 - importable from here too
-from workbench.trajectory import Episode, TrajectoryBatch, Turn
+from workbench.trajectory import Episode, TrajectoryBatch, Turn, success_reported
 
 #: Severities, mildest first.
 SEVERITIES = ("info", "warning", "error")
@@ -176,9 +176,9 @@ class BatchStats:
     reward_mean: float
     """Mean episode outcome (`Episode.outcome`)."""
     success_rate: float
-    """Share of episodes with `success`."""
+    """Share of episodes with `success` (NaN when the environment does not report success)."""
     reports_success: bool
-    """Whether the environment put a "success" key in any step info."""
+    """Whether the environment reports success (`workbench.trajectory.success_reported`)."""
     whole_action_share: float = 0.0
     """Share of model turns whose reply is the whole action (`is_whole_action`)."""
 
@@ -193,8 +193,8 @@ class BatchStats:
             truncation_rate=sum(t.finish_reason == "length" for _, t in turns) / n,
             distinct_ratio=len(set(replies)) / n, bigram_entropy=bigram_entropy(replies),
             reward_mean=sum(e.outcome for e in batch) / eps,
-            success_rate=sum(bool(e.success) for e in batch) / eps,
-            reports_success=any("success" in t.info for e in batch for t in e.turns),
+            success_rate=sum(bool(e.success) for e in batch) / eps if success_reported(batch) else float("nan"),
+            reports_success=success_reported(batch),
             whole_action_share=sum(is_whole_action(t) for _, t in turns) / n)
 
 

@@ -67,10 +67,12 @@ def first_rl_step(h: History) -> int | None:
 
 def solved(h: History, cfg: DoctorConfig, success: float | None, step: int | None = None) -> Solved:
     """Whether a policy whose training batch of step `step` (default: the latest batch's) won
-    `success` (a share; None when not recorded) has solved the task: `success` reaches
+    `success` (a share; None or NaN when not recorded or not reported) has solved the task: `success` reaches
     `cfg.solved_success_rate`, and so does the share of held-out games won when the history holds a held-out evaluation (`History.held_out`, at
     least `cfg.min_samples` games). A batch of a few secrets can be won by a policy that loses
     others; the held-out games are the task."""
+    if success is not None and success != success:  # NaN: the environment reports no success
+        success = None
     if success is None or success < cfg.solved_success_rate:
         words = f"wins {success:.0%} of its training batch" if success is not None else ""
         return Solved(False, False, words)

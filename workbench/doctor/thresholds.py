@@ -17,9 +17,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Callable
 
+from workbench.utils.settings import StrictFields
+
 
 @dataclass
-class DoctorConfig:
+class DoctorConfig(StrictFields, section="doctor"):
     """Thresholds of the doctor's checks (`workbench.doctor.checks`)."""
 
     baseline_steps: int = 2

@@ -159,6 +159,13 @@ class GenerationEngine(ABC):
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)
 
+    def prepare_constraint(self, constraint: Any) -> None:
+        """Compile `constraint` (`workbench.engines.constraints.Constraint`) ahead of the calls
+        sampled under it: its grammar is cached for them, so a slow compile runs where the caller
+        chose (the gateway: on a worker thread with a deadline) and not inside a batch that other
+        requests share. ConstraintError when it cannot compile. Default: nothing (vLLM and the
+        servers compile on their side, without holding up other requests)."""
+
     def sync_weights(self, model: Any) -> None:
         """Load the trainer's current policy weights (no-op for engines that share them)."""
 

@@ -39,6 +39,7 @@ KL compare masked with masked.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import weakref
 from dataclasses import asdict, dataclass, field
@@ -60,11 +61,52 @@ TOOL_CALL_FORMS: dict[str, tuple[str, str, str]] = {
     "llama3_json": ("", "parameters", ""),
     "mistral": ("[TOOL_CALLS][", "arguments", "]"),
 }
+#: A format's call marker (the start of its "before" text) that a family's tokenizer may hold as
+#: one control token (Mistral's `[TOOL_CALLS]`, a special token of its v3 and Tekken
+#: tokenizers). A grammar that spelled it in ordinary tokens would train ids the model was never
+#: taught; `Constraint.marker_token` names the token instead (`call_marker_token`).
+TOOL_CALL_MARKERS: dict[str, str] = {"mistral": "[TOOL_CALLS]"}
+
+
+def call_marker_token(tokenizer: Any, tool_call_format: str) -> int | None:
+    """The id of the format's call marker when `tokenizer` holds it as one token of its own
+    (what `Constraint.marker_token` takes), else None (the tokenizer spells it, and so does the
+    grammar)."""
+    marker = TOOL_CALL_MARKERS.get(tool_call_format)
+    if marker is None or tokenizer is None:
+        return None
+    try:
+        tid = tokenizer.convert_tokens_to_ids(marker)
+        ids = tokenizer.encode(marker, add_special_tokens=False)
+    except Exception:  # noqa: BLE001 - a tokenizer without these methods spells it
+        return None
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return tid if isinstance(tid, int) and tid != unk and list(ids) == [tid] else None
+
 
 
 class ConstraintError(ValueError):
     """A constraint that cannot be compiled (bad regex, unsupported JSON schema); the message
     says which part."""
+
+
+#: xgrammar's log prefix on its messages: "[20:50:28] /project/cpp/json_schema_converter.cc:4944: ".
+_LIBRARY_PREFIX = re.compile(r"\[\d\d:\d\d:\d\d\] \S+?:\d+: ")
+_CHECK_FAILED = re.compile(r"Check failed: \((?P<what>.*?)\) is false:?\s*")
+
+
+def library_reason(exc: BaseException) -> str:
+    """What the grammar library said, in a sentence a client can read: its log prefix (time,
+    source file and line) dropped, and an internal assertion ("Check failed: (...) is false")
+    said as such, since it names no part of the schema."""
+    text = " ".join(_LIBRARY_PREFIX.sub("", str(exc)).split())
+    failed = _CHECK_FAILED.search(text)
+    if failed:
+        rest = text[failed.end():].strip()
+        return ("the grammar library (xgrammar) failed an internal check while compiling it; simplify the "
+                "schema (long repetition counts such as {200} in a pattern, deep nesting)"
+                + (f": {rest}" if rest else ""))
+    return text or type(exc).__name__
 
 
 @dataclass
@@ -94,6 +136,12 @@ class Constraint:
     reply: dict[str, Any] | None = None
     """`tool_call` with `required`: another constraint (its `to_dict()`) a reply may follow
     instead of being calls, e.g. the JSON schema of a final answer."""
+    marker_token: int | None = None
+    """`tool_call`: the id of the format's call marker (`TOOL_CALL_MARKERS`, e.g. Mistral's
+    `[TOOL_CALLS]`) when the model's tokenizer holds it as one control token: the grammar then
+    requires that token (xgrammar's token format) instead of spelling the marker in ordinary
+    tokens, which never gives the control token's id. None: the marker is spelled
+    (`call_marker_token` decides, from the tokenizer)."""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -177,10 +225,23 @@ class Constraint:
         if self.kind == "choice":
             return {"type": "or", "elements": [{"type": "const_string", "value": c} for c in self.choices or []]}
         before, key, after = TOOL_CALL_FORMS[self.tool_call_format]
-        tags = [{"type": "tag", "begin": f'{before}{{"name": {json.dumps(t["name"])}, "{key}": ',
-                 "content": self._json(t.get("parameters") or {"type": "object"}), "end": f"}}{after}"}
-                for t in self.tools or []]
+        text = TOOL_CALL_MARKERS.get(self.tool_call_format)
+        marker = self.marker_token if self.marker_token is not None and text and before.startswith(text) else None
+        if marker is not None:  # the marker is one control token: the tag opens with that token
+            rest = before[len(text):]
+            tags = [{"type": "tag", "begin": {"type": "token", "token": marker},
+                     "content": {"type": "sequence", "elements": [
+                         {"type": "const_string", "value": f'{rest}{{"name": {json.dumps(t["name"])}, "{key}": '},
+                         self._json(t.get("parameters") or {"type": "object"})]},
+                     "end": f"}}{after}"} for t in self.tools or []]
+        else:
+            tags = [{"type": "tag", "begin": f'{before}{{"name": {json.dumps(t["name"])}, "{key}": ',
+                     "content": self._json(t.get("parameters") or {"type": "object"}), "end": f"}}{after}"}
+                    for t in self.tools or []]
         if not self.required:  # text, and at most one call in it
+            if marker is not None:
+                return {"type": "token_triggered_tags", "trigger_tokens": [marker], "tags": tags,
+                        "stop_after_first": True}
             return {"type": "triggered_tags", "triggers": [before or '{"name": '], "tags": tags,
                     "stop_after_first": True}
         calls = ({"type": "tags_with_separator", "tags": tags, "separator": "\n", "at_least_one": True}
@@ -197,7 +258,7 @@ class Constraint:
         try:
             xgr.Grammar.from_structural_tag(json.dumps(self.structural_tag()))
         except Exception as exc:  # xgrammar's own words
-            raise ConstraintError(f"the {self.kind} constraint is not a valid grammar: {exc}") from None
+            raise ConstraintError(f"the {self.kind} constraint is not a valid grammar: {library_reason(exc)}") from None
         return self
 
     def vllm_params(self) -> dict[str, Any]:
@@ -239,7 +300,7 @@ class Grammars:
         try:
             grammar = self.compiler.compile_structural_tag(json.dumps(constraint.structural_tag()))
         except Exception as exc:  # xgrammar's own words: which schema feature or regex it refused
-            raise ConstraintError(f"cannot compile the {constraint.kind} constraint: {exc}") from None
+            raise ConstraintError(f"cannot compile the {constraint.kind} constraint: {library_reason(exc)}") from None
         with self._lock:
             self._compiled[key] = grammar
         return grammar

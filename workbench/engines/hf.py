@@ -230,6 +230,16 @@ class HFEngine(GenerationEngine):
             out.update({f"batcher_{k}": v for k, v in self._batcher.stats().items()})
         return out
 
+    def prepare_constraint(self, constraint: Any) -> None:
+        """Compile `constraint` into the grammar cache the decode loop reads (`grammars_for` of
+        this tokenizer at the LM head's width), so the batch that samples under it does not
+        compile it; ConstraintError when it cannot compile."""
+        from workbench.engines.constraints import grammars_for
+
+        head = self.model.get_output_embeddings()
+        width = int(head.weight.shape[0]) if head is not None else int(self.model.config.vocab_size)
+        grammars_for(self.tokenizer, width).compiled(constraint)
+
     def generate_ids(self, prompts: list[list[int]], params: SamplingParams) -> list[GenerationResult]:
         # A CPU generator on purpose, whatever the model's device: the uniforms `_sample`
         # inverts come from it, so one seed draws the same uniforms on any device.

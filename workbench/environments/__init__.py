@@ -5,6 +5,7 @@
                  `describe_env`, `record_environment`)
     checker.py   `check_env`: small named checks of an environment that say what to fix
     params.py    `KEY=VALUE` settings from the command line (`--env-param`, `--reward-param`)
+    global_rng.py `GlobalRNGScope`: the global random/numpy state an adapter runs third-party code under
     adapters/    TextArena, reasoning-gym, OpenEnv and Gymnasium (`adapters/gym.py`)
                  environments as workbench environments
 

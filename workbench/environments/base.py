@@ -115,7 +115,8 @@ class BaseEnvironment:
     trajectory as they are):
 
       * `success` (bool): the episode reached its goal; `Episode.success` is True when
-        any step said so, and `env/success_rate` averages it.
+        any step said so, and `env/success_rate` averages it. An environment whose steps never
+        say (and whose `reports_success` is not True) has no success rate: NaN, shown "-".
       * `invalid_action` (bool): the reply could not be used as an action (give a hint
         in the observation rather than raising; the tool manager also sets it when a
         tool call cannot be parsed); `RewardManager(invalid_action_penalty=...)`
@@ -130,6 +131,12 @@ class BaseEnvironment:
 
     #: Name of the action parser this environment expects, or None for plain text.
     action_parser: str | None = None
+    #: Whether this environment reports success (`info["success"]`, True or False, on its
+    #: steps): True says it always can, so a batch where no step mentioned it (every reply
+    #: invalid) has a success rate of 0; None (the default) judges by the infos seen, so a task
+    #: that has no success (judged by a reward model, say) shows its success rate as not
+    #: reported ("-") instead of a false 0.
+    reports_success: bool | None = None
     #: Whether this class has a strict format mode (see the module docstring); a config
     #: with `strict_format=True` is refused by a class that leaves this False.
     supports_strict_format: bool = False

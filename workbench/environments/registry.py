@@ -37,9 +37,10 @@ import copy
 import dataclasses
 import importlib
 import importlib.metadata
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from workbench.config import EnvironmentConfig
+from workbench.config import ConfigError, EnvironmentConfig
 from workbench.utils.imports import EnvNotFoundError, import_object, import_path  # noqa: F401 - public here too
 
 #: The entry-point group installed distributions register environments under.
@@ -76,10 +77,34 @@ def _config_dict(name: str, config: EnvironmentConfig | Mapping[str, Any] | None
 
 
 def _build(target: Any, data: dict[str, Any]) -> Any:
-    """Build an environment from a class (`from_config` when it has one) or a factory."""
-    if isinstance(target, type) and callable(getattr(target, "from_config", None)):
-        return target.from_config(data)
-    return target(data)
+    """Build an environment from a class (`from_config` when it has one) or a factory. A
+    ValueError or TypeError its constructor raises over the settings it was given (e.g.
+    `--env-param high=abc`) becomes an `EnvironmentSettingsError` naming the environment, the
+    settings, the error and where it was raised (the original chained as its cause)."""
+    try:
+        if isinstance(target, type) and callable(getattr(target, "from_config", None)):
+            return target.from_config(data)
+        return target(data)
+    except ConfigError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise EnvironmentSettingsError(_settings_line(data, exc)) from exc
+
+
+class EnvironmentSettingsError(ConfigError, TypeError):
+    """An environment refused the settings it was built with (its constructor raised a
+    ValueError or TypeError, so it is both, and `except` clauses for either still catch it); the
+    message names the environment, the settings and the error."""
+
+
+def _settings_line(data: dict[str, Any], exc: BaseException) -> str:
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {Path(frames[-1].filename).name}:{frames[-1].lineno})" if frames else ""
+    given = ", ".join(f"{k}={v!r}" for k, v in (data.get("params") or {}).items()) or "none"
+    return (f"environment {data.get('name')!r} refused its settings: {type(exc).__name__}: {exc}{where}; its "
+            f"params were {given}: fix --env-param / environment.params")
 
 
 class EnvRegistry:

@@ -2,6 +2,7 @@
 
     render.py    OpenAI chat requests -> prompt ids (re-sent replies as their sampled ids); replies -> messages
     server.py    `Gateway`: the HTTP API on 127.0.0.1 (FastAPI + uvicorn on a thread), calls recorded per episode
+    grammars.py  a request's grammar: size limit, compiled on compile threads under a deadline, off the serving path
     stream.py    `stream=true`: a finished reply as OpenAI's server-sent event chunks
     assemble.py  an episode's recorded calls -> one token-exact `Episode`, alignment warnings where history broke
     rollout.py   `GatewayRollout`: N agents at once against the gateway -> `TrajectoryBatch` for the trainer

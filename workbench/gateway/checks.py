@@ -16,8 +16,8 @@ What is refused, and why (each was a 500 `engine_error` or silently accepted):
   range (temperature 0..2, top_p in (0, 1]);
 - `seed` outside OpenAI's int64 range (torch refuses seeds of 2**64 and more);
 - `n` other than the integer 1 (`true` is not an integer), `logprobs` not a boolean,
-  `top_logprobs` not an integer in 0..20, or above 0: the engines return the logprob of
-  the sampled token only (see `workbench.engines.base.GenerationResult`), so alternatives
+  `top_logprobs` other than 0 (any other integer, OpenAI's 1..20 included): the engines
+  return the logprob of the sampled token only (see `workbench.engines.base.GenerationResult`), so alternatives
   cannot be listed, and a 400 says so rather than an empty list.
 """
 from __future__ import annotations
@@ -134,9 +134,9 @@ def check_choices(body: dict[str, Any], chat: bool = True) -> bool:
         raise RequestError(f"logprobs must be true or false, got {logprobs!r}", "logprobs")
     top = body.get("top_logprobs")
     if top is not None:
-        if not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= MAX_TOP_LOGPROBS:
-            raise RequestError(f"top_logprobs must be an integer in 0..{MAX_TOP_LOGPROBS}, got {top!r}",
-                               "top_logprobs")
+        if not isinstance(top, int) or isinstance(top, bool) or top < 0:
+            raise RequestError(f"top_logprobs must be 0 (the only value this gateway supports: its engines return "
+                               f"the sampled token's logprob only), got {top!r}", "top_logprobs")
         if top > 0:
             raise RequestError(f"top_logprobs={top} is not supported: the gateway's engines return the logprob of "
                                "the sampled token only; send top_logprobs=0 or leave it out (logprobs=true still "

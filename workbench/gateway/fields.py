@@ -169,11 +169,12 @@ def _vllm_structured(spec: Any) -> Constraint | None:
     return Constraint.json_object()
 
 
-def structured_outputs(body: dict[str, Any]) -> Constraint | None:
-    """The constraint of a request's `structured_outputs` (vLLM's extension), or None."""
+def structured_outputs(body: dict[str, Any], check: bool = True) -> Constraint | None:
+    """The constraint of a request's `structured_outputs` (vLLM's extension), or None
+    (`check` as for `request_constraint`)."""
     try:
         constraint = _vllm_structured(body.get("structured_outputs"))
-        return constraint.check() if constraint is not None else None
+        return constraint.check() if constraint is not None and check else constraint
     except ConstraintError as exc:
         raise RequestError(str(exc), "structured_outputs") from None
 
@@ -183,19 +184,28 @@ def _bad(field: str, what: str) -> None:
 
 
 def request_constraint(body: dict[str, Any], tools: list[dict[str, Any]],
-                       tool_call_format: str = "function_calling") -> Constraint | None:
+                       tool_call_format: str = "function_calling", check: bool = True,
+                       marker_token: int | None = None) -> Constraint | None:
     """The grammar a chat request asks its reply to follow (None: free text); `tools` are the
     request's checked tools (`parse_tools`); tool calls are written in `tool_call_format` (the
     name of the parser that reads the model's replies, one of `TOOL_CALL_FORMS`). RequestErrors
-    name the field at fault."""
+    name the field at fault. `check=False` leaves the grammar unbuilt (`Constraint.check`): the
+    gateway builds and compiles it on a worker thread, after its size check. `marker_token`: the
+    id of the format's call marker where the tokenizer holds it as one control token
+    (`workbench.engines.constraints.call_marker_token`), which forced calls then open with."""
     try:
         constraint = _constraint(body, tools)
         if constraint is not None and constraint.kind == "tool_call":
-            constraint = replace(constraint, tool_call_format=tool_call_format)
-        return constraint.check() if constraint is not None else None
+            constraint = replace(constraint, tool_call_format=tool_call_format, marker_token=marker_token)
+        return constraint.check() if constraint is not None and check else constraint
     except ConstraintError as exc:
-        field = next((f for f in ("structured_outputs", "response_format") if body.get(f) is not None), "tools")
-        raise RequestError(str(exc), field) from None
+        raise RequestError(str(exc), constraint_field(body)) from None
+
+
+def constraint_field(body: dict[str, Any]) -> str:
+    """The request field a request's grammar comes from, for the errors about it:
+    `structured_outputs` or `response_format` when set, else `tools` (tool_choice's calls)."""
+    return next((f for f in ("structured_outputs", "response_format") if body.get(f) is not None), "tools")
 
 
 def _constraint(body: dict[str, Any], tools: list[dict[str, Any]]) -> Constraint | None:
@@ -234,4 +244,4 @@ def _constraint(body: dict[str, Any], tools: list[dict[str, Any]]) -> Constraint
 
 
 __all__ = ["CHAT_FIELDS", "COMPLETION_FIELDS", "NEUTRAL", "NO_EFFECT", "REFUSED", "SUPPORTED", "check_fields",
-           "max_tokens_of", "request_constraint", "structured_outputs"]
+           "constraint_field", "max_tokens_of", "request_constraint", "structured_outputs"]

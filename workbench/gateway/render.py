@@ -34,6 +34,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from workbench.engines.constraints import call_marker_token
 from workbench.rollout.chat import SENTINEL, encode, stop_token_ids
 from workbench.rollout.template import TOOL_FORMATS, normalize_messages, resolve_history, say_once, template_profile
 from workbench.tools.base import ToolDefinition
@@ -134,6 +135,11 @@ def parse_tools(tools: Any) -> list[dict[str, Any]]:
             ToolDefinition(fn.get("name"), str(fn.get("description") or ""), dict(fn.get("parameters") or {}))
         except (ValueError, TypeError) as exc:
             raise RequestError(f"tools[{i}].function: {exc}", f"tools[{i}].function") from None
+        if any(t["function"]["name"] == fn.get("name") for t in out):
+            first = next(j for j, t in enumerate(out) if t["function"]["name"] == fn.get("name"))
+            raise RequestError(f"tools[{i}].function.name {fn.get('name')!r} is the name of tools[{first}] too; "
+                               "each tool needs its own name (a call names the tool it calls)",
+                               f"tools[{i}].function.name")
         out.append({"type": "function", "function": fn})
     return out
 
@@ -218,6 +224,9 @@ class PromptBuilder:
             self.profile.tool_call_format if self.native_tools and self.profile.tool_call_format else "hermes")
         #: The parser that reads tool calls from replies (and, without native tools, writes the instructions).
         self.parser = get_parser(fmt)
+        #: The id of the parser's call marker where the tokenizer holds it as one control token
+        #: (Mistral's `[TOOL_CALLS]`): forced calls open with it, and replies keep it in their text.
+        self.marker_id = call_marker_token(tokenizer, self.parser.name)
 
     # -- requests ------------------------------------------------------------------------
     def template_messages(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -325,13 +334,29 @@ class PromptBuilder:
         return seg
 
     # -- replies ---------------------------------------------------------------------------
+    def _text(self, ids: list[int]) -> str:
+        """The reply's text without special tokens, except a control-token call marker, which the
+        parser reads (`marker_id`: decoding skips special tokens, and would drop it)."""
+        if self.marker_id is None or self.marker_id not in ids:
+            return self.tokenizer.decode(ids, skip_special_tokens=True)
+        marker = self.tokenizer.convert_ids_to_tokens(self.marker_id)
+        parts, part = [], []
+        for t in ids:
+            if t == self.marker_id:
+                parts.append(part)
+                part = []
+            else:
+                part.append(t)
+        parts.append(part)
+        return marker.join(self.tokenizer.decode(p, skip_special_tokens=True) for p in parts)
+
     def reply(self, token_ids: list[int], logprobs: list[float], parse_tools: bool,
               stop: list[str] | None = None) -> Reply:
         """The OpenAI message for sampled ids: reasoning apart, tool calls parsed from the text
         after it when the request had tools; the content ends before the first of the `stop`
         strings, as OpenAI's does (`text` and the ids stay as sampled)."""
         ids = token_ids[:-1] if token_ids and token_ids[-1] in self.stop_ids else token_ids
-        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        text = self._text(ids)
         answer, reasoning, cut = text, None, False
         if self.profile.reasoning is not None:
             split = split_reasoning(text, self.profile.reasoning, self.profile.opens_reasoning)

@@ -54,7 +54,10 @@ from typing import Any
 
 from workbench.engines.base import EngineError, GenerationEngine, SamplingParams
 from workbench.gateway.checks import check_choices, check_seed, number, parse_body, user
-from workbench.gateway.fields import check_fields, max_tokens_of, request_constraint, structured_outputs
+from workbench.gateway.fields import (check_fields, constraint_field, max_tokens_of, request_constraint,
+                                      structured_outputs)
+from workbench.gateway.grammars import (COMPILE_THREADS, CONSTRAINT_TIMEOUT_S, MAX_CONSTRAINT_BYTES, CompileThreads,
+                                        prepare_constraint)
 from workbench.gateway.render import PromptBuilder, Reply, RequestError, check_messages, cut_at_stop, parse_tools
 from workbench.gateway.stream import check_stream, response_chunks, sse_events
 from workbench.rollout.chat import encode
@@ -148,12 +151,22 @@ class Gateway:
         history, enable_thinking, tool_format: how the chat template is used, as in a rollout
             (`inference.history` ...; pass `**chat_settings(config)` from
             `workbench.rollout.configured`); see `workbench.gateway.render`.
+        max_constraint_bytes: the largest grammar a request may ask for (`response_format`,
+            `structured_outputs` or the tools' parameters under `tool_choice`), as the JSON of its
+            constraint; a larger one is a 400 naming this setting (default 64 KiB, about 1,700
+            optional string properties: a schema's compile time grows with the square of its
+            optional properties; 500 took 4.8 s for SmolLM2's 49k-token vocabulary on 2 cores).
+        constraint_timeout: seconds a request's grammar may take to compile (on the gateway's
+            compile thread, while other requests are served); a longer one is a 400 naming
+            this setting. The compile goes on and lands in the cache, so the same request sent
+            again is served.
     """
 
     def __init__(self, engine: GenerationEngine, model_name: str = "policy", port: int = 0, max_tokens: int = 64,
                  max_turns: int | None = None, max_context_tokens: int = 2048, temperature: float = 1.0,
                  seed: int | None = 0, history: str = "auto", enable_thinking: bool | None = None,
-                 tool_format: str = "auto"):
+                 tool_format: str = "auto", max_constraint_bytes: int = MAX_CONSTRAINT_BYTES,
+                 constraint_timeout: float = CONSTRAINT_TIMEOUT_S):
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.builder = PromptBuilder(self.tokenizer, history, enable_thinking, tool_format)
@@ -161,6 +174,11 @@ class Gateway:
         self.port = port
         self.max_tokens, self.max_turns, self.max_context_tokens = max_tokens, max_turns, max_context_tokens
         self.temperature, self.seed = temperature, seed
+        if not (isinstance(max_constraint_bytes, int) and max_constraint_bytes > 0 and constraint_timeout > 0):
+            raise ValueError(f"max_constraint_bytes must be an int > 0 and constraint_timeout > 0, got "
+                             f"{max_constraint_bytes!r} and {constraint_timeout!r}")
+        self.max_constraint_bytes, self.constraint_timeout = max_constraint_bytes, float(constraint_timeout)
+        self._compiles = CompileThreads(COMPILE_THREADS)  # grammars compile here, off the serving path
         self._episodes: dict[str, _EpisodeLog] = {}
         self._lock = threading.Lock()
         self._server: Any = None
@@ -393,6 +411,11 @@ class Gateway:
             self._tokenize_pool = ThreadPoolExecutor(1, thread_name_prefix="wb-gateway-tokenize")
         return await asyncio.get_running_loop().run_in_executor(self._tokenize_pool, fn, *args)
 
+    async def _prepared(self, constraint: Any, field: str) -> Any:
+        """`constraint` built and compiled off the serving path (`workbench.gateway.grammars`)."""
+        return await prepare_constraint(self.engine, constraint, field, self.max_constraint_bytes,
+                                        self.constraint_timeout, self._compiles)
+
     async def _generate(self, prompt: list[int], params: SamplingParams) -> Any:
         try:
             result = await asyncio.wrap_future(self.engine.submit(prompt, params))
@@ -422,14 +445,16 @@ class Gateway:
         messages = check_messages(body.get("messages"))
         tools = parse_tools(body.get("tools"))
         # response_format, tool_choice, parallel_tool_calls; calls written as the model's parser reads them
-        constraint = request_constraint(body, tools, self.builder.parser.name)
+        constraint = request_constraint(body, tools, self.builder.parser.name, check=False,
+                                        marker_token=self.builder.marker_id)
         if body.get("tool_choice") == "none":
             tools = []
         episode_id = episode_id or user(body)
         replies = self._check_open(episode_id)
         self._check_length(sum(len(m["content"]) for m in messages), "messages")
         prompt, msgs, reused = await self._off_loop(self.builder.prompt_ids, messages, tools, replies)
-        params = replace(self._sampling(body, len(prompt)), constraint=constraint)
+        params = replace(self._sampling(body, len(prompt)), constraint=await self._prepared(constraint,
+                                                                                          constraint_field(body)))
         k = self._admit(episode_id)
         try:
             ids, logprobs, finish, source = await self._reply_ids(episode_id, k, prompt, params)
@@ -473,7 +498,8 @@ class Gateway:
             raise RequestError("prompt must be a non-empty string or a non-empty list of token ids (one prompt)",
                                "prompt")
         episode_id = episode_id or user(body)
-        params = replace(self._sampling(body, len(ids), "prompt"), constraint=structured_outputs(body))
+        params = replace(self._sampling(body, len(ids), "prompt"),
+                         constraint=await self._prepared(structured_outputs(body, check=False), "structured_outputs"))
         k = self._admit(episode_id)
         try:
             out, logprobs, finish, source = await self._reply_ids(episode_id, k, ids, params)

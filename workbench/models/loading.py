@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from workbench.config import EMBEDDED_MODEL, resolve_device, resolve_dtype
+from workbench.config import EMBEDDED_MODEL, ConfigError, resolve_device, resolve_dtype
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -89,9 +89,10 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False):
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if tok.chat_template is None:
-        raise ValueError(
-            f"tokenizer of {name_or_path!r} has no chat template; multi-turn rollouts need one "
-            "(set tokenizer.chat_template or use an instruct model)"
+        raise ConfigError(
+            f"model {name_or_path!r} has no chat template (no chat_template.jinja, no chat_template in its "
+            "tokenizer_config.json); multi-turn rollouts need one: give an instruct model, or put its template "
+            "in the folder as chat_template.jinja (or set tokenizer.chat_template in Python)"
         )
     return tok
 

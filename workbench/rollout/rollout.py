@@ -209,6 +209,7 @@ class Rollout(EpisodeQueue, OpeningBudget):
         for i, env in enumerate(self.environments):
             ep = Episode(episode_id=i, group_id=self.group_ids[i], env_name=type(env).__name__, env_seed=self.seeds[i])
             ep.environment = env  # the copy that plays it (reward_fn gets it; not saved or pickled)
+            ep.success_reported = True if getattr(env, "reports_success", None) is True else None
             registry = ToolRegistry()
             for tool in self.tools:
                 registry.register(tool)

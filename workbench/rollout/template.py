@@ -42,7 +42,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from workbench.config import HISTORY_MODES, TOOL_FORMATS
+from workbench.config import HISTORY_MODES, TOOL_FORMATS, ConfigError
 from workbench.tools.parsers import FunctionCallingParser, get_parser
 
 
@@ -324,9 +324,10 @@ def tool_parser(parser: Any, env_name: str, tool_format: str, profile: TemplateP
     if tool_format == "prompt" or (tool_format == "auto" and not calls):
         return parser, False
     if not calls:
-        raise ValueError(f"tool_format={tool_format!r} sets how tool calls are written, but {env_name} reads its "
-                         f"actions with the {getattr(parser, 'name', parser)!r} parser, not tool calls; leave "
-                         "inference.tool_format \"auto\" for this environment")
+        how = ("reads the reply itself (it has no action parser)" if parser is None else
+               f"reads its actions with the {getattr(parser, 'name', parser)!r} parser")
+        raise ConfigError(f"inference.tool_format={tool_format!r} sets how tool calls are written, but {env_name} "
+                          f"{how}, not tool calls; leave inference.tool_format \"auto\" for this environment")
     fmt = tool_format
     if fmt == "auto":
         if not (profile.native_tools and profile.tool_call_format):

@@ -7,7 +7,7 @@
     head_logprobs.py     trained tokens' logprobs and entropies from the LM head's input, a chunk of rows at a time
     update.py            the actor and critic update loops as functions (one process or a learner rank)
     guards.py            an optimizer step that cannot leave the weights non-finite (or half done)
-    run_lock.py          one writer per run folder (lock from first write to last, pid + host); earlier runs moved aside
+    run_lock.py          one writer per run folder (an OS lock from first write to last; pid + host for the message); earlier runs moved aside
     trainer.py           Trainer: rollout -> score -> advantages -> update, fit
     fit_loop.py          the loop behind fit: step target, lock, logs, doctor, checkpoints, time limit, Ctrl-C
     sft.py               SFT warm-up: an environment's scripted expert plays, the policy learns its turns

@@ -47,6 +47,7 @@ What a branch is (the functions here; `Trainer.from_checkpoint` puts them togeth
 """
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import os
@@ -117,6 +118,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
     there is none."""
     path = Path(path)
     if not path.is_dir():
+        there = ckpt.list_checkpoints(path.parent) if path.name.startswith(ckpt.PREFIX) else []
+        if there:  # a sibling of checkpoints that are there: its run pruned it (keep_last_n)
+            raise BranchError(f"--from {path}: no such folder: its run keeps only its newest checkpoints "
+                              f"(checkpoint.keep_last_n) and has {', '.join(p.name for p in there)}; give one of "
+                              f"those, or the run folder for its newest")
         raise BranchError(f"--from {path}: no such folder; give a checkpoint folder such as "
                           "RUN/checkpoints/step_000010 (load_run(RUN).checkpoints lists them)")
     if (path / ckpt.MANIFEST).is_file():
@@ -355,7 +361,37 @@ def start_branch(trainer_cls: Any, checkpoint: str | Path, output_dir: str | Pat
     if placed:
         raise BranchError(f"a branch's {', '.join(placed)} is set by its output folder (checkpoints in "
                           "OUTPUT/checkpoints, logs in OUTPUT): give output_dir (--output) instead")
-    path = resolve_checkpoint(checkpoint)
+    path, hold = hold_branch_checkpoint(checkpoint)
+    with hold:  # the parent, still training, cannot prune it until the branch has loaded it
+        return _start_held(trainer_cls, path, output_dir, overrides, steps, trainer_kwargs)
+
+
+def hold_branch_checkpoint(checkpoint: str | Path) -> tuple[Path, contextlib.ExitStack]:
+    """(the checkpoint folder `checkpoint` names, a held `ckpt.hold_checkpoint` of it to exit
+    when the branch has loaded it). A run still training prunes its old checkpoints
+    (`checkpoint.keep_last_n`); one pruned between choosing and holding it is chosen again
+    (the run's newest) when `checkpoint` names a run folder, and a BranchError saying what
+    happened and what to pass when it named that checkpoint itself."""
+    for _ in range(8):
+        path = resolve_checkpoint(checkpoint)
+        stack = contextlib.ExitStack()
+        try:
+            stack.enter_context(ckpt.hold_checkpoint(path))
+            return path, stack
+        except ckpt.CheckpointGone:
+            if path.resolve() == Path(checkpoint).resolve():
+                run = path.parent.parent if path.parent.name == run_files.CHECKPOINTS else path.parent
+                raise BranchError(
+                    f"cannot branch from {path}: its run, still training, pruned it (checkpoint.keep_last_n) before "
+                    f"the branch could hold it; give one it keeps, or the run folder for its newest: --from {run}"
+                ) from None
+    raise BranchError(f"cannot branch from {checkpoint}: its run keeps pruning the newest checkpoint before the branch "
+                      "can hold it; give a checkpoint folder it keeps (load_run(RUN).checkpoints)")
+
+
+def _start_held(trainer_cls: Any, path: Path, output_dir: str | Path, overrides: Mapping[str, Any] | None,
+                steps: int | None, trainer_kwargs: Mapping[str, Any]) -> Any:
+    """`start_branch` once its checkpoint `path` is held."""
     saved, state = read_checkpoint_head(path)
     step = int(state["global_step"])
     config = branch_config(saved, overrides, step, steps)

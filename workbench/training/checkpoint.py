@@ -28,6 +28,7 @@ disturbed (folders of this process are never touched either).
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -38,7 +39,7 @@ import shutil
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -497,13 +498,88 @@ def prune_checkpoints(output_dir: str | Path, keep_last_n: int) -> list[Path]:
     """Delete all but the newest `keep_last_n` checkpoints (0 keeps all); returns deleted.
 
     Each is renamed to `.X.del-<pid>-*` first, so a kill mid-delete leaves no half folder
-    under a checkpoint's name."""
+    under a checkpoint's name. A checkpoint another process is reading under a hold
+    (`hold_checkpoint`: a branch of this run loading it) is kept this time, and pruned by a
+    later call once the hold is gone (a hold is a shared `flock` of its MANIFEST.json; pruning
+    takes it exclusively, without waiting, while it renames the folder away)."""
     if keep_last_n <= 0:
         return []
     paths = list_checkpoints(output_dir)
-    doomed = paths[:-keep_last_n]
-    for p in doomed:
-        gone = p.parent / f".{p.name}.del-{os.getpid()}-{secrets.token_hex(4)}"
-        os.rename(p, gone)
+    deleted = []
+    for p in paths[:-keep_last_n]:
+        hold = _try_exclusive_hold(p)
+        if hold is None:  # a reader holds it: keep it for now
+            continue
+        try:
+            gone = p.parent / f".{p.name}.del-{os.getpid()}-{secrets.token_hex(4)}"
+            os.rename(p, gone)
+        finally:
+            hold.close()
         shutil.rmtree(gone, ignore_errors=True)
-    return doomed
+        deleted.append(p)
+    return deleted
+
+
+class CheckpointGone(CheckpointError):
+    """A checkpoint folder was removed (pruned by its run's `keep_last_n`) before it could be held."""
+
+
+def _open_hold(folder: Path) -> Any:
+    """The folder's MANIFEST.json opened read-only, the file holds are taken on (`flock` works
+    on a read-only file, so holding a checkpoint writes nothing into its run); None when the
+    folder has no manifest (reading it then fails with its own CheckpointError)."""
+    try:
+        return open(folder / MANIFEST, "rb", buffering=0)
+    except FileNotFoundError:
+        if not folder.is_dir():
+            raise CheckpointGone(f"{folder} is gone: its run pruned it (checkpoint.keep_last_n) before it could be "
+                                 "held") from None
+        return None
+
+
+def _same_file(fh: Any, path: Path) -> bool:
+    try:
+        a, b = os.fstat(fh.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _try_exclusive_hold(folder: Path) -> Any:
+    """The folder's hold file locked exclusively (no reader holds it), or None (one does)."""
+    import fcntl
+
+    try:
+        fh = _open_hold(folder)
+    except CheckpointGone:
+        return None
+    if fh is None:
+        return open(os.devnull, "rb")  # no manifest: nothing reads it as a checkpoint, prune it
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.close()
+        return None
+    return fh
+
+
+@contextlib.contextmanager
+def hold_checkpoint(folder: str | Path) -> Iterator[Path]:
+    """Hold checkpoint `folder` for reading: while the `with` block runs, `prune_checkpoints` in
+    any process (the run that wrote it, still training) leaves it in place, so a branch that
+    chose it can read it to the end. Raises `CheckpointGone` when the folder was pruned before
+    the hold was taken (choose another: the run's newest)."""
+    import fcntl
+
+    folder = Path(folder)
+    fh = _open_hold(folder)
+    if fh is None:
+        yield folder
+        return
+    try:
+        fcntl.flock(fh.fileno(), fcntl.LOCK_SH)  # waits only while a pruner renames it away
+        if not _same_file(fh, folder / MANIFEST):
+            raise CheckpointGone(f"{folder} is gone: its run pruned it (checkpoint.keep_last_n) as it was chosen")
+        yield folder
+    finally:
+        fh.close()

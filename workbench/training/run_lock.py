@@ -20,12 +20,17 @@ it writes anything (its config.yaml included), and one into a finished run's fol
 would train nothing, gets `RunFinishedError` (`refuse_finished_run`).
 
 A lock covers every folder a run writes to (`RunLock.of_config`: `checkpoint.output_dir`
-and the loggers' `training.log_dir`); in each it is `<folder>/.workbench.lock`, created with
-O_CREAT | O_EXCL (atomic on a local file system) and holding JSON {pid, host, started}. A
-dead holder does not keep it: on the same host a lock whose pid no longer runs is stale;
-from another host (a shared file system) a lock whose heartbeat (its mtime, refreshed every
-`HEARTBEAT_S` by a daemon thread of the holder) is older than `STALE_AFTER_S` is stale.
-A stale lock is taken over with a warning.
+and the loggers' `training.log_dir`); in each it is an OS lock (`fcntl.flock`, exclusive) on
+`<folder>/.workbench.lock`, as SQLite locks its database file: the kernel holds it for the
+process and drops it when the process ends, however it ends (a kill -9 included), so a dead
+holder never keeps a folder and there is nothing to take over. The file's text, JSON {pid,
+host, started}, is only information for the message a refused run prints. A file left by a
+process that died is just a file: the next run locks it, says whose it was, and writes its own
+holder into it. Locks go by the open file, so a second `acquire` in the same process (another
+`Trainer.fit` that has not ended) is refused like one from another process. On release the
+file is removed while still locked; a run that locked the path's old file meanwhile sees that
+the path no longer names it and locks the new one, so two holders never coexist. On a file
+system without `flock` (some network mounts), `acquire` raises `RunLockError` saying so.
 
 A fresh run over a used folder (`checkpoint.resume=False`, or `resume` with no checkpoint
 to resume from, where files of an earlier run are) used to truncate the old
@@ -36,27 +41,26 @@ and the new run starts in a clean folder.
 """
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import os
 import socket
-import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from workbench.training.run_files import CONFIG_FILE, DEMONSTRATIONS, EVALS, EVALS_FILE, ROLLOUTS
 
 LOCK_NAME = ".workbench.lock"
-#: Seconds between heartbeats (mtime refreshes) of a held lock.
-HEARTBEAT_S = 30.0
-#: A lock from another host whose heartbeat is older than this is stale.
-STALE_AFTER_S = 300.0
+#: Tries at taking a lock whose file another run removes or replaces while we lock it.
+_ATTEMPTS = 20
 
 
-#: Lock files this process holds now (a lock of this pid not listed here was leaked by a
-#: fit that failed before it could release it: stale).
-_HELD_HERE: set[str] = set()
+class RunLockError(RuntimeError):
+    """A run folder cannot be locked at all (its file system has no `flock`, or the lock file
+    cannot be opened); the message names the folder and what to do."""
 
 
 class RunLockedError(RuntimeError):
@@ -65,16 +69,6 @@ class RunLockedError(RuntimeError):
 
 class EarlierRunMovedWarning(UserWarning):
     """A fresh run moved an earlier run's checkpoints and logs aside (`set_aside_earlier_run`)."""
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
 
 
 def _describe(info: dict[str, Any]) -> str:
@@ -99,14 +93,6 @@ def read_lock(folder: str | Path) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else {}
 
 
-def is_stale(info: dict[str, Any], mtime: float, now: float | None = None) -> bool:
-    """Whether a lock's holder is gone: a dead pid on this host, else an old heartbeat."""
-    now = time.time() if now is None else now
-    if info.get("host") == socket.gethostname() and isinstance(info.get("pid"), int):
-        return not _pid_alive(info["pid"])
-    return now - mtime > STALE_AFTER_S
-
-
 class RunLock:
     """The lock of a run's folders (see the module docstring); a context manager.
 
@@ -127,9 +113,7 @@ class RunLock:
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self.paths = [f / LOCK_NAME for f in self.folders]
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._taken: list[Path] = []
+        self._files: list[tuple[Path, IO[str]]] = []  # (path, open flock-ed file): the lock lives as long as the file
         self.created: list[Path] = []
         self.held = False
 
@@ -148,6 +132,8 @@ class RunLock:
     def acquire(self) -> "RunLock":
         """Take the lock of every folder, or raise `RunLockedError` naming the live holder
         (and hold none of them)."""
+        if self.held:
+            return self
         self.created = []
         for folder in self.folders:
             missing = [p for p in (folder, *folder.parents) if not p.exists()]
@@ -156,76 +142,24 @@ class RunLock:
                 self.created += [p for p in missing if p not in self.created]
         try:
             for folder in self.folders:
-                self._acquire_one(folder)
-                self._taken.append(folder / LOCK_NAME)
+                self._files.append((folder / LOCK_NAME, _lock_one(folder)))
         except BaseException:
             self._let_go()
             self._remove_created()
             raise
         self.held = True
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._beat, name="wb-run-lock", daemon=True)
-        self._thread.start()
         return self
 
-    def _acquire_one(self, folder: Path) -> None:
-        path = folder / LOCK_NAME
-        mine = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
-        for _ in range(3):
-            try:
-                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                info = read_lock(folder)
-                if info is None:
-                    continue  # released meanwhile: try again
-                try:
-                    mtime = path.stat().st_mtime
-                except FileNotFoundError:
-                    continue
-                same = info.get("pid") == os.getpid() and info.get("host") == mine["host"]
-                if info and not is_stale(info, mtime) and not (same and str(path) not in _HELD_HERE):
-                    who = "this process (another Trainer.fit that has not ended)" if same else _describe(info)
-                    raise RunLockedError(
-                        f"{folder} is in use by another run: {who} holds {path}. Two runs in one "
-                        "folder overwrite each other's checkpoints and metrics: give this run its own "
-                        "folder (--output, checkpoint.output_dir), or wait for that run to end. (If that process "
-                        f"is gone, delete {path}.)")
-                if not info and time.time() - mtime < HEARTBEAT_S:
-                    raise RunLockedError(f"{folder} is being locked by another run right now ({path} "
-                                         "is still being written); try again in a moment")
-                if not same:
-                    warnings.warn(f"taking over the lock of {folder} from a run that is gone "
-                                  f"({_describe(info) if info else 'unreadable lock file'})", stacklevel=4)
-                try:
-                    path.unlink()
-                except FileNotFoundError:
-                    pass
-                continue
-            with os.fdopen(fd, "w") as fh:
-                json.dump(mine, fh)
-            _HELD_HERE.add(str(path))
-            return
-        raise RunLockedError(f"could not take the lock {path}: other runs keep taking it")
-
-    def _beat(self) -> None:
-        while not self._stop.wait(HEARTBEAT_S):
-            for path in list(self._taken):
-                try:
-                    os.utime(path)
-                except OSError:
-                    pass
-
     def _let_go(self) -> None:
-        """Remove the lock files this object took (only those this process still holds)."""
-        for path in reversed(self._taken):
-            _HELD_HERE.discard(str(path))
-            info = read_lock(path.parent)
-            if info and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
-                try:
+        """Remove the lock files this object holds (while still locked), then unlock them."""
+        for path, fh in reversed(self._files):
+            try:
+                if _same_file(fh, path):
                     path.unlink()
-                except FileNotFoundError:
-                    pass
-        self._taken = []
+            except OSError:
+                pass
+            fh.close()  # closing the file drops its flock
+        self._files = []
 
     def _remove_created(self) -> None:
         """Remove the folders `acquire` created, deepest first, where they are still empty."""
@@ -241,10 +175,6 @@ class RunLock:
         remove the folders `acquire` created, when nothing was written into them."""
         if self.held:
             self.held = False
-            self._stop.set()
-            thread, self._thread = self._thread, None
-            if thread is not None and thread is not threading.current_thread():
-                thread.join()
             self._let_go()
         if remove_created:
             self._remove_created()
@@ -257,6 +187,76 @@ class RunLock:
 
     def __repr__(self) -> str:
         return f"RunLock({', '.join(repr(str(f)) for f in self.folders)}, held={self.held})"
+
+
+def _same_file(fh: IO[str], path: Path) -> bool:
+    """Whether `path` still names the file `fh` has open (not removed or replaced since)."""
+    try:
+        mine, now = os.fstat(fh.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_dev, mine.st_ino) == (now.st_dev, now.st_ino)
+
+
+def _lock_one(folder: Path) -> IO[str]:
+    """`folder`'s lock file, opened and exclusively flock-ed by this process, with this
+    process written into it as the holder; `RunLockedError` naming the holder if a live run
+    holds it."""
+    path = folder / LOCK_NAME
+    for _ in range(_ATTEMPTS):
+        try:
+            fh = open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8")
+        except OSError as exc:
+            raise RunLockError(f"cannot open the run folder's lock file {path}: {exc.strerror or exc}; give the "
+                               "run a folder it can write to (--output, checkpoint.output_dir)") from exc
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            info = _holder(fh)
+            fh.close()
+            raise RunLockedError(_locked_message(folder, path, info)) from None
+        except OSError as exc:
+            fh.close()
+            if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                raise RunLockError(
+                    f"{folder} is on a file system without file locks (flock: {exc.strerror}), so this run cannot "
+                    "make sure it is the folder's only writer; give it an output folder on a local disk "
+                    "(--output, checkpoint.output_dir)") from exc
+            raise
+        if not _same_file(fh, path):  # the holder removed it (released) between our open and our lock
+            fh.close()
+            continue
+        left = _holder(fh)
+        if left:  # written by a run that ended without removing it (killed): only information now
+            warnings.warn(f"{path} was left by a run that ended without removing it ({_describe(left)}); "
+                          "no process holds it, so this run takes the folder", stacklevel=5)
+        fh.seek(0)
+        fh.truncate()
+        json.dump({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}, fh)
+        fh.flush()
+        return fh
+    raise RunLockError(f"could not take the lock {path}: other runs keep replacing it")
+
+
+def _holder(fh: IO[str]) -> dict[str, Any]:
+    """The holder recorded in an open lock file ({} when empty or unreadable)."""
+    try:
+        fh.seek(0)
+        info = json.loads(fh.read() or "{}")
+    except (OSError, ValueError):
+        return {}
+    return info if isinstance(info, dict) else {}
+
+
+def _locked_message(folder: Path, path: Path, info: dict[str, Any]) -> str:
+    if not info:
+        return (f"{folder} is being locked by another run right now ({path} is locked and its holder is still "
+                "writing its name); try again in a moment")
+    same = info.get("pid") == os.getpid() and info.get("host") == socket.gethostname()
+    who = "this process (another Trainer.fit that has not ended)" if same else _describe(info)
+    return (f"{folder} is in use by another run: {who} holds {path}. Two runs in one folder overwrite each "
+            "other's checkpoints and metrics: give this run its own folder (--output, checkpoint.output_dir), "
+            "or wait for that run to end")
 
 
 #: What a run writes into its folders (checkpoints `step_*`, the loggers' files, each step's

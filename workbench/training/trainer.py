@@ -46,6 +46,7 @@ from workbench.reward import (
     RewardError, RewardFn, check_env_rewards, overlong_summary, score_batch,
 )
 from workbench.rollout.configured import check_chat_template
+from workbench.rollout.template import tool_parser
 from workbench.rollout.fork import fork_episode
 from workbench.rollout.rollout import Rollout
 from workbench.training import dynamic_sampling
@@ -58,7 +59,7 @@ from workbench.training.stages import LocalStages, check_stages, make_stages
 from workbench.training.trainer_checkpoints import CheckpointMethods
 from workbench.training.trainer_sft import SFTMethods
 from workbench.training.update import NothingToTrainError, failed_episodes_line, require_trained_tokens, set_kl
-from workbench.trajectory import TrajectoryBatch
+from workbench.trajectory import TrajectoryBatch, format_rate
 from workbench.utils.progress import write
 
 Callback = Callable[["Trainer", dict], None]
@@ -124,6 +125,9 @@ class Trainer(CheckpointMethods, SFTMethods):
         self.tokenizer = self.policy.tokenizer
         #: The chat template as this run uses it (checked now: `check_chat_template`).
         self.chat = check_chat_template(config, self.tokenizer)
+        # inference.tool_format against the environment's parser: a ConfigError now, not at the first reset
+        tool_parser(parser if parser is not None else getattr(env, "action_parser", None), type(env).__name__,
+                    config.inference.tool_format, self.chat.profile)
         self._owns_engine = engine is None
         if engine is None:
             self.engine = make_engine(config, self.policy.model, self.tokenizer)
@@ -565,7 +569,7 @@ class Trainer(CheckpointMethods, SFTMethods):
         last = self.metrics_history[-1] if self.metrics_history else {}
         return (f"Trainer({t.adv_estimator}, model={self.config.model.path}, backend={self.config.inference.backend}, "
                 f"step={self.global_step}, reward={last.get('reward/mean', float('nan')):.3g}, "
-                f"success={last.get('env/success_rate', float('nan')):.2f})")
+                f"success={format_rate(last.get('env/success_rate'))})")
 
     def _repr_html_(self) -> str:
         rows = "".join(f"<tr><td>{k}</td><td>{v:.4g}</td></tr>" for k, v in

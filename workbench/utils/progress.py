@@ -160,7 +160,7 @@ class EpisodeBar:
 def fit_postfix(metrics: dict[str, Any]) -> dict[str, str]:
     """The fit bar's postfix for one step's metrics (`FIT_POSTFIX`)."""
     return {label: f"{metrics[name]:.3g}" for name, label in FIT_POSTFIX.items()
-            if isinstance(metrics.get(name), (int, float))}
+            if isinstance(metrics.get(name), (int, float)) and metrics[name] == metrics[name]}  # NaN: not known
 
 
 def print_markdown(text: str) -> None:

@@ -21,6 +21,15 @@ What it maps:
     the adapter cannot know which part it read and sets none.
   * the system prompt is `config.system_prompt`, else the gym env's
     `metadata["system_prompt"]`, else a generic one.
+  * success: `success_fn(obs, reward, terminated, truncated, info)` when given (True/False,
+    or None for "not known at this step"), else the gym info's `"success"`, else its
+    `"is_success"` (Gymnasium-robotics' and SB3's key), copied into `info["success"]`. An env
+    that reports none of these has no success rate ("-", left out of the doctor's success
+    checks), rather than a false 0.
+  * global random state: every call into the gym env runs under the adapter's own
+    `random`/`numpy.random` state (`GlobalRNGScope`, reseeded by each seeded reset), so a
+    suite that seeds and draws from the global RNGs gives the same episode for the same seed
+    in any process state and any thread, and passes `check_env`.
 
 The wrapped env's API is checked at construction (`check_gym_api`): a TextArena env, a
 question/answer dataset, a workbench environment or a `reset` that needs arguments
@@ -33,6 +42,7 @@ from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
 from workbench.environments.base import BaseEnvironment, StepResult
+from workbench.environments.global_rng import GlobalRNGScope
 
 DEFAULT_MAX_STEPS = 100
 
@@ -90,6 +100,9 @@ class GymTextEnvironment(BaseEnvironment):
             spec's `max_episode_steps` is used (else 100).
         obs_to_text: turns a non-str observation into text (default `str`).
         text_to_action: turns the model's text into the gym action (default: as is).
+        success_fn: `success_fn(obs, reward, terminated, truncated, info) -> bool | None`, whether
+            the step reached the goal (None: not known at this step); default: the gym info's
+            "success", else "is_success".
         gym_kwargs: keyword arguments for `gymnasium.make` when `gym_env` is an id.
     """
 
@@ -99,9 +112,12 @@ class GymTextEnvironment(BaseEnvironment):
         config: EnvironmentConfig | Mapping[str, Any] | None = None,
         obs_to_text: Callable[[Any], str] = str,
         text_to_action: Callable[[str], Any] | None = None,
+        success_fn: Callable[..., bool | None] | None = None,
         **gym_kwargs: Any,
     ):
-        self.gym_env = _make(gym_env, gym_kwargs)
+        self._rng = GlobalRNGScope()
+        with self._rng.active():  # gymnasium.make may draw from the global state too
+            self.gym_env = _make(gym_env, gym_kwargs)
         spec = getattr(self.gym_env, "spec", None)
         spec_steps = getattr(spec, "max_episode_steps", None)
         env_id = getattr(spec, "id", None) or type(getattr(self.gym_env, "unwrapped", self.gym_env)).__name__
@@ -111,6 +127,8 @@ class GymTextEnvironment(BaseEnvironment):
         self.env_id = env_id
         self.obs_to_text = obs_to_text
         self.text_to_action = text_to_action
+        self.success_fn = success_fn
+        self.reports_success = True if success_fn is not None else None  # else: judged by the infos
         self._seed_pending = self.config.seed is not None
         self.last_info: dict[str, Any] = {}
 
@@ -142,15 +160,21 @@ class GymTextEnvironment(BaseEnvironment):
             self._seed_pending = False
         if options is not None:
             kwargs["options"] = options
-        obs, info = self.gym_env.reset(**kwargs)
+        with self._rng.active(seed=kwargs.get("seed")):
+            obs, info = self.gym_env.reset(**kwargs)
         self.last_info = dict(info or {})
         return self._text(obs)
 
     def step(self, action: str) -> StepResult:
         """Step the gym env; done = terminated or truncated, both copied into info."""
         gym_action = self.text_to_action(action) if self.text_to_action else action
-        obs, reward, terminated, truncated, info = self.gym_env.step(gym_action)
+        with self._rng.active():
+            obs, reward, terminated, truncated, info = self.gym_env.step(gym_action)
         info = dict(info or {})
+        success = (self.success_fn(obs, reward, terminated, truncated, info) if self.success_fn is not None
+                   else info.get("success", info.get("is_success")))
+        if success is not None:
+            info["success"] = bool(success)
         info["terminated"], info["truncated"] = bool(terminated), bool(truncated)
         if self.text_to_action is None and isinstance(action, str):
             info.setdefault("action_span", [0, len(action)])
@@ -168,7 +192,8 @@ class GymTextEnvironment(BaseEnvironment):
 
     def render(self) -> Any:
         """The gym env's `render()`."""
-        return self.gym_env.render()
+        with self._rng.active():
+            return self.gym_env.render()
 
     def close(self) -> None:
         """Close the gym env."""

@@ -36,15 +36,12 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import random
-import threading
 from typing import Any, Mapping
 
 from workbench.config import EnvironmentConfig
 from workbench.environments.base import BaseEnvironment, StepResult, as_environment_config
-
-#: Serialises every swap of the global `random` state (environments step in threads).
-GLOBAL_RANDOM_LOCK = threading.RLock()
+from workbench.environments.global_rng import _LOCK as GLOBAL_RANDOM_LOCK  # noqa: F401 - the one lock of every scope
+from workbench.environments.global_rng import GlobalRNGScope
 
 DEFAULT_MAX_STEPS = 100
 PLAYER_ID = 0
@@ -106,6 +103,9 @@ class TextArenaEnvironment(BaseEnvironment):
         TypeError: the game is not a single-player game.
     """
 
+    #: Every scored step says `info["success"]`.
+    reports_success = True
+
     def __init__(self, env_id: str, config: EnvironmentConfig | Mapping[str, Any] | None = None,
                  **game_kwargs: Any):
         cfg = as_environment_config(config)
@@ -114,7 +114,7 @@ class TextArenaEnvironment(BaseEnvironment):
         kwargs = {k: v for k, v in {**cfg.params, **game_kwargs}.items() if k != "env_id"}
         self.env_id = env_id
         self.game = _make_game(env_id, kwargs)
-        self._random_state = random.Random(0).getstate()
+        self._rng_scope = GlobalRNGScope(0)  # the game's own random/numpy global state (global_rng)
         try:
             self._in_own_random(self.game.reset, num_players=1, seed=0)
         except Exception as exc:
@@ -138,15 +138,10 @@ class TextArenaEnvironment(BaseEnvironment):
 
     # -- the private global-random state --------------------------------------------
     def _in_own_random(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Call `fn` with this instance's `random` state installed as the global one."""
-        with GLOBAL_RANDOM_LOCK:
-            caller_state = random.getstate()
-            random.setstate(self._random_state)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._random_state = random.getstate()
-                random.setstate(caller_state)
+        """Call `fn` with this instance's `random` and `numpy.random` state installed as the
+        global one (`workbench.environments.global_rng`)."""
+        with self._rng_scope.active():
+            return fn(*args, **kwargs)
 
     def seed(self, seed: int | None) -> None:
         """Reseed; the next `reset()` passes `seed` to the TextArena game."""

@@ -43,6 +43,7 @@ from typing import Any, Callable, Mapping
 
 from workbench.config import EnvironmentConfig
 from workbench.environments.base import BaseEnvironment, StepResult, as_environment_config
+from workbench.environments.global_rng import GlobalRNGScope
 from workbench.utils.imports import import_object, import_path
 
 SampleFn = Callable[[random.Random], Mapping[str, Any]]
@@ -102,6 +103,9 @@ class VerifierEnvironment(BaseEnvironment):
         success_threshold: a score at or above this is a success and ends the episode.
     """
 
+    #: Every scored step says `info["success"]`.
+    reports_success = True
+
     def __init__(self, sample_fn: SampleFn | str, score_fn: ScoreFn | str, attempts: int = 1,
                  config: EnvironmentConfig | Mapping[str, Any] | None = None,
                  answer_fn: Callable[[str], Any] = extract_answer, success_threshold: float = 1.0):
@@ -125,6 +129,7 @@ class VerifierEnvironment(BaseEnvironment):
         self.answer_fn = answer_fn
         self.success_threshold = float(success_threshold)
         self.sample: Mapping[str, Any] = {}
+        self._rng_scope = GlobalRNGScope(0)  # what sample_fn/score_fn see as random/numpy's global state
 
     @classmethod
     def from_config(cls, config: EnvironmentConfig | Mapping[str, Any]) -> "VerifierEnvironment":
@@ -182,7 +187,8 @@ class VerifierEnvironment(BaseEnvironment):
     # -- episode -----------------------------------------------------------------------
     def reset(self) -> str:
         """Draw a sample with `sample_fn(self.rng)` and return its question."""
-        sample = self.sample_fn(self.rng)
+        with self._rng_scope.active():  # third-party sampling code runs under its own global state
+            sample = self.sample_fn(self.rng)
         if not isinstance(sample, Mapping) or not isinstance(sample.get("question"), str):
             raise TypeError(f"VerifierEnvironment: sample_fn must return a mapping with a 'question' str, "
                             f"got {type(sample).__name__}: {str(sample)[:80]}")
@@ -192,7 +198,8 @@ class VerifierEnvironment(BaseEnvironment):
     def step(self, action: str) -> StepResult:
         """Score one answer; see the module docstring for rewards and info."""
         answer = self.answer_fn(action)
-        score = float(self.score_fn(answer, self.sample))
+        with self._rng_scope.active():
+            score = float(self.score_fn(answer, self.sample))
         success = score >= self.success_threshold
         left = self.attempts - self.step_count - 1
         info: dict[str, Any] = {"score": score, "success": success, "answer": answer,
