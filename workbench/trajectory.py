@@ -63,6 +63,12 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "diff_logprobs_b": (torch.float32, "logprob of each trained token under policy B", "debug.compare_policies"),
     "diff_delta": (torch.float32, "logprob under B minus under A (trained tokens)", "debug.compare_policies"),
     "diff_kl": (torch.float32, "per-token KL(B || A) estimate (k3) on trained tokens", "debug.compare_policies"),
+    "recomputed_logprobs": (torch.float32, "logprob of each trained token under a model, recomputed by teacher "
+                            "forcing for a run imported as text (not sampled)", "importers.recompute"),
+    "recomputed_entropy": (torch.float32, "that model's entropy at each trained token (recomputed, not sampled)",
+                           "importers.recompute"),
+    "recomputed_kl": (torch.float32, "KL(model || ref model) of the next-token distributions at each trained "
+                      "token (recomputed, not sampled)", "importers.recompute"),
 }
 COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
 #: Collated too, only when some episode holds several sequences (`Episode.segments`).
@@ -100,7 +106,8 @@ class Turn:
     token_end: int = 0
     """One past this turn's last action token."""
     finish_reason: str = "stop"
-    """"stop", "length" (hit max_tokens), "human" or "error"."""
+    """"stop", "length" (hit max_tokens), "human" or "error"; "unknown" in a run imported from a
+    trainer that does not record it (`workbench.importers`)."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """Non-model chat messages appended after this turn."""
     constraint: dict[str, Any] | None = None
@@ -237,6 +244,13 @@ class Episode:
         if self.error and self.error.startswith("environment "):
             return self.error.split(": ", 1)[-1] if self.error.startswith("environment error: ") else self.error
         return None
+
+    @property
+    def recorded_as_text(self) -> bool:
+        """Model turns recorded without their token ids: an episode imported from a trainer that
+        kept only the text (`workbench.importers`). Its trainer trained on it, so it counts as
+        trained (`TrajectoryBatch.untrained_rows`) though it has no token to show."""
+        return not self.token_ids and any(t.source == "model" for t in self.turns)
 
     @property
     def num_tool_calls(self) -> int:
@@ -462,16 +476,20 @@ class TrajectoryBatch:
         return rows
 
     def trained_outcomes(self, rows: list[int]) -> list[float]:
-        """The outcomes of the episodes among `rows` that have a trained token."""
-        return [self.episodes[i].outcome for i in rows if self.episodes[i].response_length]
+        """The outcomes of the episodes among `rows` that have a trained token (or were
+        `recorded_as_text`)."""
+        return [self.episodes[i].outcome for i in rows
+                if self.episodes[i].response_length or self.episodes[i].recorded_as_text]
 
     def untrained_rows(self) -> list[int]:
         """Rows the update leaves out: episodes without a single trained (policy-sampled)
-        token (every episode whose `reset` raised, or whose agent never called the model), and
-        episodes that ended in an environment error (`Episode.environment_error`: their reward
-        is the environment's failure, not the policy's). No loss counts them, and they are no
+        token (every episode whose `reset` raised, or whose agent never called the model; an
+        imported episode `recorded_as_text` is not one of them), and episodes that ended in an
+        environment error (`Episode.environment_error`: their reward is the environment's
+        failure, not the policy's). No loss counts them, and they are no
         member of their group's baseline (`update_group_ids`)."""
-        return [i for i, e in enumerate(self.episodes) if e.response_length == 0 or e.environment_error]
+        return [i for i, e in enumerate(self.episodes)
+                if (e.response_length == 0 and not e.recorded_as_text) or e.environment_error]
 
     def update_group_ids(self) -> list[str]:
         """`group_ids` as the advantage estimators see them: an episode without a trained
