@@ -21,11 +21,13 @@ Point `workbench import` (or `load_run`) at the rollout folder, or at a folder t
 run's step S-1; a validation at verl step S is the held-out batch at step S (S updates done).
 
 Groups: the "uid" column when the dump has one (a reward function that returns it), else
-the same input text within a step. Success: a "success" column, else verl's math reward's
-"acc" (0/1 or a bool), else none. verl writes a step's file in place, line by line, so the
-newest file is taken as complete only once it ends with a newline and holds as many rows as
-the step before it (or the metrics file has that step): `load_run` on a run still training
-reads the complete steps and leaves out the one being written.
+the same input text and ground truth ("gts") within a step: the rollouts of one dataset row.
+Success: a "success" column, else verl's math reward's "acc" (0/1 or a bool), else none.
+
+verl writes a step's file in place, line by line, so the newest file is taken as complete only
+once it ends with a newline and holds as many rows as the step before it (or the metrics file
+has that step): `load_run` on a run still training reads the complete steps and leaves out
+the one being written.
 """
 from __future__ import annotations
 
@@ -198,8 +200,9 @@ class VerlSource(Source):
     def _batch(self, where: Path, step: int, split: str) -> TrajectoryBatch:
         rows = list(read_jsonl(where, self.skipped, f"{where.parent.name}/{where.name}"))
         has_uid = bool(rows) and all("uid" in r for r in rows)
-        groups = group_by_key(r["uid"] for r in rows) if has_uid else group_by_prompt(r.get("input", "") for r in rows)
-        self.provenance.groups = "uid" if has_uid else "same prompt within a step"
+        groups = group_by_key(r["uid"] for r in rows) if has_uid else \
+            group_by_prompt(json.dumps([r.get("input", ""), r.get("gts")], default=str) for r in rows)
+        self.provenance.groups = "uid" if has_uid else "same prompt and ground truth (gts) within a step"
         reports = any(success_of(r, SUCCESS_KEYS) is not None for r in rows)
         if reports:
             key = next(k for k in SUCCESS_KEYS if any(k in r for r in rows))
