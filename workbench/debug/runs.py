@@ -272,7 +272,7 @@ class Run:
         if self.source is not None and self.source.tokenizer is not None:
             return self.source.tokenizer
         if self.provenance is not None and not self.config.model.path:
-            raise RunError(f"{self.path} was imported from {self.provenance.format} without a model, so it has "
+            raise RunError(f"{self.path} was imported from {self.provenance.trainer} without a model, so it has "
                            "no tokenizer (and no token ids): import it with --model MODEL_FOLDER to tokenize it")
         try:
             self._tokenizer = load_tokenizer(self.config.model.path, self.config.model.trust_remote_code)

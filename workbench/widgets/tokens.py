@@ -215,14 +215,14 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
 
 
 def _run_tokenizer(run: Any) -> Any:
-    """A reopened run's tokenizer; None for an imported run that recorded token ids but names no
-    model (its tokens show as ids), the error for any other run without one."""
+    """A reopened run's tokenizer; None for an imported run that names no model (recorded token ids
+    show as ids; a run recorded as text says it has no tokens), the error for any other run."""
     from workbench.debug.runs import RunError
 
     try:
         return run.tokenizer()
     except RunError:
-        if getattr(run, "provenance", None) is not None and "token_ids" not in run.provenance.absent:
+        if getattr(run, "provenance", None) is not None:
             return None
         raise
 
