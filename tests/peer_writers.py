@@ -78,6 +78,7 @@ from pathlib import Path
 spec = json.load(open(sys.argv[1]))
 from verifiers.legacy.types import State, RolloutTiming
 from verifiers.legacy.utils.save_utils import state_to_output, save_outputs, save_metadata
+from verifiers.legacy.utils.version_utils import get_version_info
 outputs = []
 for r in spec["rollouts"]:
     state = State(r["state"])
@@ -85,7 +86,8 @@ for r in spec["rollouts"]:
     outputs.append(state_to_output(state, state_columns=spec.get("state_columns")))
 path = Path(spec["dir"])
 save_outputs(outputs, path)
-save_metadata({**spec["metadata"], "path_to_save": path, "date": "2026-12-01"}, path)
+save_metadata({**spec["metadata"], "version_info": get_version_info(spec["metadata"]["env_id"]),
+               "path_to_save": path, "date": "2026-12-01"}, path)
 '''
 
 #: ART 0.5.18: `Model.log(trajectory_groups, split=..., step=...)` writes trajectories/{split}/{step:04d}.parquet

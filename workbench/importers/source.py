@@ -166,8 +166,9 @@ class Source:
 
     def read_metrics(self) -> Any:
         """The source's own metric history (a DataFrame, one row per 0-based step, "step" and
-        "source_step" columns), with the workbench names added (`map_metrics`)."""
-        raise NotImplementedError
+        "source_step" columns), with the workbench names added (`map_metrics`); empty for a source
+        that logs none (an evaluation)."""
+        return metric_frame([])
 
     def read_evals(self) -> list[dict[str, Any]]:
         """Held-out numbers per evaluation step (`[{"step", "eval/reward_mean", ...}]`), from the
