@@ -19,7 +19,8 @@ def node(tok, message, parent, sampled=False, scaffold=""):
     sampled completion), the mask of the sampled ones, their logprobs and advantages."""
     if sampled:
         pre = tok(scaffold, add_special_tokens=False)["input_ids"]
-        body = tok(message["content"], add_special_tokens=False)["input_ids"] + [tok.convert_tokens_to_ids("<|im_end|>")]
+        end = tok.convert_tokens_to_ids("<|im_end|>")
+        body = tok(message["content"], add_special_tokens=False)["input_ids"] + [end]
         ids, mask = pre + body, [False] * len(pre) + [True] * len(body)
         return {"parent": parent, "message": message, "sampled": True, "timestamp": 1.0, "token_ids": ids,
                 "mask": mask, "logprobs": [-0.3] * len(body), "advantages": [0.0] * len(body)}

@@ -124,7 +124,8 @@ def test_compare_a_trl_run_with_a_verl_run(trl_run, tmp_path):
     assert any("imported from verl" in n and "records no environment" in n for n in cmp.notices)
     names = {c.name for c in cmp.findings["new"] + cmp.findings["persisting"]}
     assert "zero-variance-groups" in names
-    assert any(n.startswith("the doctor could not check") and "length-drift (verl records no token ids" in n for n in cmp.notices)
+    assert any(n.startswith("the doctor could not check") and "length-drift (verl records no token ids" in n
+               for n in cmp.notices)
     assert "# Run comparison" in cmp.to_markdown()
     assert tree_digest(verl) == before
     assert main(["compare", str(verl), str(trl_run["out"])]) == 0

@@ -62,9 +62,10 @@ from workbench.doctor.checks import CHECKS, run_checks
 from workbench.doctor.findings import DoctorConfig, Evidence, Finding, History, RunFacts
 from workbench.trajectory import TrajectoryBatch
 
-__all__ = ["diagnose", "diagnose_parts", "Findings", "Finding", "Evidence", "DoctorConfig", "CHECKS", "RunFacts", "RunPlace",
-           "run_facts", "remedy_command", "findings_table", "findings_markdown", "add_diagnose_parser",
+__all__ = ["diagnose", "diagnose_parts", "Findings", "Finding", "Evidence", "DoctorConfig", "CHECKS", "RunFacts",
+           "RunPlace", "run_facts", "remedy_command", "findings_table", "findings_markdown", "add_diagnose_parser",
            "cmd_diagnose"]
+
 
 class Findings(list):
     """What `diagnose` returns: the fired findings (a list of `Finding`), and `not_checked`:

@@ -68,12 +68,14 @@ def load_run(run_dir: str | Path, **import_options: Any) -> "Run":
                        "training.log_dir, else checkpoint.output_dir, of a run trained in a notebook)")
     for name in (run_files.ROLLOUTS, run_files.EVALS, run_files.CHECKPOINTS):
         inside_run(path, path / name)
-    ours = (path / run_files.CONFIG_FILE).is_file() or bool(run_files.saved_steps(path / run_files.ROLLOUTS))
-    if import_options or not ours:
+    written_here = (path / run_files.CONFIG_FILE).is_file() or run_files.saved_steps(path / run_files.ROLLOUTS)
+    if import_options or not written_here:
         from workbench.importers import detect_format
 
-        if import_options or not (path / run_files.ROLLOUTS).is_dir() or detect_format(path):
-            return _foreign_run(path, **import_options)  # another trainer's folder, or a RunError naming the formats
+        # another trainer's folder; or one of nothing any reader knows (a RunError naming the formats)
+        ours = (path / run_files.ROLLOUTS).is_dir() or (path / run_files.METRICS_FILE).is_file()
+        if import_options or detect_format(path) or not ours:
+            return _foreign_run(path, **import_options)
     if not (path / run_files.ROLLOUTS).is_dir():
         raise RunError(
             f"{path} has no {run_files.ROLLOUTS}/ folder, so its batches cannot be reopened: it was written "

@@ -157,7 +157,8 @@ class PrimeRLSource(Source):
             here = nodes[here].get("parent")
         path.reverse()
         finish = {c.get("node"): c.get("finish_reason") for c in trace.get("calls") or [] if isinstance(c, dict)}
-        rewards = {k: (v or {}).get("score") if isinstance(v, dict) else v for k, v in (trace.get("rewards") or {}).items()}
+        recorded = trace.get("rewards") or {}
+        rewards = {k: v.get("score") if isinstance(v, dict) else v for k, v in recorded.items()}
         score = sum((number((v or {}).get("score")) or 0.0) * (number((v or {}).get("weight")) or 1.0)
                     for v in (trace.get("rewards") or {}).values() if isinstance(v, dict))
         metrics = trace.get("metrics") or {}
@@ -182,7 +183,8 @@ class PrimeRLSource(Source):
                 if len(turns) == 1:
                     ep.prompt_length = start
             elif turns:
-                turns[-1].messages.append({"role": message.get("role", "user"), "content": str(message.get("content") or "")})
+                turns[-1].messages.append({"role": message.get("role", "user"),
+                                           "content": str(message.get("content") or "")})
                 turns[-1].observation = "\n".join(m["content"] for m in turns[-1].messages)
         ep.turns = turns
         if turns:

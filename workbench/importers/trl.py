@@ -169,7 +169,8 @@ class TRLSource(Source):
         return TrajectoryBatch(episodes)
 
     def _check_weights(self, step: int, episodes: list) -> None:
-        logged = next((number(r.get("reward")) for r in self.history() if r["step"] == step + 1 and "reward" in r), None)
+        logged = next((number(r.get("reward")) for r in self.history() if r["step"] == step + 1 and "reward" in r),
+                      None)
         scores = [e.score for e in episodes if e.score is not None]
         if logged is None or not scores:
             return

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.importers.source import (
-    Source, SourceError, absent_reason, batch_metrics, group_by_key, group_by_prompt, map_metrics, metric_frame,
+    Source, SourceError, absent_reason, group_by_key, group_by_prompt, map_metrics, metric_frame,
     number, read_jsonl, success_of, text_episode,
 )
 from workbench.trajectory import TrajectoryBatch
