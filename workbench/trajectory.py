@@ -27,7 +27,8 @@ of the fields; `batch.require("advantages")` says which stage produces a missing
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -345,7 +346,13 @@ class Episode:
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The episode as plain data (what `dataclasses.asdict` gives; the per-token lists, which
+        hold numbers by contract, are copied without visiting each number)."""
+        out = {}
+        for f in _EPISODE_FIELDS:
+            value = getattr(self, f)
+            out[f] = list(value) if f in _TOKEN_LISTS else _plain(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Episode":
@@ -364,6 +371,27 @@ class Episode:
 
 #: The seeds' name for an episode.
 Trajectory = Episode
+_EPISODE_FIELDS = tuple(f.name for f in fields(Episode))
+#: Episode fields that hold one number per token.
+_TOKEN_LISTS = frozenset({"token_ids", "loss_mask", "rollout_logprobs", "turn_index"})
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """A copy of `value` as `dataclasses.asdict` makes it (dataclasses as dicts, containers
+    copied, other values deep-copied), without deep-copying the numbers and strings."""
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [_plain(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return copy.deepcopy(value)
 
 
 class TrajectoryBatch:
@@ -543,7 +571,7 @@ class TrajectoryBatch:
         return batch_frame(self, level, [k for k in TOKEN_FIELDS if k in self.tensors])
 
     # -- persistence ----------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, compresslevel: int = 9) -> Path:
         """Write as JSONL: a header line, then one line per episode with its token fields.
 
         Floats go through Python's shortest round-trip repr, so `load` restores
@@ -552,6 +580,7 @@ class TrajectoryBatch:
         never sees half of it (and a failed save leaves no file behind). Values JSON has
         no type for (numpy arrays and scalars, tensors, sets in a turn's `info`) are
         written as what `jsonable` makes of them: lists and numbers, else their repr.
+        `compresslevel` is gzip's (1 fastest .. 9 smallest, the default).
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -559,7 +588,7 @@ class TrajectoryBatch:
         records = ({**ep.to_dict(), "_fields": {k: self.token_values(b, k) for k in extra}}
                    for b, ep in enumerate(self.episodes))
         write_records(path, {"format": "workbench.trajectory_batch", "version": 1, "fields": extra,
-                             "meta": self.meta}, records)
+                             "meta": self.meta}, records, compresslevel)
         return path
 
     @classmethod

@@ -14,10 +14,12 @@ The checks are small named functions in `workbench.doctor.checks` (core layer, s
 a threshold in `DoctorConfig`, the config's `doctor` section: a run is judged with the
 thresholds in its config.yaml unless told otherwise. This module adds what needs a whole run: it reads the run
 (its steps' batches, metrics.jsonl and the held-out batches), runs the checks over the
-training steps (the latest batch is the evidence; the drift checks compare every step's
-numbers with the first steps'), again over the held-out batches (first = before
-training), takes metric findings' evidence from the batch of the step they name, and
-prints or serialises the findings.
+training steps (the latest batch is the evidence; the drift checks compare its numbers with
+the first steps', so only those batches are read, `_judged_steps`; the metric checks read every
+step's metrics), again over the held-out batches (first = before training), takes metric
+findings' evidence from the batch of the step they name, and prints or serialises the
+findings. A run imported from another trainer (`workbench.importers`) also gets the checks its
+files could not feed, with why (`Findings.not_checked`).
 
 Checks: heldout-regression (held-out games the best earlier evaluation won and the latest
 lost, paired by seed: training made the policy worse); parse-from-incidental-span,
@@ -200,7 +202,8 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> Finding
                         f"got {type(run).__name__}")
     if config is None and isinstance(getattr(getattr(run, "config", None), "doctor", None), DoctorConfig):
         cfg = run.config.doctor  # the thresholds the run trained with (its config.yaml)
-    train = _history(((s, run.batch(s)) for s in run.steps), "train", _rows(getattr(run, "metrics", None)))
+    train = _history(((s, run.batch(s)) for s in _judged_steps(run.steps, cfg)), "train",
+                     _rows(getattr(run, "metrics", None)))
     evals = [(s, run.eval_batch(s)) for s in _eval_steps(run)]
     saved = getattr(run, "config", None)
     provenance = getattr(run, "provenance", None)
@@ -216,6 +219,13 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> Finding
         return Findings(found)
     return _unchecked(found, provenance.absent, getattr(run, "metrics", None),
                       getattr(provenance, "trainer", provenance.format))
+
+
+def _judged_steps(steps: list[int], cfg: DoctorConfig) -> list[int]:
+    """The saved steps the training checks read: the first `baseline_steps` (what the drift
+    checks compare with) and the last (what every check judges; `History.baseline`). The steps
+    between change no finding, so a long run is judged without reading all its batches."""
+    return sorted(set(steps[:cfg.baseline_steps]) | set(steps[-1:]))
 
 
 def run_facts(config: Any) -> RunFacts:

@@ -180,13 +180,15 @@ class Source:
                         **({"eval/success_rate": m["env/success_rate"]} if "env/success_rate" in m else {})})
         return out
 
-    def read_all_metrics(self) -> Any:
+    def read_all_metrics(self, per_step: list[dict[str, Any]] | None = None) -> Any:
         """`read_metrics` with each step's batch numbers (`batch_metrics`) filled in where the
-        source logged none of that name for that step; reads every batch once."""
+        source logged none of that name for that step; reads every batch once (`per_step`: those
+        numbers already taken, `[{"step", ...}]`)."""
         import pandas as pd
 
         frame = self.read_metrics()
-        per_step = [{"step": s, **batch_metrics(self.batch(s))} for s in self.steps]
+        if per_step is None:
+            per_step = [{"step": s, **batch_metrics(self.batch(s))} for s in self.steps]
         if not per_step:
             return frame
         derived = pd.DataFrame(per_step)

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from workbench.importers.source import Source, SourceError
+from workbench.importers.source import Source, SourceError, batch_metrics
 from workbench.training import run_files
 
 __all__ = ["write_run", "check_output", "PROVENANCE_FILE"]
@@ -58,14 +58,15 @@ def write_run(source: Source, output: str | Path, task: str = "", model: str = "
     {"output", "steps", "episodes", "eval_steps", "skipped"}. Raises SourceError."""
     out = check_output(source.path, output)
     out.mkdir(parents=True, exist_ok=True)
-    episodes = 0
-    for step in source.steps:
+    episodes, per_step = 0, []
+    for step in source.steps:  # each step read once: saved (gzip level 1: the text is most of it), counted
         batch = source.batch(step)
         episodes += len(batch)
-        run_files.save_step_batch(out, step, batch)
+        per_step.append({"step": step, **batch_metrics(batch)})
+        batch.save(run_files.rollout_path(out, step), compresslevel=1)
     for step in source.eval_steps:
-        run_files.save_eval_batch(out, step, source.eval_batch(step))
-    metrics = source.read_all_metrics()
+        source.eval_batch(step).save(run_files.eval_path(out, step), compresslevel=1)
+    metrics = source.read_all_metrics(per_step)
     with (out / run_files.METRICS_FILE).open("w", encoding="utf-8") as f:
         for record in metrics.to_dict("records"):
             row = _row(record)
