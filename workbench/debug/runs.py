@@ -342,7 +342,7 @@ class Run:
         origin = self.branched_from
         parent = str(origin.parent_run or origin.checkpoint) if origin is not None else ""
         branch = "" if origin is None else f", branched at step {origin.step} from {parent!r}"
-        imported = "" if self.provenance is None else f", imported from {self.provenance.format}"
+        imported = "" if self.provenance is None else f", imported from {self.provenance.trainer}"
         return (f"Run({str(self.path)!r}{imported}: {s['algorithm']} on {s['environment']}, "
                 f"{s['metric steps']} steps, "
                 f"saved batches {s['saved steps']}, evals [{s['evals']}]{branch})")
