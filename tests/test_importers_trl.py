@@ -99,6 +99,7 @@ def test_every_view_opens_the_imported_run(trl_run):
     conv = ConversationView(run)
     assert PROMPTS[0] in conv.html or PROMPTS[4] in conv.html
     assert "success not reported" in conv.html and "recorded as text" in conv.html
+    assert "advantage 0" in conv.html and "every score in its group is the same" in conv.html  # TRL's advantage
     table = TrajectoryTable(run, step=1)
     assert len(table.df) == 8
     dash = TrainingDashboard(run)

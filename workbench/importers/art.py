@@ -119,13 +119,14 @@ class ARTSource(Source):
             p.absent["metrics"] = absent_reason("ART", "metrics", "no history.jsonl in the model folder")
 
     def _train_files(self) -> dict[int, Path]:
-        return _split_files(self.model_dir, TRAIN_SPLIT)
+        return {s: p for s, p in _split_files(self.model_dir, TRAIN_SPLIT).items()
+                if self.readable_parquet(p, f"trajectories/{TRAIN_SPLIT}")}
 
     def _eval_files(self) -> dict[int, Path]:
         for split in EVAL_SPLITS:
             files = _split_files(self.model_dir, split)
             if files:
-                return files
+                return {s: p for s, p in files.items() if self.readable_parquet(p, f"trajectories/{split}")}
         return {}
 
     def _batch(self, where: Path, step: int, split: str) -> TrajectoryBatch:

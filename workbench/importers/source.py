@@ -153,6 +153,8 @@ class Source:
         """A tokenizer when `--model` gave one (token views decode with it)."""
         self.recompute: Any = None
         """`workbench.importers.recompute.Recompute` when `--model` was given."""
+        self._parquet_ok: set[Path] = set()
+        self._parquet_bad: set[Path] = set()
 
     # -- what subclasses give ----------------------------------------------------------------
     def _train_files(self) -> dict[int, Any]:
@@ -214,6 +216,23 @@ class Source:
         if self.provenance.estimator:
             config.training.adv_estimator = self.provenance.estimator
         return config
+
+    def readable_parquet(self, path: Path, label: str) -> bool:
+        """Whether the parquet file's footer reads; one that does not (a writer still at work, a
+        file cut short) is left out of the steps and counted in `skipped` once."""
+        import pyarrow.parquet as pq
+
+        if path in self._parquet_ok:
+            return True
+        try:
+            pq.read_metadata(path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several kinds for a file cut short
+            if path not in self._parquet_bad:
+                self._parquet_bad.add(path)
+                self.skipped.add(f"{label}/{path.name}", f"{type(exc).__name__}: {exc}")
+            return False
+        self._parquet_ok.add(path)
+        return True
 
     # -- the run's face --------------------------------------------------------------------------
     @property

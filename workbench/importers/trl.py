@@ -128,7 +128,8 @@ class TRLSource(Source):
         return [c for c in columns if c not in _NOT_REWARDS]
 
     def _train_files(self) -> dict[int, Path]:
-        return {s - 1: p for s, p in completion_files(self.root).items() if s >= 1}
+        return {s - 1: p for s, p in completion_files(self.root).items()
+                if s >= 1 and self.readable_parquet(p, "completions")}
 
     def _batch(self, where: Path, step: int, split: str) -> TrajectoryBatch:
         import pandas as pd
@@ -156,15 +157,13 @@ class TRLSource(Source):
             extra = {c: _plain(row[c]) for c in extras}
             common = dict(score=score, group=group, rewards=values, advantage=advantage, success=success, extra=extra)
             prompt, completion = row.get("prompt"), row.get("completion")
-            if isinstance(completion, str) or completion is None:
-                text = prompt if isinstance(prompt, str) else "\n".join(
-                    str(m.get("content", "")) for m in plain_messages(prompt))
-                episodes.append(text_episode(i, text, completion or "", **common))
-                episodes[-1].messages = (plain_messages(prompt) if not isinstance(prompt, str) else
-                                         [{"role": "prompt", "content": prompt}]) + \
-                    [{"role": "assistant", "content": completion or ""}]
-            else:
-                episodes.append(message_episode(i, prompt, completion, **common))
+            as_text = isinstance(prompt, str) and not isinstance(completion, (list, tuple)) \
+                and not hasattr(completion, "tolist")  # parquet gives message lists as arrays
+            if as_text:
+                episodes.append(text_episode(i, prompt, str(completion or ""), **common))  # TRL's standard format
+            else:  # conversational: message lists (a completion string after messages is one assistant message)
+                reply = [{"role": "assistant", "content": completion}] if isinstance(completion, str) else completion
+                episodes.append(message_episode(i, prompt, reply, **common))
         self._check_weights(step, episodes)
         return TrajectoryBatch(episodes)
 
