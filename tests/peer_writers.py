@@ -104,3 +104,33 @@ async def main():
         await model.log(groups, split=batch["split"], step=batch["step"])
 asyncio.run(main())
 '''
+
+
+def open_in_every_view(run: Any) -> dict[str, Any]:
+    """Build each view on an imported `run` (the conversation, the table, the dashboard, the reward
+    tuner with a new reward function, the findings panel; the token view where it has tokens or
+    says why not) and check each shows the run's episodes; returns the views."""
+    from workbench.debug import diagnose
+    from workbench.widgets import ConversationView, FindingsPanel, RewardTuner, TokenView, TrainingDashboard
+    from workbench.widgets.table import TrajectoryTable
+
+    batch = run.batch()
+    views = {"conversation": ConversationView(run), "table": TrajectoryTable(run),
+             "dashboard": TrainingDashboard(run), "tuner": RewardTuner(run)}
+    first = batch[0].turns[0].action
+    assert views["conversation"].html and (first[:20] in views["conversation"].html or not first)
+    assert len(views["table"].df) == len(batch)
+    assert views["dashboard"].steps == len(run.metrics)
+    views["tuner"].set_reward_fn(lambda ep: float(len(ep.turns[-1].action) if ep.turns else 0))
+    assert views["tuner"].table["score_after"].tolist() == [float(len(e.turns[-1].action)) for e in batch]
+    findings = diagnose(run)
+    views["findings"] = FindingsPanel(findings, run)
+    if findings and findings[0].evidence:
+        assert views["findings"].pick(0) is not None
+    if any(e.token_ids for e in batch):
+        views["tokens"] = TokenView(run, field="loss_mask")
+        assert "episode" in views["tokens"].html
+    else:
+        with pytest.raises(ValueError, match="no tokens to show: .* records no token ids"):
+            TokenView(run)
+    return views

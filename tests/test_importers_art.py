@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.peer_writers import ART_WRITER, run_peer, tree_digest
+from tests.peer_writers import ART_WRITER, open_in_every_view, run_peer, tree_digest
 from workbench.debug import diagnose, load_run
 
 STEPS, GROUPS, SIZE = 3, 4, 4
@@ -54,6 +54,7 @@ def test_arts_own_files_open_as_a_run(art_run):
     m = run.metrics.set_index("step")
     assert m.loc[2, "reward/mean"] == m.loc[2, "train/reward"] == pytest.approx(0.2 + 0.8 * 4 / 4)
     assert run.evals[-1]["step"] == STEPS and run.evals[-1]["eval/success_rate"] == 0.5
+    open_in_every_view(run)
 
 
 def test_the_doctor_names_the_judge_paying_a_pattern(art_run):

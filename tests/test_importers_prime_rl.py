@@ -9,6 +9,7 @@ import json
 
 import pytest
 
+from tests.peer_writers import open_in_every_view
 from workbench.debug import diagnose, load_run
 
 STEPS, GROUPS, SIZE = 3, 2, 4
@@ -93,6 +94,7 @@ def test_prime_rl_traces_open_token_exact(prime_run, tiny_model_and_tokenizer):
     assert m.loc[1, "reward/mean"] == 1.0 and m.loc[2, "actor/entropy"] == 0.1  # the two lines of a step merged
     assert m.loc[2, "actor/rollout_logprob_diff"] == pytest.approx(0.5)
     assert run.provenance.metric_names["actor/rollout_logprob_diff"] == "token_exports"
+    open_in_every_view(run)
 
 
 def test_the_doctor_names_the_gap_the_collapse_and_the_flat_groups(prime_run):

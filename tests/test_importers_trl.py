@@ -21,7 +21,7 @@ def trl_run(tiny_model_path, tmp_path_factory):
     torch = pytest.importorskip("torch")
     pytest.importorskip("trl")
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from workbench.integrations.trl import WorkbenchCallback
@@ -42,11 +42,18 @@ def trl_run(tiny_model_path, tmp_path_factory):
                       use_cpu=True, log_completions=True, seed=0, dataloader_num_workers=0, beta=0.04,
                       shuffle_dataset=False)
     live = root / "live"
+    seen = []
+
+    class Follow(TrainerCallback):  # what load_run gives on the live folder while TRL trains
+        def on_step_end(self, args, state, control, **kwargs):
+            run = load_run(live)
+            seen.append((state.global_step, run.steps, len(run.metrics)))
+
     trainer = GRPOTrainer(model=model, reward_funcs=[flat, brevity], args=args, train_dataset=data,
-                          processing_class=tok, callbacks=[WorkbenchCallback(live, task="doubling")])
+                          processing_class=tok, callbacks=[WorkbenchCallback(live, task="doubling"), Follow()])
     trainer.train()
     trainer.save_state()
-    return {"out": root / "out", "live": live}
+    return {"out": root / "out", "live": live, "seen": seen}
 
 
 def test_trls_own_files_open_as_a_run(trl_run):
@@ -72,6 +79,8 @@ def test_the_callback_wrote_the_same_run_while_trl_trained(trl_run):
         assert [e.to_dict() for e in live.batch(step)] == [e.to_dict() for e in after.batch(step)]
     assert list(live.metrics["reward/mean"]) == list(after.metrics["reward/mean"][:3])
     assert "written live" in " ".join(live.provenance.notes)
+    # while TRL trained: each step's metrics at once, its batch one step behind (TRL writes it after on_log)
+    assert trl_run["seen"] == [(1, [], 0), (2, [0], 1), (3, [0, 1], 2)]
 
 
 def test_the_doctor_names_the_dead_signal_and_lists_what_it_could_not_check(trl_run, capsys):

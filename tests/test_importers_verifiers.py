@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.peer_writers import VERIFIERS_WRITER, run_peer, tree_digest
+from tests.peer_writers import VERIFIERS_WRITER, open_in_every_view, run_peer, tree_digest
 from workbench.debug import diagnose, load_run
 
 EXAMPLES, PER = 4, 4
@@ -78,6 +78,7 @@ def test_verifiers_results_open_token_exact(results, tiny_model_and_tokenizer):
     assert ep.response_length == sum(ep.loss_mask) and not ep.segments
     assert batch.has("advantages") and batch[12].turns[1].finish_reason == "length"
     assert "token_ids" not in p.absent and "logprobs" not in p.absent
+    open_in_every_view(run)
 
 
 def test_the_doctor_names_the_loop_and_the_flat_groups(results):

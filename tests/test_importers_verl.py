@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tests.peer_writers import VERL_WRITER, run_peer, tree_digest
+from tests.peer_writers import VERL_WRITER, open_in_every_view, run_peer, tree_digest
 from workbench.cli import main
 from workbench.debug import RunError, diagnose, load_run
 
@@ -85,6 +85,7 @@ def test_verls_own_dump_opens_as_a_run(verl_runs):
     assert run.evals[0]["step"] == 0 and len(run.eval_batch(STEPS)) == 4
     assert "same prompt and ground truth" in run.provenance.groups
     assert "not recorded" in run._summary() and "verl" in repr(run)
+    open_in_every_view(run)
 
 
 def test_groups_come_from_the_uid_when_the_dump_has_one(verl_runs):

@@ -30,12 +30,12 @@ from pathlib import Path
 from typing import Any
 
 from workbench.importers.source import (
-    Source, SourceError, absent_reason, group_by_prompt, map_metrics, message_episode, metric_frame, number,
-    plain_messages, success_of, text_episode,
+    Provenance, Source, SourceError, absent_reason, group_by_prompt, map_metrics, message_episode, metric_frame,
+    number, plain_messages, success_of, text_episode,
 )
 from workbench.trajectory import TrajectoryBatch
 
-__all__ = ["TRLSource", "detect", "METRICS", "read_log_history", "completion_files"]
+__all__ = ["TRLSource", "detect", "METRICS", "read_log_history", "completion_files", "provenance"]
 
 _FILE = re.compile(r"completions_(\d+)\.parquet")
 METRICS: dict[str, tuple[str, ...]] = {
@@ -84,6 +84,24 @@ def read_log_history(path: Path) -> list[dict[str, Any]]:
     return [r for r in data.get("log_history", []) if isinstance(r, dict) and isinstance(r.get("step"), int)]
 
 
+def provenance(path: Path, metrics: bool = True) -> Provenance:
+    """What a TRL run's files hold and do not (`metrics`: a trainer_state.json was found)."""
+    p = Provenance(format="trl", source=str(Path(path).resolve()), estimator="grpo",
+                   groups="same prompt within a step",
+                   steps="TRL's global step S (1 after the first optimizer step) is step S-1 here")
+    p.absent = {name: absent_reason("TRL", name, hint) for name, hint in (
+        ("token_ids", "import with --model to tokenize the text"),
+        ("logprobs", "import with --model to recompute them"),
+        ("action_span", ""), ("finish_reason", "its log has the share cut (completions/clipped_ratio), not which "
+                                               "replies"),
+        ("parse_errors", ""), ("environment_errors", ""), ("env_seed", ""), ("held_out", ""),
+        ("alignment", ""), ("success", "no \"success\" column"))}
+    if not metrics:
+        p.absent["metrics"] = absent_reason("TRL", "metrics", "no trainer_state.json beside the completions "
+                                            "(trainer.save_state() writes one; checkpoints hold one too)")
+    return p
+
+
 class TRLSource(Source):
     """A TRL GRPOTrainer output folder: its completions parquet files and trainer_state.json."""
 
@@ -97,20 +115,7 @@ class TRLSource(Source):
                               "log_completions=True)")
         self.state_file = _state_file(self.root)
         self._history: list[dict[str, Any]] | None = None
-        p = self.provenance
-        p.estimator = "grpo"
-        p.groups = "same prompt within a step"
-        p.steps = "TRL's global step S (1 after the first optimizer step) is step S-1 here"
-        p.absent = {name: absent_reason("TRL", name, hint) for name, hint in (
-            ("token_ids", "import with --model to tokenize the text"),
-            ("logprobs", "import with --model to recompute them"),
-            ("action_span", ""), ("finish_reason", "its log has the share cut (completions/clipped_ratio), "
-                                                   "not which replies"),
-            ("parse_errors", ""), ("environment_errors", ""), ("env_seed", ""), ("held_out", ""),
-            ("alignment", ""), ("success", "no \"success\" column"))}
-        if self.state_file is None:
-            p.absent["metrics"] = absent_reason("TRL", "metrics", "no trainer_state.json beside the completions "
-                                                "(trainer.save_state() writes one; checkpoints hold one too)")
+        self.provenance = provenance(self.path, metrics=self.state_file is not None)
 
     def history(self) -> list[dict[str, Any]]:
         if self._history is None:

@@ -29,6 +29,7 @@ from transformers import TrainerCallback
 
 from workbench.importers.source import map_metrics
 from workbench.importers.trl import METRICS, TRLSource, completion_files
+from workbench.importers.trl import provenance as trl_provenance
 from workbench.importers.write import PROVENANCE_FILE, check_output
 from workbench.training import run_files
 
@@ -62,6 +63,8 @@ class WorkbenchCallback(TrainerCallback):
         config = ConfigStore()  # what load_run reads from the first step on (TRLSource.build_config's)
         config.environment.name, config.model.model_name, config.training.adv_estimator = self.task, "", "grpo"
         config.save(self.run_dir / run_files.CONFIG_FILE)
+        (self.run_dir / run_files.METRICS_FILE).touch()  # load_run reads the run from its first step on
+        self._write_provenance(trl_provenance(self._output_dir))
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                **kwargs: Any) -> None:
@@ -98,7 +101,9 @@ class WorkbenchCallback(TrainerCallback):
             if len(batch):  # empty: the file did not read yet (skipped and counted); tried again next step
                 run_files.save_step_batch(self.run_dir, step, batch)
                 self.saved.add(step)
-        provenance = self.source.provenance
+        self._write_provenance(self.source.provenance)
+
+    def _write_provenance(self, provenance: Any) -> None:
         provenance.absent.pop("metrics", None)  # the metrics come from on_log, not from trainer_state.json
         provenance.notes = [n for n in provenance.notes if not n.startswith("written live")] + [
             "written live by workbench.integrations.trl.WorkbenchCallback while TRL trained"]
