@@ -13,7 +13,7 @@ from tests.peer_writers import VERL_WRITER, run_peer
 from tests.test_doctor_checks import diverse
 from workbench import ConfigStore
 from workbench.cli import main
-from workbench.debug import diagnose, load_run
+from workbench.debug import compare_runs, diagnose, load_run
 
 ENTROPY = [2.0, 1.9, 1.8, 0.1]
 
@@ -90,3 +90,9 @@ def test_export_verl_then_verls_dump_then_import_gives_the_same_findings(origina
     assert key(after) == key(before)
     # what the dump cannot carry is listed, not passed: no success, no spans, no token ids
     assert {"reward-without-success", "parse-from-incidental-span", "length-drift"} <= set(after.not_checked)
+    # compare: the workbench run against its verl twin, the same task though verl names none
+    cmp = compare_runs(run_dir, out)
+    assert {c.name for c in cmp.findings["persisting"]} >= {"template-collapse", "zero-variance-groups",
+                                                              "entropy-collapse"}
+    assert any("imported from verl" in n for n in cmp.notices)
+    assert list(cmp.curves[cmp.curves["run"] == "B"]["reward/mean"]) == list(run.metrics["reward/mean"])
