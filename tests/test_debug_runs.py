@@ -57,7 +57,7 @@ def test_every_field_of_a_reopened_batch_equals_the_trained_batch(ppo_run):
     assert isinstance(run, Run) and run.path == folder
     assert run.steps == [0, 1, 2] and sorted(kept) == [0, 1, 2]
     fields = set(kept[2].tensors)
-    trained = {k for k in TOKEN_FIELDS if not k.startswith("diff_")  # diff_*: filled by compare_policies only
+    trained = {k for k in TOKEN_FIELDS if not k.startswith(("diff_", "recomputed_"))  # by compare_policies, importers only
                and k != "rollout_is_weights"  # only with training.rollout_is (async training)
                and k != "position_ids"}  # only when an episode holds several sequences ("rendered" history)
     assert fields == trained  # values, ref/old/new logprobs, kl, advantages, ratio, ...: all of them

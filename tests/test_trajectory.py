@@ -161,3 +161,18 @@ def test_sequences_of_an_episode_match_a_plain_walk_and_survive_save(tmp_path):
     assert "position_ids" not in TrajectoryBatch([one]).tensors  # one-sequence batches are as before
     ep.truncate_tokens(7)
     assert ep.segments == [] and ep.context_ids() == ep.token_ids[:7]
+
+
+def test_to_dict_is_what_asdict_gives(tiny_model_and_tokenizer):
+    import dataclasses
+
+    from tests.doctor_policies import count_up_from_4, roll
+
+    batch = roll(tiny_model_and_tokenizer[1], "guess_number", count_up_from_4, groups=2, group_size=2)
+    ep = batch[0]
+    ep.turns[0].info["nested"] = {"a": [1, (2, 3)], "b": {"c": None}}
+    ep.forked_from = {"turn": 1, "text": "x"}
+    assert ep.to_dict() == dataclasses.asdict(ep)
+    copy = ep.to_dict()
+    copy["turns"][0]["info"]["nested"]["a"].append(9)  # a copy, as asdict's: the episode is unchanged
+    assert ep.turns[0].info["nested"]["a"] == [1, (2, 3)]

@@ -27,7 +27,8 @@ of the fields; `batch.require("advantages")` says which stage produces a missing
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+import copy
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -63,6 +64,12 @@ TOKEN_FIELDS: dict[str, tuple[torch.dtype, str, str]] = {
     "diff_logprobs_b": (torch.float32, "logprob of each trained token under policy B", "debug.compare_policies"),
     "diff_delta": (torch.float32, "logprob under B minus under A (trained tokens)", "debug.compare_policies"),
     "diff_kl": (torch.float32, "per-token KL(B || A) estimate (k3) on trained tokens", "debug.compare_policies"),
+    "recomputed_logprobs": (torch.float32, "logprob of each trained token under a model, recomputed by teacher "
+                            "forcing for a run imported as text (not sampled)", "importers.recompute"),
+    "recomputed_entropy": (torch.float32, "that model's entropy at each trained token (recomputed, not sampled)",
+                           "importers.recompute"),
+    "recomputed_kl": (torch.float32, "KL(model || ref model) of the next-token distributions at each trained "
+                      "token (recomputed, not sampled)", "importers.recompute"),
 }
 COLLATED = ("input_ids", "attention_mask", "loss_mask", "rollout_logprobs")
 #: Collated too, only when some episode holds several sequences (`Episode.segments`).
@@ -100,7 +107,8 @@ class Turn:
     token_end: int = 0
     """One past this turn's last action token."""
     finish_reason: str = "stop"
-    """"stop", "length" (hit max_tokens), "human" or "error"."""
+    """"stop", "length" (hit max_tokens), "human" or "error"; "unknown" in a run imported from a
+    trainer that does not record it (`workbench.importers`)."""
     messages: list[dict[str, Any]] = field(default_factory=list)
     """Non-model chat messages appended after this turn."""
     constraint: dict[str, Any] | None = None
@@ -243,6 +251,13 @@ class Episode:
         return None
 
     @property
+    def recorded_as_text(self) -> bool:
+        """Model turns recorded without their token ids: an episode imported from a trainer that
+        kept only the text (`workbench.importers`). Its trainer trained on it, so it counts as
+        trained (`TrajectoryBatch.untrained_rows`) though it has no token to show."""
+        return not self.token_ids and any(t.source == "model" for t in self.turns)
+
+    @property
     def num_tool_calls(self) -> int:
         return sum(len(t.tool_calls) for t in self.turns)
 
@@ -335,7 +350,13 @@ class Episode:
         return "".join(out)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The episode as plain data (what `dataclasses.asdict` gives; the per-token lists, which
+        hold numbers by contract, are copied without visiting each number)."""
+        out = {}
+        for f in _EPISODE_FIELDS:
+            value = getattr(self, f)
+            out[f] = list(value) if f in _TOKEN_LISTS else _plain(value)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Episode":
@@ -354,6 +375,27 @@ class Episode:
 
 #: The seeds' name for an episode.
 Trajectory = Episode
+_EPISODE_FIELDS = tuple(f.name for f in fields(Episode))
+#: Episode fields that hold one number per token.
+_TOKEN_LISTS = frozenset({"token_ids", "loss_mask", "rollout_logprobs", "turn_index"})
+_SCALARS = (int, float, str, bool, type(None))
+
+
+def _plain(value: Any) -> Any:
+    """A copy of `value` as `dataclasses.asdict` makes it (dataclasses as dicts, containers
+    copied, other values deep-copied), without deep-copying the numbers and strings."""
+    if type(value) in _SCALARS:
+        return value
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        items = [_plain(v) for v in value]
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return copy.deepcopy(value)
 
 
 def success_reported(episodes: Any) -> bool:
@@ -485,16 +527,20 @@ class TrajectoryBatch:
         return rows
 
     def trained_outcomes(self, rows: list[int]) -> list[float]:
-        """The outcomes of the episodes among `rows` that have a trained token."""
-        return [self.episodes[i].outcome for i in rows if self.episodes[i].response_length]
+        """The outcomes of the episodes among `rows` that have a trained token (or were
+        `recorded_as_text`)."""
+        return [self.episodes[i].outcome for i in rows
+                if self.episodes[i].response_length or self.episodes[i].recorded_as_text]
 
     def untrained_rows(self) -> list[int]:
         """Rows the update leaves out: episodes without a single trained (policy-sampled)
-        token (every episode whose `reset` raised, or whose agent never called the model), and
-        episodes that ended in an environment error (`Episode.environment_error`: their reward
-        is the environment's failure, not the policy's). No loss counts them, and they are no
+        token (every episode whose `reset` raised, or whose agent never called the model; an
+        imported episode `recorded_as_text` is not one of them), and episodes that ended in an
+        environment error (`Episode.environment_error`: their reward is the environment's
+        failure, not the policy's). No loss counts them, and they are no
         member of their group's baseline (`update_group_ids`)."""
-        return [i for i, e in enumerate(self.episodes) if e.response_length == 0 or e.environment_error]
+        return [i for i, e in enumerate(self.episodes)
+                if (e.response_length == 0 and not e.recorded_as_text) or e.environment_error]
 
     def update_group_ids(self) -> list[str]:
         """`group_ids` as the advantage estimators see them: an episode without a trained
@@ -548,7 +594,7 @@ class TrajectoryBatch:
         return batch_frame(self, level, [k for k in TOKEN_FIELDS if k in self.tensors])
 
     # -- persistence ----------------------------------------------------------------
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, compresslevel: int = 9) -> Path:
         """Write as JSONL: a header line, then one line per episode with its token fields.
 
         Floats go through Python's shortest round-trip repr, so `load` restores
@@ -557,6 +603,7 @@ class TrajectoryBatch:
         never sees half of it (and a failed save leaves no file behind). Values JSON has
         no type for (numpy arrays and scalars, tensors, sets in a turn's `info`) are
         written as what `jsonable` makes of them: lists and numbers, else their repr.
+        `compresslevel` is gzip's (1 fastest .. 9 smallest, the default).
         """
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -564,7 +611,7 @@ class TrajectoryBatch:
         records = ({**ep.to_dict(), "_fields": {k: self.token_values(b, k) for k in extra}}
                    for b, ep in enumerate(self.episodes))
         write_records(path, {"format": "workbench.trajectory_batch", "version": 1, "fields": extra,
-                             "meta": self.meta}, records)
+                             "meta": self.meta}, records, compresslevel)
         return path
 
     @classmethod

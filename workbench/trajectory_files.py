@@ -46,13 +46,13 @@ def jsonable(value: Any) -> Any:
     return repr(value)
 
 
-def write_records(path: Path, header: dict[str, Any], records: Any) -> None:
-    """Write `header` and then each record of `records` as one JSON line (gzip when the name
-    ends in ".gz"), beside `path` first and then renamed into place, so a reader never sees
-    half of the file and a failed write leaves none behind."""
+def write_records(path: Path, header: dict[str, Any], records: Any, compresslevel: int = 9) -> None:
+    """Write `header` and then each record of `records` as one JSON line (gzip at `compresslevel`
+    when the name ends in ".gz"), beside `path` first and then renamed into place, so a reader
+    never sees half of the file and a failed write leaves none behind."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        with open_text(tmp, "w") as f:
+        with open_text(tmp, "w", compresslevel) as f:
             f.write(json.dumps(header, default=jsonable) + "\n")
             for record in records:
                 f.write(json.dumps(record, default=jsonable) + "\n")
@@ -129,8 +129,8 @@ def _line_parts(f: Any, limit: int, chunk: int = 1 << 20) -> tuple[list[bytes], 
     return parts, size
 
 
-def open_text(path: Path, mode: str) -> Any:
-    """A text file, gzip-compressed when its name ends in ".gz"."""
+def open_text(path: Path, mode: str, compresslevel: int = 9) -> Any:
+    """A text file, gzip-compressed (at `compresslevel` when written) when its name ends in ".gz"."""
     if path.name.endswith(".gz") or path.name.endswith(".gz.tmp"):
-        return gzip.open(path, mode + "t", encoding="utf-8")
+        return gzip.open(path, mode + "t", encoding="utf-8", compresslevel=compresslevel)
     return path.open(mode, encoding="utf-8")

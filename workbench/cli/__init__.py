@@ -1,4 +1,4 @@
-"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare}`.
+"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare,import}`.
 
     __init__.py  argument parsing only: `main`, the commands and their flags
     demo.py      `make demo`: rollouts, then GRPO with held-out success before and after
@@ -354,6 +354,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # python -m workbench diagnose RUN_DIR [--doctor.FIELD VALUE ...]: thresholds over the run's own
     add_config_flags(add_diagnose_parser(sub), sections=("doctor",))
     add_compare_parser(sub)  # python -m workbench compare RUN_A RUN_B
+    from workbench.importers.command import add_import_parser
+
+    add_import_parser(sub)  # python -m workbench import PATH --output RUN (verl, TRL, ART, verifiers, prime-rl)
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -409,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "diagnose":
             args.doctor_overrides = given_config_flags(args).get("doctor", {})
             return args.run(args)
-        if args.command == "compare":
+        if args.command in ("compare", "import"):
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing

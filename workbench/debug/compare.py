@@ -347,13 +347,21 @@ def compare_runs(a: Any, b: Any, doctor: DoctorConfig | None = None) -> RunCompa
     ea, eb = a.config.environment, b.config.environment
     # a run recorded before a module moved names its old path: the same environment (workbench._moved)
     same_name = current_path(ea.name) == current_path(eb.name)
+    notices = []
+    unnamed = [(label, run) for label, run in (("A", a), ("B", b))
+               if getattr(run, "provenance", None) is not None and not run.config.environment.name]
+    for label, run in unnamed:  # another trainer's run names no task: compared as the other's
+        notices.append(f"run {label} ({run.path}) is imported from {run.provenance.trainer}, which records no "
+                       "environment: it is compared as a run of the same task as the other (name the task with "
+                       "`workbench import --task NAME` to have it checked)")
+    if unnamed:
+        same_name = True
     if not same_name or (ea.import_path and eb.import_path
                          and current_path(ea.import_path) != current_path(eb.import_path)):
         raise RunsNotComparable(
             f"{a.path} and {b.path} are not comparable: A trained on environment {_environment(a)}, B on "
             f"{_environment(b)} (environment.name / environment.import_path in their config.yaml). "
             "compare_runs compares two runs of the same environment; compare each with a run of its own environment")
-    notices = []
     if doctor is None and a.config.doctor != b.config.doctor:
         fields = [k for k in config_differences(a.config, b.config) if k.startswith("doctor.")]
         notices.append(f"the runs' doctor thresholds differ ({', '.join(fields)}): each run's findings are judged "
@@ -366,17 +374,25 @@ def compare_runs(a: Any, b: Any, doctor: DoctorConfig | None = None) -> RunCompa
     same = bool(eps_a) and seeds_a == seeds_b
     for label, run, eps in (("A", a, eps_a), ("B", b, eps_b)):
         if not eps:
+            how = ("; train it with --eval-episodes N" if getattr(run, "provenance", None) is None else
+                   f" (its {run.provenance.trainer} files hold none, or none by environment seed)")
             notices.append(f"run {label} ({run.path}) has no held-out evaluation batch (evals/): there are no "
-                           "held-out numbers or episodes of it to compare; train it with --eval-episodes N")
+                           f"held-out numbers or episodes of it to compare{how}")
     if eps_a and eps_b and not same:
         shared = len(set(seeds_a) & set(seeds_b))
         notices.append(f"NOT COMPARABLE on held-out episodes: A's final evaluation played seeds {_seeds(eps_a)}, "
                        f"B's {_seeds(eps_b)}; {shared} are shared. Their held-out success and reward are over "
                        "different episodes, and the side by side shows the shared seeds only. Evaluate both on "
                        "the same seeds (the CLI's --eval-episodes N plays seeds 10000..10000+N-1)")
+    found_a, found_b = diagnose(a, doctor), diagnose(b, doctor)
+    for label, found in (("A", found_a), ("B", found_b)):
+        if found.not_checked:  # a check one run's trainer gave no data for: its absence there says nothing
+            notices.append(f"the doctor could not check {len(found.not_checked)} things in run {label}, so a finding "
+                           "missing there is not a fix: " + "; ".join(f"{name} ({why})" for name, why in
+                                                                  found.not_checked.items()))
     return RunComparison(
         a=a, b=b, config_diff=config_differences(a.config, b.config), curves=_curves(a, b),
-        findings=_finding_changes(diagnose(a, doctor), diagnose(b, doctor)), pairs=_pair(eps_a, eps_b),
+        findings=_finding_changes(found_a, found_b), pairs=_pair(eps_a, eps_b),
         eval_steps=(step_a, step_b), same_heldout_seeds=same, notices=notices)
 
 

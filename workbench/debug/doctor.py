@@ -14,10 +14,12 @@ The checks are small named functions in `workbench.doctor.checks` (core layer, s
 a threshold in `DoctorConfig`, the config's `doctor` section: a run is judged with the
 thresholds in its config.yaml unless told otherwise. This module adds what needs a whole run: it reads the run
 (its steps' batches, metrics.jsonl and the held-out batches), runs the checks over the
-training steps (the latest batch is the evidence; the drift checks compare every step's
-numbers with the first steps'), again over the held-out batches (first = before
-training), takes metric findings' evidence from the batch of the step they name, and
-prints or serialises the findings.
+training steps (the latest batch is the evidence; the drift checks compare its numbers with
+the first steps', so only those batches are read, `_judged_steps`; the metric checks read every
+step's metrics), again over the held-out batches (first = before training), takes metric
+findings' evidence from the batch of the step they name, and prints or serialises the
+findings. A run imported from another trainer (`workbench.importers`) also gets the checks its
+files could not feed, with why (`Findings.not_checked`).
 
 Checks: heldout-regression (held-out games the best earlier evaluation won and the latest
 lost, paired by seed: training made the policy worse); parse-from-incidental-span,
@@ -52,6 +54,7 @@ import json
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
@@ -61,9 +64,40 @@ from workbench.doctor.checks import CHECKS, run_checks
 from workbench.doctor.findings import DoctorConfig, Evidence, Finding, History, RunFacts
 from workbench.trajectory import TrajectoryBatch
 
-__all__ = ["diagnose", "diagnose_parts", "Finding", "Evidence", "DoctorConfig", "CHECKS", "RunFacts", "RunPlace",
-           "run_facts", "remedy_command", "findings_table", "findings_markdown", "add_diagnose_parser",
+__all__ = ["diagnose", "diagnose_parts", "Findings", "Finding", "Evidence", "DoctorConfig", "CHECKS", "RunFacts",
+           "RunPlace", "run_facts", "remedy_command", "findings_table", "findings_markdown", "add_diagnose_parser",
            "cmd_diagnose"]
+
+
+class Findings(list):
+    """What `diagnose` returns: the fired findings (a list of `Finding`), and `not_checked`:
+    {check: why} for each check the run's data could not feed (a run imported from a trainer
+    that did not record what the check reads; `workbench.doctor.needs`). Empty for a run the
+    workbench trained."""
+
+    def __init__(self, findings: Iterable[Finding] = (), not_checked: dict[str, str] | None = None):
+        super().__init__(findings)
+        self.not_checked: dict[str, str] = dict(not_checked or {})
+
+    def not_checked_lines(self) -> list[str]:
+        """"not checked: length-drift: verl records no token ids; ..." one a check."""
+        return [f"not checked: {name}: {why}" for name, why in self.not_checked.items()]
+
+
+def _unchecked(findings: list[Finding], absent: dict[str, str] | None, metrics: Any, source: str) -> Findings:
+    """`findings` less those of checks the run could not feed, with those checks' reasons."""
+    if absent is None:
+        return Findings(findings)
+    from workbench.doctor.needs import not_checked
+
+    numbers = []
+    if metrics is not None and len(metrics):
+        import pandas as pd
+
+        numbers = [c for c in metrics.columns if pd.to_numeric(metrics[c], errors="coerce").notna().any()]
+    missing = not_checked(absent, numbers, source)
+    return Findings([f for f in findings if f.name not in missing], missing)
+
 
 #: Checks that read the metric rows; their evidence comes from the batch of the step they name.
 _METRIC_CHECKS = ("entropy-collapse", "kl-spike", "engine-trainer-gap", "off-policy-clipped")
@@ -137,8 +171,9 @@ def _metric_evidence(train: History, f: Finding, cfg: DoctorConfig, batch_at: An
     return CHECKS[f.name](h, cfg)
 
 
-def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Finding]:
-    """Run the doctor; returns the findings that crossed their thresholds.
+def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> Findings:
+    """Run the doctor; returns the findings that crossed their thresholds (a list, `Findings`,
+    whose `not_checked` names the checks an imported run's data could not feed, and why).
 
     Args:
         run_or_batches: one `TrajectoryBatch`; a list of batches (first = earliest, steps
@@ -151,13 +186,15 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
     cfg = config or DoctorConfig()
     run = run_or_batches
     if isinstance(run, History):
-        return diagnose_parts(run, (), cfg)
+        return Findings(diagnose_parts(run, (), cfg))
     if isinstance(run, TrajectoryBatch):
-        return diagnose_parts(_history([(0, run)], "train"), (), cfg)
+        run = [run]
     if isinstance(run, (list, tuple)):
         if not all(isinstance(b, TrajectoryBatch) for b in run):
             raise TypeError("diagnose: a list must hold TrajectoryBatch objects")
-        return diagnose_parts(_history(enumerate(run), "train"), (), cfg)
+        meta = run[-1].meta if run else {}
+        return _unchecked(diagnose_parts(_history(enumerate(run), "train"), (), cfg), meta.get("absent"), None,
+                          str(meta.get("source_trainer", meta.get("source_format", "the source"))))
     if isinstance(run, (str, os.PathLike)):
         run = load_run(run)  # a RunError says what is missing from the folder
     if not (hasattr(run, "steps") and callable(getattr(run, "batch", None))):
@@ -165,11 +202,30 @@ def diagnose(run_or_batches: Any, config: DoctorConfig | None = None) -> list[Fi
                         f"got {type(run).__name__}")
     if config is None and isinstance(getattr(getattr(run, "config", None), "doctor", None), DoctorConfig):
         cfg = run.config.doctor  # the thresholds the run trained with (its config.yaml)
-    train = _history(((s, run.batch(s)) for s in run.steps), "train", _rows(getattr(run, "metrics", None)))
+    train = _history(((s, run.batch(s)) for s in _judged_steps(run.steps, cfg)), "train",
+                     _rows(getattr(run, "metrics", None)))
     evals = [(s, run.eval_batch(s)) for s in _eval_steps(run)]
     saved = getattr(run, "config", None)
+    provenance = getattr(run, "provenance", None)
     facts = run_facts(saved) if hasattr(saved, "training") else None
-    return diagnose_parts(train, evals, cfg, batch_at=run.batch, facts=facts)
+    if provenance is not None:  # imported: only what its trainer recorded is known
+        from workbench.algo.advantages import GROUP_RELATIVE_ESTIMATORS
+
+        known = provenance.estimator
+        facts = RunFacts(adv_estimator=known, group_relative=None if known is None else
+                         known in GROUP_RELATIVE_ESTIMATORS)
+    found = diagnose_parts(train, evals, cfg, batch_at=run.batch, facts=facts)
+    if provenance is None:
+        return Findings(found)
+    return _unchecked(found, provenance.absent, getattr(run, "metrics", None),
+                      getattr(provenance, "trainer", provenance.format))
+
+
+def _judged_steps(steps: list[int], cfg: DoctorConfig) -> list[int]:
+    """The saved steps the training checks read: the first `baseline_steps` (what the drift
+    checks compare with) and the last (what every check judges; `History.baseline`). The steps
+    between change no finding, so a long run is judged without reading all its batches."""
+    return sorted(set(steps[:cfg.baseline_steps]) | set(steps[-1:]))
 
 
 def run_facts(config: Any) -> RunFacts:
@@ -247,6 +303,10 @@ def _try_line(f: Finding, place: RunPlace | None) -> str:
 
 
 # -- reports ----------------------------------------------------------------------------------
+def _imported(run: Any) -> bool:
+    """A run another trainer trained: a remedy is a setting of that trainer, so no workbench
+    command is printed for it (the advice says what to change)."""
+    return getattr(run, "provenance", None) is not None
 def _where(f: Finding) -> str:
     return ("held-out" if f.source == "eval" else "train") + (f", step {f.step}" if f.step is not None else "")
 
@@ -256,8 +316,9 @@ def findings_table(findings: list[Finding], run: Any = None) -> str:
     command (`remedy_command`, complete when `run`, a `RunPlace` or a `load_run` Run, is given)
     and the evidence."""
     place = run if isinstance(run, RunPlace) or run is None else RunPlace.of(run)
+    unchecked = findings.not_checked_lines() if isinstance(findings, Findings) else []
     if not findings:
-        return "doctor: no findings"
+        return "\n".join(["doctor: no findings", *unchecked])
     head = ("check", "severity", "value", "threshold", "where")
     rows = [(f.name, f.severity, f"{f.value:.3g}", f"{f.threshold:.3g}", _where(f)) for f in findings]
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
@@ -265,9 +326,11 @@ def findings_table(findings: list[Finding], run: Any = None) -> str:
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
     for f in findings:
         lines += ["", f"{f.name} ({_where(f)}): {f.message}.", f"  do: {f.advice}"]
-        if f.remedy:
+        if f.remedy and not _imported(run):
             lines.append(f"  try: {_try_line(f, place)}")
         lines += [f"  - {e.where()}: {e.quote()!r}" for e in f.evidence]
+    if unchecked:
+        lines += ["", *unchecked]
     return "\n".join(lines)
 
 
@@ -275,16 +338,19 @@ def findings_markdown(findings: list[Finding], run: Any = None) -> str:
     """Markdown for summary.md: a table, then each finding's message, advice, remedy command
     (as in `findings_table`) and evidence."""
     place = run if isinstance(run, RunPlace) or run is None else RunPlace.of(run)
+    unchecked = [f"- {line}" for line in findings.not_checked_lines()] if isinstance(findings, Findings) else []
     if not findings:
-        return "## Run doctor\n\nNo findings."
+        return "\n".join(["## Run doctor", "", "No findings.", *([""] + unchecked if unchecked else [])])
     lines = ["## Run doctor", "", "| check | severity | value | threshold | where | evidence |", "|---|---|---|---|---|---|"]
     for f in findings:
         ev = f.evidence[0].where() if f.evidence else ""
         lines.append(f"| {f.name} | {f.severity} | {f.value:.3g} | {f.threshold:.3g} | {_where(f)} | {ev} |")
     for f in findings:
         lines += ["", f"**{f.name}** ({_where(f)}): {f.message}. *Do:* {f.advice}"
-                  + (f" *Try:* `{_try_line(f, place)}`" if f.remedy else "")]
+                  + (f" *Try:* `{_try_line(f, place)}`" if f.remedy and not _imported(run) else "")]
         lines += [f"- {e.where()}: `{e.quote()}`" for e in f.evidence]
+    if unchecked:
+        lines += ["", *unchecked]
     return "\n".join(lines)
 
 
@@ -293,7 +359,8 @@ def add_diagnose_parser(subparsers: Any) -> argparse.ArgumentParser:
     """`python -m workbench diagnose RUN_DIR [--json]`."""
     p = subparsers.add_parser("diagnose", help="the run doctor: name reward hacking, collapse and dead signal "
                                                 "in a run folder, with the episodes that show it")
-    p.add_argument("run_dir", help="a run folder (rollouts/, evals/, metrics.jsonl), e.g. runs/demo/train")
+    p.add_argument("run_dir", help="a run folder (rollouts/, evals/, metrics.jsonl), e.g. runs/demo/train, or a "
+                                "folder another trainer wrote (verl, TRL, ART, verifiers, prime-rl), read in place")
     p.add_argument("--json", action="store_true", help="print the findings as a JSON list instead of a table")
     # The CLI adds a --doctor.FIELD VALUE flag per threshold (workbench.config.flags) and hands the
     # ones given to cmd_diagnose as args.doctor_overrides.
@@ -311,6 +378,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     findings = diagnose(run, config.doctor)
     if args.json:
         print(json.dumps([f.to_dict() for f in findings], indent=1))
+        for line in findings.not_checked_lines():  # stdout stays the findings' JSON list
+            print(line, file=sys.stderr)
     else:
         print(findings_table(findings, run))
     return 0

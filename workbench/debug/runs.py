@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from workbench.config import ConfigError, ConfigStore
+from workbench.importers.write import PROVENANCE_FILE
 from workbench.training import checkpoint as ckpt
 from workbench.training import run_files
 from workbench.training.branch import BRANCH_FILE, BranchError, BranchOrigin, read_branch
@@ -52,10 +53,14 @@ class RunError(RuntimeError):
     what is missing or damaged, and what to do."""
 
 
-def load_run(run_dir: str | Path) -> "Run":
+def load_run(run_dir: str | Path, **import_options: Any) -> "Run":
     """Open the run in `run_dir` (the CLI's `--output`, or `training.log_dir`, else
     `checkpoint.output_dir`, of a notebook run): its config, metrics and evaluation
-    numbers are read now, batches when asked for. Raises `RunError`."""
+    numbers are read now, batches when asked for. Raises `RunError`.
+
+    A folder another trainer wrote (verl's rollout dumps, TRL's completions, ART, verifiers,
+    prime-rl: `workbench.importers`) opens in place, nothing copied or written; `import_options`
+    go to `workbench.importers.open_source` (`format=`, `metrics=`, `model=`, `ref_model=`)."""
     path = Path(run_dir)
     if not path.is_dir():
         what = "is a file, not a folder" if path.exists() else "no such folder"
@@ -66,6 +71,14 @@ def load_run(run_dir: str | Path) -> "Run":
                        "--output, or training.log_dir of a notebook run)")
     for name in (run_files.ROLLOUTS, run_files.EVALS, run_files.CHECKPOINTS):
         inside_run(path, path / name)
+    written_here = (path / run_files.CONFIG_FILE).is_file() or run_files.saved_steps(path / run_files.ROLLOUTS)
+    if import_options or not written_here:
+        from workbench.importers import detect_format
+
+        # another trainer's folder; or one of nothing any reader knows (a RunError naming the formats)
+        ours = (path / run_files.ROLLOUTS).is_dir() or (path / run_files.METRICS_FILE).is_file()
+        if import_options or detect_format(path) or not ours:
+            return _foreign_run(path, **import_options)
     if not (path / run_files.ROLLOUTS).is_dir():
         raise RunError(
             f"{path} has no {run_files.ROLLOUTS}/ folder, so its batches cannot be reopened: it was written "
@@ -73,7 +86,32 @@ def load_run(run_dir: str | Path) -> "Run":
             "with save_rollouts_every >= 1 (the default) to reopen it; its numbers are in metrics.jsonl")
     return Run(path, _read_config(inside_run(path, path / run_files.CONFIG_FILE)),
                _read_metrics(inside_run(path, path / run_files.METRICS_FILE)),
-               _read_evals(inside_run(path, path / run_files.EVALS_FILE)))
+               _read_evals(inside_run(path, path / run_files.EVALS_FILE)),
+               provenance=_read_provenance(inside_run(path, path / PROVENANCE_FILE)))
+
+
+def _foreign_run(path: Path, **options: Any) -> "Run":
+    """A run another trainer wrote (`workbench.importers`), presented without a copy."""
+    from workbench.importers import SourceError, open_source
+
+    try:
+        source = open_source(path, **options)
+        return Run(path, source.build_config(), source.read_all_metrics(), source.read_evals(), source=source,
+                   provenance=source.provenance)
+    except SourceError as exc:
+        raise RunError(str(exc)) from exc
+
+
+def _read_provenance(path: Path) -> Any:
+    """RUN/provenance.json (an imported run's `workbench.importers.Provenance`), or None."""
+    if not path.is_file():
+        return None
+    from workbench.importers import Provenance
+
+    try:
+        return Provenance.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as exc:
+        raise RunError(f"{path} is damaged ({exc}); `workbench import` writes it: import the run again") from exc
 
 
 def inside_run(run_dir: str | Path, path: str | Path) -> Path:
@@ -138,11 +176,19 @@ class Run:
             hold its parent's rows before `step`; its saved batches start at `step`.
     """
 
-    def __init__(self, path: Path, config: ConfigStore, metrics: Any, evals: list[dict[str, Any]]):
+    def __init__(self, path: Path, config: ConfigStore, metrics: Any, evals: list[dict[str, Any]],
+                 source: Any = None, provenance: Any = None):
         self.path = Path(path)
         self.config = config
         self.metrics = metrics
         self.evals = evals
+        self.source = source
+        """For a folder another trainer wrote, read in place: its `workbench.importers.Source`
+        (the batches come from it); None for a run folder."""
+        self.provenance = provenance
+        """For an imported run (read in place, or written by `workbench import`): its
+        `workbench.importers.Provenance` (format, source folder, the fields it did not record);
+        None for a run the workbench trained."""
         self._tokenizer: Any = None
         try:
             self.branched_from: BranchOrigin | None = read_branch(self.path)
@@ -163,11 +209,15 @@ class Run:
     def steps(self) -> list[int]:
         """0-based steps whose batch is saved (`rollouts/`), ascending (read from the folder
         each time, so a run still training shows its new steps)."""
+        if self.source is not None:
+            return self.source.steps
         return run_files.saved_steps(self.path / run_files.ROLLOUTS)
 
     @property
     def eval_steps(self) -> list[int]:
         """Steps (`global_step` at the time) whose held-out batch is saved (`evals/`), ascending."""
+        if self.source is not None:
+            return self.source.eval_steps
         return run_files.saved_steps(self.path / run_files.EVALS)
 
     @property
@@ -178,7 +228,10 @@ class Run:
         Listing tidies folders left by dead writers (`checkpoint.list_checkpoints`).
         A checkpoint folder (or `checkpoints/`) that is a link out of the run folder raises
         `RunError`, as every read of the run folder does (the config's absolute
-        `checkpoint.output_dir` is where the run said it saved them, and is read as such)."""
+        `checkpoint.output_dir` is where the run said it saved them, and is read as such).
+        An imported run has none: its trainer's checkpoints are in its own format."""
+        if self.provenance is not None:
+            return []
         places = [inside_run(self.path, self.path / run_files.CHECKPOINTS), self.path]
         for place in places:
             if place.is_dir():
@@ -198,13 +251,25 @@ class Run:
         """The batch of training step `step` (0-based, as in `metrics["step"]`) exactly as
         it stood after that step's update; None = the last saved step."""
         step = self._pick(step, self.steps, "training batch", run_files.ROLLOUTS)
+        if self.source is not None:
+            return self._from_source(self.source.batch, step)
         return read_batch(inside_run(self.path, run_files.rollout_path(self.path, step)), step)
 
     def eval_batch(self, step: int | None = None) -> TrajectoryBatch:
         """The held-out batch evaluated at `global_step == step` (0 = before training);
         None = the last one."""
         step = self._pick(step, self.eval_steps, "evaluation batch", run_files.EVALS)
+        if self.source is not None:
+            return self._from_source(self.source.eval_batch, step)
         return read_batch(inside_run(self.path, run_files.eval_path(self.path, step)))
+
+    def _from_source(self, read: Any, step: int) -> TrajectoryBatch:
+        from workbench.importers import SourceError
+
+        try:
+            return read(step)
+        except (SourceError, OSError) as exc:
+            raise RunError(f"{self.path}: step {step} does not read: {exc}") from exc
 
     def tokenizer(self) -> Any:
         """The tokenizer of the run's model (`config.model.path`), to decode batches' tokens;
@@ -213,6 +278,11 @@ class Run:
 
         if self._tokenizer is not None:
             return self._tokenizer
+        if self.source is not None and self.source.tokenizer is not None:
+            return self.source.tokenizer
+        if self.provenance is not None and not self.config.model.path:
+            raise RunError(f"{self.path} was imported from {self.provenance.trainer} without a model, so it has "
+                           "no tokenizer (and no token ids): import it with --model MODEL_FOLDER to tokenize it")
         try:
             self._tokenizer = load_tokenizer(self.config.model.path, self.config.model.trust_remote_code)
             return self._tokenizer
@@ -223,6 +293,8 @@ class Run:
 
     def _pick(self, step: int | None, saved: list[int], what: str, folder: str) -> int:
         if step is None:
+            if not saved and self.source is not None:
+                raise RunError(f"{self.path} holds no complete {what} of {self.source.format} yet")
             if not saved:
                 raise RunError(f"{self.path / folder} holds no {what} yet (no step finished, or "
                                "training.save_rollouts_every=0 and no evaluation ran)")
@@ -238,6 +310,9 @@ class Run:
             method = "batch" if folder == run_files.ROLLOUTS else "eval_batch"
             raise RunError(f"step {step} comes before this branch's first step {origin.step}: it is the parent's, "
                            f"saved in {origin.parent_run} (run.parent().{method}({step}))")
+        if step not in saved and self.source is not None:
+            raise RunError(f"{self.path}: {self.source.format} wrote no complete {what} of step {step} (steps: "
+                           f"{_ranges(saved) or 'none'})")
         if step not in saved:
             every = self.config.training.save_rollouts_every
             raise RunError(f"{self.path / folder / run_files.step_file_name(int(step))} is missing: no {what} "
@@ -252,9 +327,12 @@ class Run:
         origin = self.branched_from
         branch = {} if origin is None else {"branched from": f"{origin.checkpoint} (step {origin.step})"
                                             + "".join(f", {k}={v!r}" for k, v in origin.overrides.items())}
+        p = self.provenance
+        imported = {} if p is None else {"imported from": p.line(), "not recorded": ", ".join(p.absent) or "-"}
         return {
-            **branch,
-            "algorithm": t.adv_estimator, "environment": self.config.environment.name,
+            **branch, **imported,
+            "algorithm": t.adv_estimator if p is None else (p.estimator or "not recorded"),
+            "environment": self.config.environment.name or ("not recorded" if p is not None else ""),
             "model": self.config.model.path, "metric steps": len(df),
             "saved steps": _ranges(self.steps) or "none",
             "last reward": last.get("reward/mean"), "last success": last.get("env/success_rate"),
@@ -267,7 +345,9 @@ class Run:
         origin = self.branched_from
         parent = str(origin.parent_run or origin.checkpoint) if origin is not None else ""
         branch = "" if origin is None else f", branched at step {origin.step} from {parent!r}"
-        return (f"Run({str(self.path)!r}: {s['algorithm']} on {s['environment']}, {s['metric steps']} steps, "
+        imported = "" if self.provenance is None else f", imported from {self.provenance.trainer}"
+        return (f"Run({str(self.path)!r}{imported}: {s['algorithm']} on {s['environment']}, "
+                f"{s['metric steps']} steps, "
                 f"saved batches {s['saved steps']}, evals [{s['evals']}]{branch})")
 
     def _repr_html_(self) -> str:

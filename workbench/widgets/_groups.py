@@ -32,16 +32,18 @@ def _scores(data: TrajectoryBatch | Sequence[Episode]) -> list[float]:
 
 def group_summary(data: TrajectoryBatch | Sequence[Episode], index: int) -> dict[str, Any] | None:
     """{"score", "mean", "std", "n", "group", "seed", "advantage", "rule", "raw"} of episode
-    `index` and its group (episodes with its `group_id` that have a trained token); None when the
-    episode has no group of two or more. "advantage" (mean over the episode's trained
-    tokens) is None without advantages; "rule" names the formula the advantage matches, or
+    `index` and its group (episodes with its `group_id` that have a trained token, or were
+    recorded as text by another trainer); None when the episode has no group of two or more.
+    "advantage" (mean over the episode's trained tokens, else the trainer's own in the last
+    turn's `info["advantage"]`) is None without advantages; "rule" names the formula the advantage matches, or
     is "" when it matches none of them; "raw" is the score before a KL penalty in the reward
     (None when there is none)."""
     episodes = list(data.episodes if isinstance(data, TrajectoryBatch) else data)
     if not 0 <= index < len(episodes):
         return None
     ep = episodes[index]
-    rows = [i for i, e in enumerate(episodes) if e.group_id == ep.group_id and e.response_length]
+    rows = [i for i, e in enumerate(episodes)
+            if e.group_id == ep.group_id and (e.response_length or e.recorded_as_text)]
     if not ep.group_id or len(rows) < 2 or index not in rows:
         return None
     scores = _scores(data)
@@ -61,6 +63,12 @@ def group_summary(data: TrajectoryBatch | Sequence[Episode], index: int) -> dict
                      ("score − mean of the others", (score - mean) * n / (n - 1))]
             rule = next((text for text, value in rules
                          if abs(advantage - value) <= 1e-3 * max(1.0, abs(value))), "")
+    recorded = ep.turns[-1].info.get("advantage") if ep.turns else None
+    if advantage is None and isinstance(recorded, (int, float)):  # the trainer's own, of a run imported as text
+        advantage = float(recorded)
+        rules = [("(score − mean) / std", (score - mean) / (std + 1e-6)), ("score − mean", score - mean),
+                 ("score − mean of the others", (score - mean) * n / (n - 1))]
+        rule = next((text for text, value in rules if abs(advantage - value) <= 1e-3 * max(1.0, abs(value))), "")
     raw = None  # the score before the KL penalty, when the estimator saw a penalised one
     if isinstance(data, TrajectoryBatch) and data.has("token_level_rewards") and data.has("token_level_scores"):
         before = float(data.tensors["token_level_scores"][index].float().sum())

@@ -190,13 +190,16 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
         head.append(f"seed {ep.env_seed}")
     if ep.group_id:
         head.append(f"group {esc(ep.group_id)}")
-    head.append(f"{ep.num_turns} turns · {ep.num_tokens} tokens ({ep.response_length} trained)")
+    head.append(f"{ep.num_turns} turns · " + ("recorded as text, no token ids" if ep.recorded_as_text else
+                                             f"{ep.num_tokens} tokens ({ep.response_length} trained)"))
     if ep.weight_version is not None:  # the trainer step whose weights sampled it (async: older than the step)
         head.append(f"weights v{ep.weight_version}")
     badges = [_reward_badge(ep.total_reward).replace("reward", "env reward")]
     if ep.score is not None:
         badges.append(_badge(f"score {ep.score:+.3g}", "good" if ep.score > 0 else ("bad" if ep.score < 0 else "")))
-    badges.append(_badge("success", "good") if ep.success else _badge("no success"))
+    reported = any("success" in t.info for t in ep.turns)  # an environment (or trainer) that says nothing of it
+    badges.append(_badge("success", "good") if ep.success else
+                  _badge("no success") if reported or not ep.turns else _badge("success not reported"))
     if ep.truncated:
         badges.append(_badge(f"truncated: {ep.truncation_reason}", "warn"))
     if ep.error:

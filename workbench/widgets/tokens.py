@@ -61,6 +61,9 @@ FIELD_KINDS: dict[str, tuple[str, float]] = {
     "diff_kl": ("sequential", 0.0),
     "diff_logprobs_a": ("logprob", 0.0),
     "diff_logprobs_b": ("logprob", 0.0),
+    "recomputed_logprobs": ("logprob", 0.0),  # workbench.importers.recompute: a run imported as text
+    "recomputed_entropy": ("sequential", 0.0),
+    "recomputed_kl": ("sequential", 0.0),
 }
 _NOT_SHOWN = ("input_ids", "attention_mask", "position_ids")
 
@@ -203,8 +206,25 @@ def render_tokens_html(batch: TrajectoryBatch, index: int, field: str, tokenizer
     label = field
     if field == "kl" and batch.meta.get("kl_estimator"):
         label = f"kl ({batch.meta['kl_estimator']} estimate)"  # which estimator produced these numbers
+    recomputed = batch.meta.get("recomputed") or {}
+    if field.startswith("recomputed_") and recomputed:  # a run imported as text, teacher-forced on a model
+        against = f" vs {recomputed['ref_model']}" if field == "recomputed_kl" and recomputed.get("ref_model") else ""
+        label = f"{field} (recomputed, not sampled: {recomputed.get('model')}{against})"
     return (f'{css}<div class="wb-root wb-tokens-body">{head}{legend_html(label, kind, low, high)}'
             f'<div class="wb-tokbox">{"<wbr>".join(spans)}</div></div>')  # a line may break between tokens
+
+
+def _run_tokenizer(run: Any) -> Any:
+    """A reopened run's tokenizer; None for an imported run that names no model (recorded token ids
+    show as ids; a run recorded as text says it has no tokens), the error for any other run."""
+    from workbench.debug.runs import RunError
+
+    try:
+        return run.tokenizer()
+    except RunError:
+        if getattr(run, "provenance", None) is not None:
+            return None
+        raise
 
 
 class TokenView(widgets.VBox):
@@ -228,7 +248,7 @@ class TokenView(widgets.VBox):
     def __init__(self, batch: TrajectoryBatch | Episode | Any, tokenizer: Any = None, field: str | None = None,
                  index: int = 0, scale: str = "episode", step: int | None = None, **kwargs: Any):
         if tokenizer is None and is_run(batch):
-            tokenizer = batch.tokenizer()
+            tokenizer = _run_tokenizer(batch)
         self.tokenizer = tokenizer
         # The controls wrap onto a second line in a narrow column (e.g. two views side by
         # side) instead of being clipped.
@@ -274,6 +294,9 @@ class TokenView(widgets.VBox):
         batch = batch_of(batch, step)
         if isinstance(batch, Episode):
             batch = TrajectoryBatch([batch])
+        absent = (batch.meta.get("absent") or {}).get("token_ids")
+        if absent and not any(e.token_ids for e in batch.episodes):
+            raise ValueError(f"no tokens to show: {absent}")
         self.batch = batch
         self._texts: dict[int, list[str]] = {}
         self._fields = available_fields(batch)
