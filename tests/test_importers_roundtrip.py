@@ -26,7 +26,7 @@ def original(tiny_model_and_tokenizer, tmp_path_factory):
     tok = tiny_model_and_tokenizer[1]
     run = tmp_path_factory.mktemp("workbench_run")
     config = ConfigStore()
-    config.environment.max_turns, config.environment.max_steps = 1, 4
+    config.inference.max_turns, config.environment.max_steps = 1, 4
     config.environment.params = {"low": 1, "high": 8}
     config.save(run / "config.yaml")
     steps = roll_steps(tok, "guess_number", [diverse, diverse, diverse, count_up_from_4], groups=8, group_size=4,
