@@ -36,7 +36,7 @@ import ipywidgets as widgets
 import traitlets
 
 from workbench.tools.reasoning import DEFAULT_MARKERS, split_reasoning
-from workbench.trajectory import Episode, TrajectoryBatch, Turn
+from workbench.trajectory import Episode, TrajectoryBatch, Turn, success_reported
 from workbench.widgets._groups import group_line_html
 from workbench.widgets._html import STYLE, esc
 from workbench.widgets._runs import batch_of
@@ -197,7 +197,7 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
     badges = [_reward_badge(ep.total_reward).replace("reward", "env reward")]
     if ep.score is not None:
         badges.append(_badge(f"score {ep.score:+.3g}", "good" if ep.score > 0 else ("bad" if ep.score < 0 else "")))
-    reported = any("success" in t.info for t in ep.turns)  # an environment (or trainer) that says nothing of it
+    reported = success_reported([ep])  # an environment (or trainer) that says nothing of it: not reported
     badges.append(_badge("success", "good") if ep.success else
                   _badge("no success") if reported or not ep.turns else _badge("success not reported"))
     if ep.truncated:

@@ -308,7 +308,12 @@ class TokenView(widgets.VBox):
         with self.hold_trait_notifications():
             self._field.options = self._fields
             self._field.value = want
-            self._pick.options = [(episode_label(i, ep), i) for i, ep in enumerate(batch.episodes)]
+            labels = [(episode_label(i, ep), i) for i, ep in enumerate(batch.episodes)]
+            self._pick.options = labels
+            # wide enough for its longest label (its box and "episode" take ~90 px; ~7.5 px a character)
+            longest = max((len(text) for text, _ in labels), default=20)
+            self._pick.layout.min_width = f"{min(520, 90 + int(7.5 * longest))}px"
+            self._pick.layout.max_width = f"{max(430, min(520, 90 + int(7.5 * longest)))}px"
             self.field = want
             self.index = max(0, min(index, len(batch) - 1))
             self._pick.value = self.index
