@@ -47,6 +47,7 @@ changes.
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import math
 import warnings
@@ -54,6 +55,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import torch
 
+from workbench.config.sections import RewardConfig
 from workbench.trajectory import Episode, TrajectoryBatch
 
 RewardFn = Callable[..., float]
@@ -75,6 +77,11 @@ SHAPING_DEFAULTS: dict[str, float] = {"step_reward_weight": 1.0, "success_bonus"
 #: Fields of the `reward` config section that are not `RewardManager` weights: the overlong
 #: penalty, a term on reply lengths (`overlong_penalties`).
 LENGTH_FIELDS = ("overlong_penalty", "overlong_buffer")
+
+#: Fields of the `reward` config section that set rewards from models (judges, a reward model:
+#: `workbench.reward.sources` reads them), not `RewardManager` weights.
+MODEL_REWARD_FIELDS = tuple(f.name for f in dataclasses.fields(RewardConfig)
+                            if f.name not in (*SHAPING_DEFAULTS, "max_steps", *LENGTH_FIELDS))
 
 
 class RewardManager:
@@ -130,7 +137,7 @@ class RewardManager:
                        max_steps=reward.max_steps, **reward.weights())
         values = dict(reward) if isinstance(reward, Mapping) else {
             k: getattr(reward, k) for k in (*SHAPING_DEFAULTS, "max_steps") if hasattr(reward, k)}
-        for key in LENGTH_FIELDS:  # the section's length terms: read by `overlong_penalties`, not the manager
+        for key in (*LENGTH_FIELDS, *MODEL_REWARD_FIELDS):  # read by `overlong_penalties` and the model rewards
             values.pop(key, None)
         return cls(environment, **values)
 
