@@ -22,7 +22,7 @@ import zlib
 from typing import Any
 
 from workbench.reward.backends import Messages
-from workbench.reward.judges import ChatJudge
+from workbench.reward.judges import ChatJudge, reason_chars
 from workbench.reward.judgments import Judgment, common_prefix, parse_group_scores, transcript
 
 
@@ -59,15 +59,22 @@ class GroupJudge(ChatJudge):
         return [{"role": "system", "content": system}, {"role": "user", "content": "\n\n".join(parts)}]
 
     def response_format(self, n: int = 1) -> dict[str, Any] | None:
-        """The JSON schema of a group of `n`'s verdict (RULER's shape), or None without `json`."""
+        """The JSON schema of a group of `n`'s verdict (RULER's shape: one entry per trajectory, in
+        order, each with its number, an explanation of bounded length and a score on the scale),
+        or None without `json`."""
         if not self.json:
             return None
-        entry = {"type": "object", "properties": {"trajectory_id": {"type": "integer"},
-                                                  "explanation": {"type": "string"}, "score": {"type": "number"}},
-                 "required": ["trajectory_id", "explanation", "score"], "additionalProperties": False}
-        schema = {"type": "object", "properties": {"scores": {"type": "array", "items": entry, "minItems": n,
-                                                              "maxItems": n}},
-                  "required": ["scores"], "additionalProperties": False}
+        low, high = self.scale
+
+        def entry(k: int) -> dict[str, Any]:
+            return {"type": "object", "properties": {
+                "trajectory_id": {"const": k},
+                "explanation": {"type": "string", "maxLength": reason_chars(self.max_tokens)},
+                "score": {"type": "number", "minimum": low, "maximum": high}},
+                "required": ["trajectory_id", "explanation", "score"], "additionalProperties": False}
+        schema = {"type": "object", "properties": {"scores": {
+            "type": "array", "prefixItems": [entry(k) for k in range(1, n + 1)], "items": False, "minItems": n,
+            "maxItems": n}}, "required": ["scores"], "additionalProperties": False}
         return {"type": "json_schema", "json_schema": {"name": "group_verdict", "schema": schema}}
 
     @staticmethod
@@ -102,8 +109,9 @@ class GroupJudge(ChatJudge):
                 value, reason = scores.get(pos, (None, ""))
                 j = self.verdict(value, reason, completion, cached, messages, what=f"the reply for trajectory {pos}")
                 if j.failed and completion.text is not None and value is None:
+                    asked = "a JSON entry" if self.json else "a line 'k: x - reason'"
                     j.error = (f"the group judge's reply gave no score for trajectory {pos} of {len(group)} "
-                               f"(asked for a line 'k: x - reason'): {completion.text.strip()[:160]!r}")
+                               f"(asked for {asked}): {completion.text.strip()[:160]!r}")
                 j.position = pos
                 verdicts[ep_index] = j
             for j in verdicts[1:]:  # one request: its tokens counted once

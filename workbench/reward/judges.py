@@ -15,8 +15,8 @@ once (`workbench.reward.backends`: concurrent HTTP requests, or one engine batch
 `cache=True` a reply is kept by the exact request (judge model, prompt, max_tokens,
 temperature, response format), so the same episode under the same rubric is judged once; a
 failed one is not kept. With `json=True` (`reward.judge_json`) the judge is asked for
-`{"reason": ..., "score": x}` under that JSON schema (`VERDICT_SCHEMA`), which the server or the
-engine samples under. `ChatJudge` is what this judge and the group judge (`workbench.reward.group_judge`)
+`{"reason": ..., "score": x}` under that JSON schema (`verdict_schema`: a reason of bounded
+length, a score on the scale), which the server or the engine samples under. `ChatJudge` is what this judge and the group judge (`workbench.reward.group_judge`)
 share: the backend, the settings, the cache and the reading of a reply.
 """
 from __future__ import annotations
@@ -36,10 +36,22 @@ DEFAULT_RUBRIC = ("Score how well the assistant did the task the conversation se
                   "the assistant did, not what it says about it.")
 #: Replies kept per judge (least recently used ones are dropped first).
 CACHE_SIZE = 4096
-#: The JSON verdict a judge is asked for with `json=True` (`reward.judge_json`): reasons first.
-VERDICT_SCHEMA: dict[str, Any] = {"type": "object", "properties": {"reason": {"type": "string"},
-                                                                    "score": {"type": "number"}},
-                                  "required": ["reason", "score"], "additionalProperties": False}
+#: Longest reason (characters) a JSON verdict may hold (`reward.judge_json`); at most half the
+#: reply's tokens (`reason_chars`), so a verdict always fits (a token is at least a character).
+JSON_REASON_CHARS = 240
+
+
+def reason_chars(max_tokens: int) -> int:
+    """The longest reason a JSON verdict of `max_tokens` tokens may hold, in characters."""
+    return max(8, min(JSON_REASON_CHARS, max_tokens // 2))
+
+
+def verdict_schema(low: float, high: float, max_tokens: int = 128) -> dict[str, Any]:
+    """The JSON verdict a judge is asked for with `json=True` (`reward.judge_json`): a reason of
+    at most `reason_chars(max_tokens)` characters, then a score on the scale [low, high]."""
+    return {"type": "object", "properties": {"reason": {"type": "string", "maxLength": reason_chars(max_tokens)},
+                                             "score": {"type": "number", "minimum": low, "maximum": high}},
+            "required": ["reason", "score"], "additionalProperties": False}
 
 
 def _fmt(x: float) -> str:
@@ -117,7 +129,7 @@ class ChatJudge:
         """The `response_format` of a request (for `n` trajectories), or None without `json`."""
         if not self.json:
             return None
-        return {"type": "json_schema", "json_schema": {"name": "verdict", "schema": VERDICT_SCHEMA}}
+        return {"type": "json_schema", "json_schema": {"name": "verdict", "schema": verdict_schema(*self.scale, self.max_tokens)}}
 
     def _key(self, messages: Messages, max_tokens: int, response_format: Any) -> str:
         blob = json.dumps([self.backend.name, max_tokens, self.temperature, response_format, messages],
@@ -168,8 +180,9 @@ class ChatJudge:
         if completion.text is None:
             return Judgment(error=completion.error or "the judge gave no reply", **base)
         if value is None:
+            asked = "a JSON verdict" if self.json else "'SCORE: x'"
             return Judgment(reason=completion.text[:600], error=(
-                f"{what} has no score (asked for 'SCORE: x' with x {self._scale_words()}): "
+                f"{what} has no score (asked for {asked} with x {self._scale_words()}): "
                 f"{completion.text.strip()[:160]!r}"), **base)
         mapped = on_scale(value, *self.scale)
         if mapped is None:
