@@ -69,8 +69,10 @@ class ModelRewards:
         """The `reward` settings it was built from (`from_config`), else None."""
 
     @classmethod
-    def from_config(cls, reward: Any) -> "ModelRewards | None":
-        """The sources a `reward` section turns on (None when none is), built on first use."""
+    def from_config(cls, reward: Any, reward_model: Any = None) -> "ModelRewards | None":
+        """The sources a `reward` section turns on (None when none is), built on first use;
+        `reward_model`: a factory of the reward model source instead of `RewardModel.from_config`
+        (the Ray reward-model worker's, `workbench.distributed.reward_workers`)."""
         if reward is None or isinstance(reward, dict) or not model_rewards_on(reward):
             return None
         from workbench.reward.group_judge import GroupJudge
@@ -80,7 +82,8 @@ class ModelRewards:
         section = dataclasses.replace(reward) if dataclasses.is_dataclass(reward) else reward
         made = cls(judge=(lambda: Judge.from_config(section)) if reward.judge is not None else None,
                    group_judge=(lambda: GroupJudge.from_config(section)) if reward.group_judge is not None else None,
-                   reward_model=(lambda: RewardModel.from_config(section)) if reward.reward_model is not None else None,
+                   reward_model=(reward_model or (lambda: RewardModel.from_config(section)))
+                   if reward.reward_model is not None else None,
                    env_weight=reward.env_weight)
         made.settings = _settings(reward)
         return made
