@@ -18,6 +18,8 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from workbench.doctor.judge_stats import judge_score  # noqa: F401 - the doctor's reading, importable here
+
 #: Sources of a judgment, as `Judgment.source` and the metric names (`reward/<source>/score_mean`) say.
 SOURCES = ("judge", "group_judge", "reward_model")
 _NUM = r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)"
@@ -88,16 +90,6 @@ def model_score(episode: Any) -> float | None:
     if not js or any(j.failed for j in js):
         return None
     return sum(j.weight * j.score for j in js)
-
-
-def judge_score(episode: Any) -> float | None:
-    """The mean score of the episode's LLM-judge verdicts (judge, group_judge: on 0..1), else of
-    its reward model's; None when it has none that succeeded. What the doctor and the audit
-    compare with the environment's success."""
-    js = [j for j in judgments_of(episode) if not j.failed]
-    chat = [j.score for j in js if j.source != "reward_model"]
-    picked = chat or [j.score for j in js]
-    return sum(picked) / len(picked) if picked else None
 
 
 def _content(message: dict[str, Any]) -> str:
