@@ -1,4 +1,4 @@
-"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare}`.
+"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare,audit-judge}`.
 
     __init__.py  argument parsing only: `main`, the commands and their flags
     demo.py      `make demo`: rollouts, then GRPO with held-out success before and after
@@ -344,6 +344,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # python -m workbench diagnose RUN_DIR [--doctor.FIELD VALUE ...]: thresholds over the run's own
     add_config_flags(add_diagnose_parser(sub), sections=("doctor",))
     add_compare_parser(sub)  # python -m workbench compare RUN_A RUN_B
+    from workbench.debug.judge_audit import add_audit_judge_parser
+
+    # python -m workbench audit-judge RUN --judge SPEC [--reward.FIELD V] [--doctor.FIELD V]
+    add_config_flags(add_audit_judge_parser(sub), sections=("reward", "doctor"))
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -392,6 +396,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.doctor_overrides = given_config_flags(args).get("doctor", {})
             return args.run(args)
         if args.command == "compare":
+            return args.run(args)
+        if args.command == "audit-judge":
+            args.overrides = given_config_flags(args)
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing

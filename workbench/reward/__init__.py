@@ -11,9 +11,11 @@ function the trainer, the CLI and the reward tuner use.
     judges.py    Judge: one episode, a rubric, a score and a reason (verifiers' JudgeRubric)
     group_judge.py GroupJudge: a whole group in one prompt, its common opening once (ART's RULER)
     reward_model.py RewardModel: a sequence classifier's score, or a causal LM's probability of "Yes"
+    audit.py     audit_judge: agreement with the environment, position and length bias, consistency, cost
 
 Every name that was importable from the single module `workbench.reward` still is.
 """
+from workbench.reward.audit import JudgeAudit, audit_judge
 from workbench.reward.backends import (
     Completion, EngineBackend, FunctionBackend, JudgeBackend, ServerBackend, make_backend,
 )
@@ -37,7 +39,7 @@ __all__ = [
     "ChatJudge", "Completion", "DEFAULT_RUBRIC", "EngineBackend", "FunctionBackend", "GroupJudge", "Judge",
     "JudgeBackend", "Judgment", "ModelRewards", "RewardModel", "ServerBackend", "judge_score", "judgments_of",
     "make_backend", "model_reward_summary", "model_rewards_on", "model_score", "parse_group_scores", "parse_score",
-    "recorded_model_scores", "transcript",
+    "recorded_model_scores", "transcript", "JudgeAudit", "audit_judge",
     "FLOAT32_MAX", "LENGTH_FIELDS", "SHAPING_DEFAULTS", "RewardError", "RewardFn", "RewardManager",
     "call_reward_fn", "check_env_rewards", "episode_advantages", "episode_scores", "overlong_penalties",
     "overlong_penalty", "overlong_summary", "rescore", "score_batch", "takes_environment", "token_level_scores",

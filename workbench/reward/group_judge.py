@@ -1,7 +1,8 @@
 """The group LLM judge (`GroupJudge`, the `reward.group_judge` setting): a whole group of
 episodes (the same environment seed) in one prompt, judged against each other, as ART's RULER
-does: the messages every episode of the group opens with are sent once, as the shared context,
-then each trajectory's own messages, numbered; the reply gives a score and a reason per
+does: the messages every episode of the group opens with, up to the first reply (the system
+prompt, the first observation), are sent once as the shared context, then each trajectory's
+own messages from its first reply on, numbered; the reply gives a score and a reason per
 trajectory.
 
     judge = GroupJudge("http://127.0.0.1:8000/v1")
@@ -36,6 +37,9 @@ class GroupJudge(ChatJudge):
         """The exact chat messages sent for `group` (episodes in the order they are shown)."""
         lists = [list(ep.messages) for ep in group]
         k = common_prefix(lists)
+        first_reply = min((next((i for i, m in enumerate(ms) if m.get("role") == "assistant"), len(ms))
+                           for ms in lists), default=0)
+        k = min(k, first_reply)  # the shared opening: every trajectory shows all of its own replies
         scale = self._scale_words()
         if self.json:
             form = ('Reply with a JSON object {"scores": [{"trajectory_id": k, "explanation": "<one sentence>", '

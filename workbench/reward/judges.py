@@ -21,6 +21,7 @@ share: the backend, the settings, the cache and the reading of a reply.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import threading
@@ -116,6 +117,15 @@ class ChatJudge:
                         dtype=reward.judge_dtype, json=reward.judge_json)
         settings.update(overrides)
         return cls(where, **settings)
+
+    def with_rubric(self, rubric: str) -> "ChatJudge":
+        """This judge with another rubric (the same backend, settings and cache: a prompt with the
+        new rubric is another request, so nothing judged under the old one is reused)."""
+        if not str(rubric).strip():
+            raise ValueError("a judge needs a rubric: say in words what to score")
+        other = copy.copy(self)
+        other.rubric = str(rubric)
+        return other
 
     @property
     def model(self) -> str:
