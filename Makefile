@@ -107,7 +107,7 @@ lab: install
 
 test: install
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900
-	# the tutorials (0*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
+	# the tutorials (NN_*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/browser_demo.ipynb -q -p no:cacheprovider --timeout=900
 
 test-unit: install

@@ -229,3 +229,15 @@ def test_judge_settings_are_checked_with_one_line_errors():
         with pytest.raises(ConfigError, match=words) as exc:
             c.validate()
         assert "\n" not in str(exc.value)
+
+
+def test_export_to_verl_refuses_a_judge_it_cannot_carry(tmp_path):
+    from workbench import ConfigStore
+    from workbench.compat.verl_export import export_verl
+    from workbench.config import ConfigError
+
+    c = ConfigStore()
+    c.reward.judge = "http://127.0.0.1:8000/v1"
+    with pytest.raises(ConfigError, match=r"reward.judge cannot be exported: the folder's reward function"):
+        export_verl(c.validate(), tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -148,9 +148,11 @@ def _pass(src: Any, episodes: list[Any], order_seed: int | None) -> tuple[list[J
     return judged, time.perf_counter() - start
 
 
-def _success(ep: Any) -> bool | None:
-    reported = any("success" in t.info for t in ep.turns)
-    return bool(ep.success) if reported else None
+def _outcomes(episodes: list[Any]) -> list[bool | None]:
+    """Each episode's success, when the environment reports success at all (an `info["success"]`
+    in some turn of the batch: a turn refused for its format may carry none); else None each."""
+    reported = any("success" in t.info for ep in episodes for t in ep.turns)
+    return [bool(ep.success) if reported else None for ep in episodes]
 
 
 def reply_length(ep: Any) -> float:
@@ -165,8 +167,8 @@ def length_bias(episodes: list[Any], scores: list[float]) -> float:
     averaged by their sizes), so a judge that rightly pays for success is not taken for one that
     pays for length when winners happen to write less; over all episodes when no outcome is reported."""
     classes: dict[Any, list[int]] = {}
-    for i, ep in enumerate(episodes):
-        classes.setdefault(_success(ep), []).append(i)
+    for i, outcome in enumerate(_outcomes(episodes)):
+        classes.setdefault(outcome, []).append(i)
     parts = []
     for rows in classes.values():
         if len(rows) >= 3:
@@ -205,7 +207,8 @@ def audit_judge(batch: Any, judge: Any, thresholds: DoctorConfig | None = None, 
         notes.append("self-consistency not measured (repeat=False)")
     ok = [i for i, j in enumerate(first) if not j.failed]
     scores = [first[i].score for i in ok]
-    outcome = [(i, s) for i in ok for s in [_success(episodes[i])] if s is not None]
+    outcomes = _outcomes(episodes)
+    outcome = [(i, outcomes[i]) for i in ok if outcomes[i] is not None]
     audit = JudgeAudit(model=getattr(src, "model", None) or getattr(src, "name", "?"), source=src.source,
                        episodes=len(episodes), with_outcome=len(outcome), successes=sum(s for _, s in outcome),
                        failed_share=1 - len(ok) / len(episodes),
@@ -244,7 +247,7 @@ def audit_judge(batch: Any, judge: Any, thresholds: DoctorConfig | None = None, 
     audit.notes = notes
     audit.judgments = [j.to_dict() for j in first]
     for k, ep in enumerate(episodes):
-        audit.rows.append({"episode_id": ep.episode_id, "group_id": ep.group_id, "success": _success(ep),
+        audit.rows.append({"episode_id": ep.episode_id, "group_id": ep.group_id, "success": outcomes[k],
                            "env_reward": ep.total_reward, "length": reply_length(ep), "score": first[k].score,
                            "score_again": again[k].score if again is not None else None,
                            "score_shuffled": shuffled[k].score if shuffled is not None else None,

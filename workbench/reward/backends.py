@@ -312,7 +312,8 @@ def make_backend(spec: Any, model: str | None = None, retries: int = 2, concurre
         from workbench.engines.hf import HFEngine
 
         judge_model, tokenizer = load_model_and_tokenizer(target, dtype=dtype, device="auto")
-        return EngineBackend(HFEngine(judge_model, tokenizer), name=target, owns_engine=True)
+        # A judge's prompts differ from call to call: no KV is kept between them (prefix_cache=False).
+        return EngineBackend(HFEngine(judge_model, tokenizer, prefix_cache=False), name=target, owns_engine=True)
     from workbench.engines.vllm_engine import VLLMEngine
 
     tokenizer = load_tokenizer(target)
