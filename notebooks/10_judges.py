@@ -87,8 +87,8 @@ print("scale:", judge.scale, "| JSON schema of a verdict:", judge.response_forma
 # ## 2. Training on the judge's reward alone
 #
 # `demo_config` is the config `make demo` trains (`workbench/cli/demo.py`): the strict format, an
-# SFT warm-up on the scripted expert's games (here 1 step, which takes the embedded model to 0.75
-# held-out success: it counts up from 4), then LoRA GRPO in batches of 16 in groups of 8. The reward
+# SFT warm-up on the scripted expert's games (here 1 step), then LoRA GRPO in batches of 16 in
+# groups of 8, 8 steps. The reward
 # is the judge's: `reward.judge` is the server's URL, `reward.env_weight` 0 (the environment's reward
 # counts for nothing), `reward.judge_weight` 1. `train_and_report` evaluates 32 held-out secrets
 # (greedy) before training, after the warm-up and at the end.
@@ -133,10 +133,11 @@ print(f"\njudge-only run: 1 SFT + {RL_STEPS} GRPO steps in {judge_only_seconds:.
 from workbench.debug import load_run
 
 run = load_run(root / "judge-only")
-cols = ["step", "reward/judge_score_mean", "reward/env_score_mean", "env/success_rate", "reward/judge_failed",
+cols = ["reward/judge_score_mean", "reward/env_score_mean", "env/success_rate", "reward/judge_failed",
         "reward/zero_std_group_rate", "perf/rollout_seconds", "perf/judge_seconds", "perf/update_seconds"]
-metrics = run.metrics[[c for c in cols if c in run.metrics.columns]]
-metrics.round(3)
+metrics = run.metrics.set_index("step")[[c for c in cols if c in run.metrics.columns]]
+metrics = metrics.dropna(subset=["reward/judge_score_mean"])  # step 0 is the SFT step: nothing judged
+metrics.T.round(2)  # a metric a row, a GRPO step a column
 
 # %% [markdown]
 # Each episode keeps what the judge said of it (`Episode.judgments`: score, reason, the judge
@@ -195,15 +196,43 @@ from workbench.widgets import JudgeAuditView
 
 first_step = run.batch(1)   # the judge-only run's first GRPO step
 held_out = judge_only["after_sft"]
+batches = {"the first GRPO step's batch": first_step, "the held-out games after SFT": held_out}
 audits = {}
-for name, batch in (("first GRPO step's batch", first_step), ("held-out games after SFT", held_out)):
-    for kind, who in (("judge", judge), ("group judge", GroupJudge.from_config(judge_settings, backend=JUDGE_URL))):
-        audits[name, kind] = audit_judge(batch, who)
-        print(f"== {kind}, {name}\n{audits[name, kind].text()}\n")
-JudgeAuditView(audit=audits["first GRPO step's batch", "judge"])
+for name, batch in batches.items():
+    audits[name] = audit_judge(batch, judge)
+    print(f"== the judge on {name}\n{audits[name].text()}\n")
+JudgeAuditView(audit=audits["the first GRPO step's batch"])
 
 # %% [markdown]
-# PROSE-AUDIT
+# The group judge on the same two batches (a group's prompt holds its 8 trajectories and the reply
+# 8 verdicts, so each request gets 10 minutes here instead of `reward.judge_timeout_s`'s 60 s; the
+# second pass in the same order is skipped, `repeat=False`):
+
+# %%
+group_judge = GroupJudge.from_config(judge_settings, backend=JUDGE_URL, timeout=600)
+for name, batch in batches.items():
+    audits[name, "group"] = audit_judge(batch, group_judge, repeat=False)
+    print(f"== the group judge on {name}\n{audits[name, 'group'].text()}\n")
+
+# %% [markdown]
+# What the stored audits find, plainly. On the batch the judge was asked to score in training (16
+# games sampled at temperature 1 after the SFT step, 10 of them won), the 135M judge gave every game
+# the same score, 1.0: ROC AUC 0.50, chance, and accuracy 0.62, which is just the share of games
+# won. Not fit to train on. On the 32 held-out games after SFT (greedy, 24 won) the same judge looks
+# good: accuracy 0.91, ROC AUC 0.94, rank correlation 0.77, and the audit calls it fit. Both are
+# true, of their batches: an audit says how a judge does on the games it was shown, and the
+# games a policy plays in training (sampled, and later the policy's own new tricks) are not the
+# held-out games of the policy before training. Audit on batches like the ones it will score.
+#
+# The group judge is worse on both: ROC AUC 0.40 and 0.33 (below chance), no rank correlation with
+# the environment's reward (-0.03, -0.02), and on the training batch its scores of the same groups
+# shown in another order do not correlate at all (position consistency 0.00): where a trajectory
+# sits in the prompt decides its score as much as what it did.
+#
+# Section 2's run says which audit to believe: the doctor named `judge-unreliable` at the first
+# GRPO step (ROC AUC 0.50 on that step's batch), and the policy trained on the judge alone ended up
+# playing 1, 1, 1, 1 on every held-out secret, losing all 32, while the judge scored eight of those
+# lost games 1.0 each (above).
 #
 # The same audit from a shell, on a run folder's saved batch:
 #
@@ -247,4 +276,14 @@ print("both runs evaluated the same held-out seeds:",
       [e.env_seed for e in judge_only["after"]] == [e.env_seed for e in both["after"]])
 
 # %% [markdown]
-# PROSE-END
+# In the stored run held-out success was 0.75 after the SFT step in both runs (the same warm-up).
+# After 8 GRPO steps on the judge's reward alone it was 0.00: the policy collapsed onto 1, 1, 1, 1,
+# which the judge pays for, and the run's doctor named `heldout-regression` (24 of 24 games won
+# after SFT lost) and `template-collapse` at the end, and `judge-unreliable` during training. After 8
+# steps on the environment's reward plus the judge's it was 0.75, where it started: with the
+# environment's reward in the score the policy did not collapse, and 8 steps taught it nothing new
+# (its doctor still names `judge-unreliable`). The judge was the largest part of every step: 26 to
+# 58 s per step through the gateway (180 s at the last step, when the shared machine was busiest)
+# against 4 to 15 s of rollout and 16 to 30 s of update (the table in section 2). The lesson is the audit's, on
+# the right batch: this 135M judge is at chance on the games it is asked to score, and a policy
+# trained on it alone gets worse.

@@ -196,3 +196,10 @@ def test_the_reward_tuner_rejudges_with_an_edited_rubric_and_lists_rank_changes(
     assert (table["rank_change"] != 0).any()
     assert table["judge_before"].tolist() == [ep.judgments[0]["score"] for ep in batch]
     assert "changed rank" in tuner._rejudged.value
+
+
+def test_an_audit_whose_every_judgment_failed_says_so(games):
+    audit = audit_judge(games, Judge(FunctionBackend(lambda m: "no verdict here")), repeat=False)
+    assert audit.failed_share == 1.0 and not audit.fit
+    assert any(n.startswith("nothing measured: every judgment failed; first: the judge's reply has no score")
+               for n in audit.notes)

@@ -223,6 +223,9 @@ def audit_judge(batch: Any, judge: Any, thresholds: DoctorConfig | None = None, 
                          "batch with both (e.g. held-out games of a half-trained policy)")
         else:
             audit.roc_auc = roc_auc(sc, labels)
+    elif not ok:
+        first_error = next((j.error for j in first if j.error), "")
+        notes.append(f"nothing measured: every judgment failed; first: {first_error}")
     else:
         notes.append("agreement not measured: the environment reports no success (info['success'])")
     if len(set(scores)) <= 1 and scores:

@@ -257,7 +257,11 @@ class Trainer(CheckpointMethods, SFTMethods):
         the overlong penalty (`reward.overlong_penalty`) of replies near `inference.max_tokens`.
 
         All-or-nothing: a failing reward_fn or a non-finite / float32-overflowing reward
-        raises RewardError naming the episode, and no episode's `score` changes."""
+        raises RewardError naming the episode, and no episode's `score` changes.
+
+        Rewards from models (`reward.judge`, `reward.group_judge`, `reward.reward_model`) are
+        added by weight (`self.model_rewards`, `workbench.reward.sources`); an episode whose
+        judgment failed gets no score and `Episode.reward_error`, and the update leaves it out."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
         self.checked_config()
         self.model_rewards = ModelRewards.reuse(self.config.reward, self.model_rewards)  # judges: reward.judge ...
