@@ -130,7 +130,7 @@ NUMERICS_TESTS = $(shell grep -l "^pytestmark = pytest.mark.numerics" tests/*.py
 test: install
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900 --durations=25
 	WORKBENCH_SMOKE=1 WORKBENCH_AUTO_DTYPE=$(OTHER_DTYPE) $(BIN)/python -m pytest $(NUMERICS_TESTS) -q -m numerics --timeout=900 -p no:cacheprovider
-	# the tutorials (0*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
+	# the tutorials (NN_*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/browser_demo.ipynb -q -p no:cacheprovider --timeout=900
 
 test-unit: install

@@ -27,7 +27,7 @@ from nbclient import NotebookClient
 HERE = Path(__file__).resolve().parent
 CHECK = "# NBVAL_CHECK_OUTPUT"
 NOT_EXECUTED = {"browser_demo"}  # run by tests/test_browser.py instead
-FULL_OUTPUTS = {"09_finding_to_fix"}  # stored outputs from full mode (see the module docstring)
+FULL_OUTPUTS = {"09_finding_to_fix", "10_judges"}  # stored outputs from full mode (see the module docstring)
 TEXT = ("text/plain", "text/markdown", "text/html")
 #: The kernel every notebook names (ipykernel's own spec, the one `make install` puts in the venv).
 KERNELSPEC = {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}

@@ -1,6 +1,6 @@
 """Every tutorial notebook as a reader sees it when they open it again in JupyterLab (real Chromium).
 
-Each notebook (`notebooks/0*.ipynb`) is executed as `pytest --nbval-lax` would run it
+Each numbered notebook (`notebooks/NN_*.ipynb`) is executed as `pytest --nbval-lax` would run it
 (WORKBENCH_SMOKE=1; progress bars on, as in a kernel without `CI`), and the cells nbval-lax
 checks (`# NBVAL_CHECK_OUTPUT`) must print what the stored notebook says: this test runs every
 cell nbval would run and compares what nbval compares, so `make test` runs the tutorials here
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.browser
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
-NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("0*.ipynb"))
+NOTEBOOKS = sorted(p.stem for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb"))
 #: A laptop screen's width, with JupyterLab's file browser open; tall, so that a screenshot holds
 #: a whole widget (JupyterLab scrolls inside the page: a taller widget would be cut).
 VIEWPORT = {"width": 1366, "height": 3000}

@@ -26,7 +26,6 @@ def test_separate_actor_and_rollout_pools():
 
 @pytest.mark.parametrize("mapping,message", [
     ({Role.Actor: "a", Role.CriticValue: "b"}, "map Role.Critic to the actor's pool"),
-    ({Role.ActorRollout: "a", Role.RewardModel: "a"}, "reward-model workers are not supported"),
     ({Role.ActorRollout: "empty"}, "no GPUs"),
 ])
 def test_placements_this_design_cannot_run_say_why(mapping, message):

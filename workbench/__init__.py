@@ -34,6 +34,7 @@ _CORE = {
     "make_env": "environments.registry", "register_env": "environments.registry",
     "BaseEnvironment": "environments.base", "GymTextEnvironment": "environments.adapters.gym",
     "RewardError": "reward", "RewardManager": "reward", "rescore": "reward",
+    "Judge": "reward", "GroupJudge": "reward", "RewardModel": "reward", "audit_judge": "reward",
     "Rollout": "rollout", "check_token_alignment": "rollout", "make_rollout": "rollout",
     "ActionParser": "tools", "CalculatorTool": "tools", "EnvironmentStepTool": "tools",
     "FunctionCallingParser": "tools", "JSONActionParser": "tools", "MultiTurnManager": "tools",

@@ -179,6 +179,18 @@ class Episode:
     """Problems found (e.g. token misalignment), kept with the episode."""
     score: float | None = None
     """Outcome reward from the reward function (set by scoring)."""
+    judgments: list[dict[str, Any]] = field(default_factory=list)
+    """What each reward model said of this episode (set by scoring when `reward.judge`,
+    `reward.group_judge` or `reward.reward_model` is on; `workbench.reward.judgments.Judgment`):
+    source, model, score (on 0..1, None when it failed), raw score, reason, the exact judge
+    prompt, error, seconds, tokens, cached."""
+    env_score: float | None = None
+    """The environment's score (shaped rewards or the reward function's) before the model
+    rewards were added to it; None when no model reward is on (then `score` is it)."""
+    reward_error: str | None = None
+    """Why the episode could not be scored (a judgment that timed out, gave no score or one out
+    of range): the update leaves it out (`TrajectoryBatch.untrained_rows`) and the count is
+    `reward/judge_failed`; never a reward of 0 in its place."""
     forked_from: dict[str, Any] | None = None
     """Where this episode branches off a recorded one (`workbench.rollout.fork`): episode_id,
     group_id, env_seed, turn, token_position (tokens before it equal the original's), edit
@@ -528,19 +540,22 @@ class TrajectoryBatch:
 
     def trained_outcomes(self, rows: list[int]) -> list[float]:
         """The outcomes of the episodes among `rows` that have a trained token (or were
-        `recorded_as_text`)."""
+        `recorded_as_text`) and a score (an episode whose judgment failed, `Episode.reward_error`,
+        has none)."""
         return [self.episodes[i].outcome for i in rows
-                if self.episodes[i].response_length or self.episodes[i].recorded_as_text]
+                if (self.episodes[i].response_length or self.episodes[i].recorded_as_text)
+                and not self.episodes[i].reward_error]
 
     def untrained_rows(self) -> list[int]:
         """Rows the update leaves out: episodes without a single trained (policy-sampled)
         token (every episode whose `reset` raised, or whose agent never called the model; an
-        imported episode `recorded_as_text` is not one of them), and episodes that ended in an
+        imported episode `recorded_as_text` is not one of them), episodes that ended in an
         environment error (`Episode.environment_error`: their reward is the environment's
-        failure, not the policy's). No loss counts them, and they are no
+        failure, not the policy's), and episodes that could not be scored
+        (`Episode.reward_error`: a failed judgment). No loss counts them, and they are no
         member of their group's baseline (`update_group_ids`)."""
         return [i for i, e in enumerate(self.episodes)
-                if (e.response_length == 0 and not e.recorded_as_text) or e.environment_error]
+                if (e.response_length == 0 and not e.recorded_as_text) or e.environment_error or e.reward_error]
 
     def update_group_ids(self) -> list[str]:
         """`group_ids` as the advantage estimators see them: an episode without a trained
@@ -551,13 +566,15 @@ class TrajectoryBatch:
 
     # -- summaries ------------------------------------------------------------------
     def summary(self) -> dict[str, float]:
-        """Batch-level numbers with fixed names (the dashboard reads these)."""
+        """Batch-level numbers with fixed names (the dashboard reads these). The reward numbers
+        are over the episodes that have a score (not those whose judgment failed,
+        `Episode.reward_error`)."""
         eps = self.episodes
         n = max(len(eps), 1)
-        rewards = [e.outcome for e in eps]
+        rewards = [e.outcome for e in eps if not e.reward_error]
         model_turns = [t for e in eps for t in e.turns if t.source == "model"]
-        mean = sum(rewards) / n
-        std = (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5
+        mean = sum(rewards) / max(len(rewards), 1)
+        std = (sum((r - mean) ** 2 for r in rewards) / max(len(rewards), 1)) ** 0.5
         return {
             **self.group_stats(),
             "episodes": float(len(eps)),

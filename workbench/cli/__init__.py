@@ -1,4 +1,4 @@
-"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare,import}`.
+"""Command line: `python -m workbench {train,rollout,demo,export-verl,diff,diagnose,compare,audit-judge,import}`.
 
     __init__.py  argument parsing only: `main`, the commands and their flags
     demo.py      `make demo`: rollouts, then GRPO with held-out success before and after
@@ -357,6 +357,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     from workbench.importers.command import add_import_parser
 
     add_import_parser(sub)  # python -m workbench import PATH --output RUN (verl, TRL, ART, verifiers, prime-rl)
+    from workbench.debug.judge_audit import add_audit_judge_parser
+
+    # python -m workbench audit-judge RUN --judge SPEC [--reward.FIELD V] [--doctor.FIELD V]
+    add_config_flags(add_audit_judge_parser(sub), sections=("reward", "doctor"))
     args = p.parse_args(argv)
     args.output_given = hasattr(args, "output")
     if not args.output_given:
@@ -413,6 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.doctor_overrides = given_config_flags(args).get("doctor", {})
             return args.run(args)
         if args.command in ("compare", "import"):
+            return args.run(args)
+        if args.command == "audit-judge":
+            args.overrides = given_config_flags(args)
             return args.run(args)
         return {"rollout": cmd_rollout, "train": cmd_train, "demo": cmd_demo}[args.command](args)
     except ConfigError as exc:  # names the field; a traceback adds nothing

@@ -36,7 +36,7 @@ runs on CUDA (on a CPU the counts apply and nothing reserves a GPU):
 | `Rollout` (apart from the actor)                 | `num_actors = GPUs(P)`, `num_gpus_per_actor = 1`                    |
 | `Critic` / `CriticValue`                         | trained by the actor's learners (FSDP2, same ranks): must be in the actor's pool |
 | `RefPolicy`                                      | reference logprobs come from the controller's frozen copy; recorded |
-| `RewardModel`                                    | refused: rewards come from `reward_fn` / the environment            |
+| `RewardModel`                                    | the reward model of `reward.reward_model` (verl: `reward_model.model.path`), added to the reward by `reward.reward_model_weight`; with `ray.use_ray`, on a reward-model worker (`workbench.distributed.reward_workers`) |
 """
 from __future__ import annotations
 
@@ -101,9 +101,6 @@ def ray_groups_from_pools(role_worker_mapping: Mapping[Any, Any] | None,
     gpus = {pool: int(sum(per_node)) for pool, per_node in resource_pool_manager.resource_pool_spec.items()}
     pools = {_role_name(role): str(pool) for role, pool in resource_pool_manager.mapping.items()}
     roles = {_role_name(role) for role in (role_worker_mapping or {})} | set(pools)
-    if "RewardModel" in roles:
-        raise ValueError("Role.RewardModel: reward-model workers are not supported; score with reward_fn= "
-                         "(or the environment's own rewards)")
     out: dict[str, Any] = {}
     colocated = next((pools[r] for r in ("ActorRollout", "ActorRolloutRef") if r in pools), None)
     actor_pool = colocated or pools.get("Actor")
@@ -295,6 +292,11 @@ class RayPPOTrainer(_Trainer):
         placement = ray_groups_from_pools(given.get("role_worker_mapping"), given.get("resource_pool_manager"),
                                           on_cuda=store.model.resolved_device().type == "cuda")
         store.update("ray", placement)
+        roles = {_role_name(r) for r in (given.get("role_worker_mapping") or {})}
+        pools = getattr(given.get("resource_pool_manager"), "mapping", {}) or {}
+        if "RewardModel" in roles | {_role_name(r) for r in pools} and store.reward.reward_model is None:
+            raise ValueError("Role.RewardModel needs the reward model: set reward.reward_model to its folder or hub "
+                             "id (verl: reward_model.model.path)")
         dataset = given.get("train_dataset")
         sampler = given.get("train_sampler")
         if dataset is not None and sampler is not None:

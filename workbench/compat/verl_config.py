@@ -77,6 +77,7 @@ so both are multiplied by `rollout.n`.
 | actor_rollout_ref.rollout.multi_turn.max_assistant_turns | inference.max_turns | |
 | critic.optim.lr | training.critic_learning_rate | |
 | critic.cliprange_value | training.cliprange_value | |
+| reward_model.model.path | reward.reward_model | verl's reward-model worker: `workbench.reward.RewardModel` (Ray: `workbench.distributed.reward_workers`) |
 
 The critic is the policy model with a value head (`workbench.training.policy.Critic`),
 so `critic.model.*` has no field of its own; like every key not in the table it is
@@ -182,6 +183,7 @@ MAPPING: dict[str, tuple[str | None, Callable[[Any], Any]]] = {
     "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": ("inference.max_turns", _same),
     "critic.optim.lr": ("training.critic_learning_rate", _same),
     "critic.cliprange_value": ("training.cliprange_value", _same),
+    "reward_model.model.path": ("reward.reward_model", _same),
 }
 
 

@@ -307,6 +307,11 @@ def export_verl(config: ConfigStore, out_dir: str | Path, train_size: int | None
     """
     import pandas as pd
 
+    on = [f"reward.{k}" for k in ("judge", "group_judge", "reward_model") if getattr(config.reward, k) is not None]
+    if on:  # the exported reward function computes the environment's reward only: say so, do not drop them
+        raise ConfigError(f"{', '.join(on)} cannot be exported: the folder's reward function (compute_score) adds up "
+                          "the environment's turn rewards only; set them to null to export, and give verl its own "
+                          "reward model (reward_model.enable, reward_model.model.path)")
     env, spec, env_config = env_source(config)
     name = slug(config.environment.name)
     module, cls = f"{name}_verl", _camel(name)

@@ -5,6 +5,7 @@
                  sft; doctor's is `workbench.doctor.thresholds.DoctorConfig`)
     checks.py    `ConfigError`, the device/dtype resolvers, the type checks behind `validate`
     flags.py     a `--SECTION.FIELD` command-line flag for every field, from the dataclasses
+    reward_checks.py  the checks of the reward section's judges and reward model; `judge_location`
 
     config = ConfigStore()
     config.model.model_name = "smollm2-135m-instruct"
@@ -36,6 +37,7 @@ from workbench.config.checks import (  # noqa: F401 - ConfigError, DTYPES, resol
 )
 from workbench.doctor.thresholds import DoctorConfig, check_doctor_config
 from workbench.utils.settings import StrictFields, UnknownFieldError, unknown_field_message
+from workbench.config.reward_checks import check_model_rewards
 
 from workbench.config.sections import (  # noqa: F401 - the sections are public here
     BACKENDS, EMBEDDED_MODEL, HISTORY_MODES, TOOL_FORMATS, CheckpointConfig, EnvironmentConfig, InferenceConfig,
@@ -283,6 +285,7 @@ class ConfigStore(StrictFields, section=""):
                                   f"weight drowns every other term of the reward), got {value!r}")
         if self.reward.max_steps is not None:
             _positive_int("reward.max_steps", self.reward.max_steps)
+        check_model_rewards(self.reward)  # judges and reward models (workbench.config.reward_checks)
         check_remedies(self)
         check_doctor_config(self.doctor, ConfigError)
         if self.sft.steps < 0:

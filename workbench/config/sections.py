@@ -386,9 +386,10 @@ class EnvironmentConfig(StrictFields, section="environment"):
 @dataclass
 class RewardConfig(StrictFields, section="reward"):
     """Shaping of environment rewards (`workbench.reward.RewardManager`'s weights): the
-    outcome score of an episode when the trainer has no `reward_fn`; and the overlong
-    penalty, a length term applied with or without one. The defaults leave environment
-    rewards unchanged. Saved with every checkpoint's config."""
+    outcome score of an episode when the trainer has no `reward_fn`; the overlong penalty,
+    a length term applied with or without one; and rewards from models (LLM judges, a
+    reward model), added by weight (`workbench.reward.sources`). The defaults leave
+    environment rewards unchanged. Saved with every checkpoint's config."""
 
 
     step_reward_weight: float = 1.0
@@ -412,6 +413,78 @@ class RewardConfig(StrictFields, section="reward"):
     """Width in tokens of the window before `inference.max_tokens` over which the overlong
     penalty ramps from 0 to `overlong_penalty`; less than `inference.max_tokens` (a window as
     long as the limit would penalise every reply by its length)."""
+    # -- rewards from models (workbench.reward.sources: the one reader of the fields below) --
+    env_weight: float = 1.0
+    """Weight of the environment's score (the shaped environment rewards, or the `reward_fn`'s
+    score) in an episode's score when a model reward (`judge`, `group_judge`, `reward_model`)
+    is on: score = env_weight * environment score + the model rewards times their weights.
+    0 trains on the model rewards alone."""
+    judge: str | None = None
+    """The per-episode LLM judge (absolute: a rubric per episode, the score read from its reply):
+    an OpenAI-compatible server's URL (`http://127.0.0.1:8000/v1`: vLLM's server, the workbench's
+    gateway, any endpoint), `hf:MODEL` or `vllm:MODEL` (a model judging in this process; MODEL
+    is a folder, a hub id or the embedded model's name), or `module:function` (a Python
+    function from the judge's messages to its reply); null: off."""
+    judge_weight: float = 1.0
+    """Weight of the judge's score (on 0..1) in the episode's score."""
+    group_judge: str | None = None
+    """The group LLM judge (relative, as RULER): each group of episodes in one prompt, their
+    common opening sent once, a score and a reason per episode; where it runs, as for `judge`;
+    null: off."""
+    group_judge_weight: float = 1.0
+    """Weight of the group judge's score (on 0..1) in the episode's score."""
+    judge_model: str | None = None
+    """The model name sent to a judge server (`model` of the request); null: the first model
+    the server lists at /v1/models. Ignored for in-process judges."""
+    judge_rubric: str = ("Score how well the assistant did the task the conversation sets: 1 for a complete, "
+                         "correct success, 0 for a failure or no real attempt, a value between for partial "
+                         "progress. Judge what the assistant did, not what it says about it.")
+    """What the judges (and a yes/no reward model) are asked to score, in words."""
+    judge_scale_min: float = 0.0
+    """Lowest score the judges are told to give; a reply's score below it fails the judgment."""
+    judge_scale_max: float = 1.0
+    """Highest score the judges are told to give; a score above it (a 7 on a 0..1 scale) fails
+    the judgment. Scores are mapped to 0..1 before their weight: (s - min) / (max - min)."""
+    judge_max_tokens: int = 128
+    """Most tokens of a judge's reply (per episode; the group judge gets this many per episode)."""
+    judge_temperature: float = 0.0
+    """Sampling temperature of the judges (0: greedy, the same episode gets the same verdict)."""
+    judge_timeout_s: float = 60.0
+    """Seconds a judgment may take (one server request, or one in-process batch of them); past it
+    the judgment fails (the episode is left out of the update, counted in `reward/judge_failed`)."""
+    judge_retries: int = 2
+    """Times a judge server request is tried again after a connection error, a timeout or an HTTP
+    5xx (not after a reply without a score: that is the judge's answer)."""
+    judge_concurrency: int = 16
+    """Judge server requests in flight at once (a step's judgments are sent concurrently)."""
+    judge_json: bool = False
+    """Ask the judges for a JSON verdict under a grammar: each request carries `response_format`
+    (a JSON schema: the reason, then the score; for the group judge one entry per trajectory),
+    which vLLM's server and the workbench's gateway sample under token by token, and an
+    in-process judge too; so even a small judge model's reply holds a score (maybe out of range).
+    False: free text, the score read from it."""
+    judge_cache: bool = True
+    """Keep judgments by the exact judge prompt, so an episode judged before (same content, same
+    rubric, same judge) is not judged again; failed judgments are never kept."""
+    judge_dtype: str = "auto"
+    """dtype of an in-process judge or reward model: "auto" (bf16 on a GPU or a CPU with bf16
+    instructions, else fp32), "float32", "bfloat16", "float16"."""
+    reward_model: str | None = None
+    """A reward model folder (or hub id): an `AutoModelForSequenceClassification` (its logit is
+    the score; with two labels, the probability of label 1), or a causal LM, whose score is its
+    probability of `reward_model_yes` as the first token of its answer to `judge_rubric` about
+    the episode; null: off."""
+    reward_model_weight: float = 1.0
+    """Weight of the reward model's score in the episode's score."""
+    reward_model_kind: str = "auto"
+    """"classifier", "yes_token", or "auto": a classifier when the folder's config names a
+    `...ForSequenceClassification` architecture, else yes_token."""
+    reward_model_yes: str = "Yes"
+    """yes_token: the answer whose first token's probability is the score."""
+    reward_model_batch_size: int = 8
+    """Episodes the reward model scores in one forward pass."""
+    reward_model_max_tokens: int = 4096
+    """Longest episode (in the reward model's tokens) it scores; a longer one fails its judgment."""
 
 
 @dataclass

@@ -7,6 +7,7 @@ policies token by token, a run doctor that names what went wrong, and two runs s
     diff.py      compare_policies and `workbench diff`: the same tokens under two policies
     doctor.py    diagnose and `workbench diagnose`: the run doctor over a whole run
     compare.py   compare_runs and `workbench compare`: two runs side by side
+    judge_audit.py `workbench audit-judge RUN --judge ...`: the judge audit on a run's saved batch
 
     from workbench.debug import load_run, branch_run, fork, compare_policies, diagnose, compare_runs
     run = load_run("runs/demo/train")       # config, metrics, evaluations, checkpoints, batches

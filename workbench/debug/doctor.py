@@ -26,7 +26,10 @@ lost, paired by seed: training made the policy worse); parse-from-incidental-spa
 reward-without-success, tool-result-ignored (reward hacking); template-collapse, repetition-to-limit, length-drift,
 truncation-surge, entropy-collapse, kl-spike (collapse); zero-variance-groups,
 format-errors, tokenization-mismatch, engine-trainer-gap (dead signal, broken data);
-off-policy-clipped (asynchronous training: samples too stale for the correction).
+off-policy-clipped (asynchronous training: samples too stale for the correction);
+judge-hacking, judge-unreliable, judge-failures (a reward from a model: the policy pleasing the
+judge, a judge that cannot tell success from failure, judgments that failed;
+`workbench.doctor.judges`, silent on runs without judgments).
 
 Which can fire on an untrained model (one batch, no history): format-errors (a base
 model often ignores the reply format; guess_number calls an out-of-range number

@@ -15,7 +15,9 @@ works on them. Only the two heavy stages move out:
 
   * rollout: `RolloutWorkerGroup.run` splits the groups across `ray.num_actors` workers;
   * update: `LearnerGroup.update` splits the batch by whole groups across
-    `ray.num_learners` ranks and returns the same metrics one process computes.
+    `ray.num_learners` ranks and returns the same metrics one process computes;
+  * with `reward.reward_model` set, the reward model scores on a reward-model worker
+    (`workbench.distributed.reward_workers`, the seeds' `Role.RewardModel`).
 
 Weights flow one way after each update: the learners' gathered trained weights are
 loaded into the controller's policy (and critic), then pushed to the rollout workers
@@ -65,6 +67,10 @@ class RayStages:
             self.rollout_workers = RolloutWorkerGroup(cfg, cfg.ray.num_actors, trainer.environment,
                                                       trainer.tools, trainer.parser, placement=self.placement)
             self.learners = LearnerGroup(cfg, cfg.ray.num_learners, placement=self.placement)
+            if cfg.reward.reward_model is not None:  # Role.RewardModel: the reward model on a worker of its own
+                from workbench.distributed.reward_workers import ray_model_rewards
+
+                trainer.model_rewards = ray_model_rewards(cfg.reward)
         except BaseException:
             self.close()
             raise

@@ -23,6 +23,7 @@ from workbench.doctor.findings import (
     BatchStats, DoctorConfig, Evidence, Finding, History, RunFacts, model_turns,
 )
 from workbench.doctor.held_out import GAP_ADVICE, check_heldout_regression, first_rl_step, gap_remedy, solved
+from workbench.doctor.judges import JUDGE_CHECKS
 from workbench.doctor.remedies import OVERLONG_WINDOW, REMEDIES, remedy_for  # noqa: F401 - importable here too
 from workbench.doctor.remedies import finding as _finding
 
@@ -528,6 +529,7 @@ CHECKS: dict[str, Check] = {
     "tokenization-mismatch": check_tokenization_mismatch,
     "engine-trainer-gap": check_engine_trainer_gap,
     "off-policy-clipped": check_off_policy_clipped,
+    **JUDGE_CHECKS,  # judge-hacking, judge-unreliable, judge-failures (workbench.doctor.judges)
 }
 
 

@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from workbench.doctor.judge_stats import judge_score
 from workbench.doctor.thresholds import DoctorConfig  # noqa: F401 - importable from here too
 from workbench.trajectory import Episode, TrajectoryBatch, Turn, success_reported
 
@@ -181,6 +182,9 @@ class BatchStats:
     """Whether the environment reports success (`workbench.trajectory.success_reported`)."""
     whole_action_share: float = 0.0
     """Share of model turns whose reply is the whole action (`is_whole_action`)."""
+    judge_score_mean: float | None = None
+    """Mean judge score (`workbench.doctor.judge_stats.judge_score`) of the episodes a judge scored;
+    None when none was (no model reward in the run)."""
 
     @classmethod
     def of(cls, batch: TrajectoryBatch, step: int) -> "BatchStats":
@@ -195,7 +199,13 @@ class BatchStats:
             reward_mean=sum(e.outcome for e in batch) / eps,
             success_rate=sum(bool(e.success) for e in batch) / eps if success_reported(batch) else float("nan"),
             reports_success=success_reported(batch),
-            whole_action_share=sum(is_whole_action(t) for _, t in turns) / n)
+            whole_action_share=sum(is_whole_action(t) for _, t in turns) / n,
+            judge_score_mean=_judge_mean(batch))
+
+
+def _judge_mean(batch: TrajectoryBatch) -> float | None:
+    scores = [s for s in (judge_score(e) for e in batch) if s is not None]
+    return sum(scores) / len(scores) if scores else None
 
 
 @dataclass
@@ -271,6 +281,10 @@ class RunFacts:
     group_size: int | None = None
     """`training.group_size`: a policy that wins its batches and loses held-out games is
     offered more groups per step (`workbench.doctor.held_out.gap_remedy`)."""
+    env_weight: float | None = None
+    """`reward.env_weight`: the judge remedies weight the environment's reward up from it."""
+    model_sources: tuple[str, ...] | None = None
+    """The model rewards that are on ("judge", "group_judge", "reward_model"); () for none."""
 
     @classmethod
     def of(cls, config: Any, environment: Any = None) -> "RunFacts":
@@ -280,8 +294,12 @@ class RunFacts:
 
         t, i = config.training, config.inference
         env_type = environment if isinstance(environment, type) or environment is None else type(environment)
+        r = getattr(config, "reward", None)
+        sources = None if r is None else tuple(n for n in ("judge", "group_judge", "reward_model")
+                                               if getattr(r, n, None) is not None)
         return cls(adv_estimator=t.adv_estimator, group_relative=t.adv_estimator in GROUP_RELATIVE_ESTIMATORS,
                    max_tokens=i.max_tokens, group_size=t.group_size,
+                   env_weight=None if r is None else getattr(r, "env_weight", None), model_sources=sources,
                    has_expert=None if env_type is None else callable(getattr(env_type, "expert_action", None)),
                    supports_strict_format=None if env_type is None else bool(getattr(env_type,
                                                                                      "supports_strict_format", False)))

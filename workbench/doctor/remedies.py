@@ -5,7 +5,8 @@
 
 `REMEDIES` is the plain table (check name -> config overrides); `remedy_for` fits it to a
 run (`RunFacts`), so that a branch with the remedy starts: it drops a remedy the run would
-refuse and sizes the overlong window to `inference.max_tokens`. `workbench.debug.doctor.
+refuse, sizes the overlong window to `inference.max_tokens`, and fits the judge remedies to
+the run's `reward.env_weight` and model rewards (`_judge_remedy`). `workbench.debug.doctor.
 remedy_command` prints a remedy as a complete `python -m workbench train --from ...` command.
 Core layer, like the checks.
 """
@@ -25,6 +26,9 @@ REMEDIES: dict[str, dict[str, Any]] = {
     "zero-variance-groups": {"training.dynamic_sampling": True},
     "format-errors": {"sft.steps": 4},
     "entropy-collapse": {"training.entropy_coeff": 0.01},
+    "judge-hacking": {"reward.env_weight": 2.0},
+    "judge-unreliable": {"reward.judge_weight": 0.0},
+    "judge-failures": {"reward.judge_json": True},
 }
 
 
@@ -53,6 +57,22 @@ def remedy_for(name: str, run: RunFacts | None = None) -> dict[str, Any]:
         return {}
     if "environment.strict_format" in remedy and run.supports_strict_format is False:
         return {}
+    if name in ("judge-hacking", "judge-unreliable"):
+        return _judge_remedy(name, run)
+    return remedy
+
+
+def _judge_remedy(name: str, run: RunFacts) -> dict[str, Any]:
+    """judge-hacking: the environment's reward weighted up (twice `reward.env_weight`, 1 from 0);
+    judge-unreliable: the model rewards that are on weighted to 0 and the environment's reward
+    to at least 1 (train on what can be checked, audit another judge)."""
+    env = run.env_weight
+    if name == "judge-hacking":
+        return {"reward.env_weight": 1.0 if env is None or env <= 0 else 2.0 * env}
+    sources = run.model_sources if run.model_sources else ("judge",)
+    remedy: dict[str, Any] = {f"reward.{s}_weight": 0.0 for s in sources}
+    if env is not None and env < 1:
+        remedy["reward.env_weight"] = 1.0
     return remedy
 
 

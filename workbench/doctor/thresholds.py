@@ -107,6 +107,29 @@ class DoctorConfig(StrictFields, section="doctor"):
     is 4 of the demo's 32 held-out games once all 32 were won."""
     max_evidence: int = 3
     """Evidence episodes kept per finding."""
+    judge_rise: float = 0.15
+    """judge-hacking: the judge's mean score (0..1) rose by at least this much over the first
+    steps' while the success rate rose by less than `success_rise`."""
+    judge_high: float = 0.5
+    """judge-hacking's evidence: a failed episode the judge scored at least this high."""
+    judge_min_accuracy: float = 0.7
+    """The judge audit (and `workbench.doctor.judges.judge_verdict`): least share of episodes
+    whose judge score (cut at 0.5) says what the environment said."""
+    judge_min_auc: float = 0.7
+    """The audit and judge-unreliable: least ROC AUC of the judge's scores against the
+    environment's success (0.5 is chance)."""
+    judge_min_rank_correlation: float = 0.3
+    """The audit: least Spearman correlation of the judge's scores with the environment's reward."""
+    judge_min_position_consistency: float = 0.7
+    """The audit: least Spearman correlation between a group judge's scores of the same groups
+    shown in two shuffled orders (position bias)."""
+    judge_max_length_correlation: float = 0.5
+    """The audit: largest |Spearman correlation| of the judge's scores with the replies' length."""
+    judge_min_self_consistency: float = 0.8
+    """The audit: least Pearson correlation between two judgments of the same episodes."""
+    judge_failed_share: float = 0.0
+    """judge-failures fires (and the audit calls a judge unfit) when more than this share of the
+    judgments failed."""
 
 
 #: Fields that are shares or fractions of something: each must lie in [0, 1].
@@ -114,7 +137,9 @@ _SHARES = ("incidental_coverage", "incidental_share", "min_distinct_ratio", "col
            "repetition_share", "truncation_rise", "zero_variance_share", "solved_success_rate",
            "success_rise", "tool_ignored_share", "entropy_fraction", "format_error_share", "mismatch_share",
            "environment_error_share",
-           "whole_action_share", "off_policy_clipped_share", "heldout_regression_share")
+           "whole_action_share", "off_policy_clipped_share", "heldout_regression_share",
+           "judge_rise", "judge_high", "judge_min_accuracy", "judge_min_auc", "judge_min_position_consistency",
+           "judge_max_length_correlation", "judge_min_self_consistency", "judge_failed_share")
 #: Fields that count something: integers, with their least sensible value.
 _COUNTS = {"baseline_steps": 1, "min_samples": 1, "repeat_count": 2, "repeat_max_period": 1, "max_evidence": 0}
 
@@ -138,6 +163,9 @@ def check_doctor_config(cfg: DoctorConfig, error: Callable[[str], Exception] = V
         value = getattr(cfg, name)
         if not value >= 0:
             raise error(f"doctor.{name} must be >= 0, got {value!r}")
+    if not -1 <= cfg.judge_min_rank_correlation <= 1:
+        raise error(f"doctor.judge_min_rank_correlation is a correlation and must be in [-1, 1], "
+                    f"got {cfg.judge_min_rank_correlation!r}")
     if not cfg.engine_logprob_gap > 0:
         raise error(f"doctor.engine_logprob_gap must be > 0 nats, got {cfg.engine_logprob_gap!r}")
 

@@ -45,6 +45,7 @@ from workbench.environments.registry import make_env, make_environment, record_e
 from workbench.reward import (
     RewardError, RewardFn, check_env_rewards, overlong_summary, score_batch,
 )
+from workbench.reward.sources import ModelRewards, model_reward_summary
 from workbench.rollout.configured import check_chat_template
 from workbench.rollout.template import tool_parser
 from workbench.rollout.fork import fork_episode
@@ -118,6 +119,9 @@ class Trainer(CheckpointMethods, SFTMethods):
         self._env_type = type(env)  # what the doctor's remedies fit (run_facts)
         self.config.environment = record_environment(self.config.environment, env)
         self.reward_fn = reward_fn
+        #: The judges / reward model `config.reward` turns on (`workbench.reward.sources`), built when
+        #: `score` first needs them and rebuilt when those settings change; None when none is on.
+        self.model_rewards: ModelRewards | None = None
         self.tools, self.parser = list(tools), parser
         models = build_models(config)
         self.policy, self.critic = models.policy, models.critic
@@ -257,10 +261,16 @@ class Trainer(CheckpointMethods, SFTMethods):
         the overlong penalty (`reward.overlong_penalty`) of replies near `inference.max_tokens`.
 
         All-or-nothing: a failing reward_fn or a non-finite / float32-overflowing reward
-        raises RewardError naming the episode, and no episode's `score` changes."""
+        raises RewardError naming the episode, and no episode's `score` changes.
+
+        Rewards from models (`reward.judge`, `reward.group_judge`, `reward.reward_model`) are
+        added by weight (`self.model_rewards`, `workbench.reward.sources`); an episode whose
+        judgment failed gets no score and `Episode.reward_error`, and the update leaves it out."""
         fn = reward_fn if reward_fn is not None else self.reward_fn
         self.checked_config()
-        return score_batch(batch, fn, self.environment, self.config.reward, max_tokens=self._max_tokens)
+        self.model_rewards = ModelRewards.reuse(self.config.reward, self.model_rewards)  # judges: reward.judge ...
+        return score_batch(batch, fn, self.environment, self.config.reward, max_tokens=self._max_tokens,
+                           model_rewards=self.model_rewards)
 
     @property
     def _max_tokens(self) -> int:
@@ -429,6 +439,7 @@ class Trainer(CheckpointMethods, SFTMethods):
         metrics.update(batch.summary())
         metrics.update({k: float(v) for k, v in batch.meta.items() if k.startswith("rollout/")})
         metrics.update(overlong_summary(batch, self.config.reward, self._max_tokens))  # {} when off
+        metrics.update(model_reward_summary(batch))  # judges and reward models: {} when off
         metrics.update(update_metrics)
         if ahead is not None:
             ahead.mark_update(update_start, time.perf_counter())
@@ -531,8 +542,10 @@ class Trainer(CheckpointMethods, SFTMethods):
         batch = fork_episode(episode, turn, self.engine, action=action, observation=observation, n=n,
                              config=self.config, environment=self.make_environment, parser=self.parser,
                              tools=self.tools, temperature=temperature, **kwargs)
+        self.model_rewards = ModelRewards.reuse(self.config.reward, self.model_rewards)
         return score_batch(batch, self.reward_fn, self.environment, self.config.reward,
-                           max_tokens=kwargs.get("max_tokens", self._max_tokens))  # as `score`, at the branches' limit
+                           max_tokens=kwargs.get("max_tokens", self._max_tokens),
+                           model_rewards=self.model_rewards)  # as `score`, at the branches' limit
 
     def metrics_df(self):
         """metrics_history as a pandas DataFrame (one row per step)."""
@@ -557,6 +570,9 @@ class Trainer(CheckpointMethods, SFTMethods):
         if getattr(self, "stages", None) is not None:
             self.stages.close()
             self.stages = None
+        if getattr(self, "model_rewards", None) is not None:
+            self.model_rewards.close()
+            self.model_rewards = None
         for name in ("engine", "critic", "policy", "optimizer", "critic_optimizer"):
             setattr(self, name, None)
         gc.collect()

@@ -111,6 +111,13 @@ def require_trained_tokens(batch: TrajectoryBatch) -> None:
     error), instead of a shape error deep inside a forward pass."""
     if len(batch.untrained_rows()) < len(batch):
         return
+    judged = [ep for ep in batch.episodes if ep.reward_error and ep.response_length and not ep.environment_error]
+    if judged:
+        raise NothingToTrainError(f"no episode of this batch of {len(batch)} could be trained on: "
+                                  f"{len(judged)} could not be scored (reward/judge_failed; first: "
+                                  f"{judged[0].reward_error}), the others failed as the rollout recorded. Check "
+                                  "the judge (reward.judge / group_judge / reward_model): its server, its replies "
+                                  "and reward.judge_timeout_s")
     if any(ep.response_length for ep in batch.episodes):
         raise NothingToTrainError(f"all {len(batch)} episodes of this batch ended in an environment error, so there "
                                   f"is nothing to train on: {_errors_listed(batch.episodes)}. Fix the environment "
@@ -122,15 +129,17 @@ def require_trained_tokens(batch: TrajectoryBatch) -> None:
 
 def failed_episodes_line(batch: TrajectoryBatch) -> str:
     """One line per reason naming the episodes of `batch` the update leaves out
-    (`TrajectoryBatch.untrained_rows`): those that failed before the model took a turn, and
-    those that ended in an environment error (their share and first error); "" when none."""
+    (`TrajectoryBatch.untrained_rows`): those that failed before the model took a turn, those
+    that ended in an environment error (their share and first error), and those whose judgment
+    failed (`Episode.reward_error`); "" when none."""
     rows = batch.untrained_rows()
     if not rows:
         return ""
     step = batch.meta.get("step")
     where = f"step {step}: " if step is not None else ""
     before = [batch[i] for i in rows if not batch[i].response_length]
-    env = [batch[i] for i in rows if batch[i].response_length]
+    env = [batch[i] for i in rows if batch[i].response_length and batch[i].environment_error]
+    unscored = [batch[i] for i in rows if batch[i].response_length and not batch[i].environment_error]
     lines = []
     if before:
         lines.append(f"{where}{len(before)} of {len(batch)} episodes failed before the model took a turn and are "
@@ -140,6 +149,11 @@ def failed_episodes_line(batch: TrajectoryBatch) -> str:
         lines.append(f"{where}{len(env)} of {len(batch)} episodes ({len(env) / len(batch):.0%}) ended in an "
                      f"environment error and are left out of the update, not trained as their reward "
                      f"(env/environment_error_rate, counted in rollout/failed_episodes); first error: {env[0].environment_error}; episodes "
+                     f"{ids[:8]}{'...' if len(ids) > 8 else ''}")
+    if unscored:  # a failed judgment (Episode.reward_error): no score, so no reward of 0 either
+        ids = [e.episode_id for e in unscored]
+        lines.append(f"{where}{len(unscored)} of {len(batch)} episodes could not be scored by their judge and are "
+                     f"left out of the update (reward/judge_failed); first: {unscored[0].reward_error}; episodes "
                      f"{ids[:8]}{'...' if len(ids) > 8 else ''}")
     return "\n".join(lines)
 

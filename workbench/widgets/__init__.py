@@ -5,7 +5,10 @@
     table.py         the batch as a clickable table linked to the views
     dashboard.py     live training curves
     play.py          play an environment by hand, ask the model for a suggestion
-    reward_tuner.py  reward weights as sliders, scores and advantages recomputed
+    reward_tuner.py  reward weights as sliders, scores and advantages recomputed; re-judge with an edited rubric
+    judgments.py     what the judges said of an episode (score, reason, the exact prompt), as HTML
+    rejudge.py       a batch judged again with an edited rubric, and which episodes changed rank
+    judge_audit.py   JudgeAuditView: the judge audit's report and verdict, episode by episode
     findings.py      the run doctor's findings; each opens its evidence episode with the span marked
     compare.py       RunComparisonView: two runs' curves overlaid, the same held-out seeds side by side
     _html.py         shared HTML helpers
@@ -22,6 +25,7 @@
 | `TrajectoryTable`   | sortable, filterable episode list linked to the two viewers         |
 | `FindingsPanel`     | the run doctor's findings; evidence opens with its span marked      |
 | `RunComparisonView` | two runs side by side: config diff, curves, findings, same seeds    |
+| `JudgeAuditView`    | the judge audit: agreement, position and length bias, verdict      |
 
 The viewers (`ConversationView`, `TokenView`, `TrajectoryTable`, `RewardTuner`) take a
 reopened run (`workbench.debug.load_run`) where they take a batch, showing its last saved
@@ -41,6 +45,7 @@ from workbench.widgets.compare import RunComparisonView
 from workbench.widgets.conversation import ConversationView, render_episode_html
 from workbench.widgets.dashboard import PANELS, TrainingDashboard, history_series
 from workbench.widgets.findings import FindingsPanel
+from workbench.widgets.judge_audit import JudgeAuditView, audit_html
 from workbench.widgets.play import PlayWidget, TokenizerOnlyEngine
 from workbench.widgets.reward_tuner import RewardTuner, grpo_advantages, rescore_table
 from workbench.widgets.table import TrajectoryTable, episode_frame, filter_sort
@@ -53,5 +58,5 @@ __all__ = [
     "VOILA_JUPYTER_PATH",
     "ConversationView", "TokenView", "TrainingDashboard", "FindingsPanel", "RunComparisonView", "PlayWidget", "RewardTuner", "TrajectoryTable",
     "TokenizerOnlyEngine", "render_episode_html", "render_tokens_html", "history_series", "rescore_table",
-    "grpo_advantages", "filter_sort", "episode_frame", "available_fields", "PANELS",
+    "grpo_advantages", "filter_sort", "episode_frame", "available_fields", "PANELS", "JudgeAuditView", "audit_html",
 ]

@@ -9,7 +9,9 @@ Bubbles: system (folded), user (environment observation), assistant (model or
 human turn, labelled), tool (tool results). Each assistant bubble carries its
 turn number and reward; tool calls are boxed under the action with their result;
 parse errors and environment errors are shown in red. The episode's ending
-(success, truncation, error, score, warnings) closes the transcript.
+(success, truncation, error, score, warnings) closes the transcript, and what each judge said
+of it (score, reason, the exact judge prompt: `workbench.widgets.judgments`) follows; the
+judges' scores are badges beside the environment's reward in the header.
 
 `render_episode_html(episode)` is the plain function behind the widget. In each reply the
 span the environment read as the action (`Turn.info["action_span"]`, reported by the
@@ -40,6 +42,7 @@ from workbench.trajectory import Episode, TrajectoryBatch, Turn, success_reporte
 from workbench.widgets._groups import group_line_html
 from workbench.widgets._html import STYLE, esc
 from workbench.widgets._runs import batch_of
+from workbench.widgets.judgments import judge_badges, judgments_html
 
 __all__ = ["ConversationView", "render_episode_html", "highlight_html", "episode_label", "as_episodes",
            "continue_from", "render_branches_html"]
@@ -198,6 +201,7 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
     if ep.score is not None:
         badges.append(_badge(f"score {ep.score:+.3g}", "good" if ep.score > 0 else ("bad" if ep.score < 0 else "")))
     reported = success_reported([ep])  # an environment (or trainer) that says nothing of it: not reported
+    badges += judge_badges(ep)  # what the judges said, beside the environment's reward (widgets/judgments.py)
     badges.append(_badge("success", "good") if ep.success else
                   _badge("no success") if reported or not ep.turns else _badge("success not reported"))
     if ep.truncated:
@@ -237,6 +241,7 @@ def render_episode_html(episode: Episode | None, show_system: bool = True, style
         end.append(f'<div class="wb-legend">⚠ {esc(w)}</div>')
     if end:
         parts.append(f'<div class="wb-end">{"".join(end)}</div>')
+    parts.append(judgments_html(ep))  # each judgment: score, reason, the exact prompt ("" without judges)
     return f'{css}<div class="wb-root wb-conv-body">{"".join(parts)}</div>'
 
 

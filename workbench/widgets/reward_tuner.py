@@ -7,7 +7,12 @@
     RewardTuner(run, step=3)                   # a reopened run (`load_run`) with its own config
 
 "Before" is the batch as stored (each episode's `score`, or its summed environment
-reward when unscored); "after" is `reward_fn(episode)` with the current weights.
+reward when unscored); "after" is `reward_fn(episode)` with the current weights. For a batch
+a judge scored (`Episode.judgments`), "after" is `reward.env_weight` times that plus the
+recorded model reward, and the table shows the judge's score and reason beside the
+environment's reward; the re-judge panel (`tuner.rejudge(rubric)`, `judge=` or the config's
+`reward.judge`) judges the batch again with an edited rubric and lists the episodes that changed
+rank (`workbench.widgets.rejudge`).
 The reward function gets the environment the episodes ran with (`environment=`:
 an environment, a zero-argument factory, or a dict env name -> environment; default:
 `workbench.environments.registry.make_env(episode.env_name)`), so terms that need it (the
@@ -33,6 +38,7 @@ from workbench.trajectory import Episode, TrajectoryBatch
 from workbench.widgets._html import STYLE, esc, html_table
 from workbench.widgets._runs import batch_of, is_run
 from workbench.widgets.dashboard import sync_figure_state
+from workbench.widgets.rejudge import judge_columns, rejudge_html, rejudge_table
 
 __all__ = ["RewardTuner", "rescore_table", "grpo_advantages", "score_of", "SHAPING_WEIGHTS", "episode_environments",
            "shared_bins", "plural"]
@@ -180,7 +186,8 @@ def rescore_table(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any] | 
     `apply_reward_fn`) or the new scores `after`. Advantages are those of `adv_estimator`
     (`workbench.reward.episode_advantages`; `training.adv_estimator`, default GRPO).
     Columns: episode, group, score_before, score_after, rank_before, rank_after,
-    rank_change (positive = moved up), adv_before, adv_after, success.
+    rank_change (positive = moved up), adv_before, adv_after, success, env_reward, judge (the
+    recorded judge score, NaN without one), judge_reason.
     """
     import pandas as pd
 
@@ -204,6 +211,9 @@ def rescore_table(batch: TrajectoryBatch, reward_fn: Callable[[Episode], Any] | 
     df["adv_before"] = episode_advantages(before, groups, adv_estimator, norm_adv_by_std_in_grpo=norm_adv_by_std)
     df["adv_after"] = episode_advantages(list(after), groups, adv_estimator, norm_adv_by_std_in_grpo=norm_adv_by_std)
     df["success"] = [e.success for e in batch.episodes]
+    df["env_reward"] = [e.total_reward for e in batch.episodes]
+    for name, values in judge_columns(batch).items():  # what the judges said (NaN without one)
+        df[name] = values
     return df
 
 
@@ -237,6 +247,9 @@ class RewardTuner(widgets.VBox):
             (and `norm_adv_by_std_in_grpo`).
         adv_estimator: the advantage estimator shown (default: the config's, else "grpo").
         step: with a `Run`, the saved step whose batch is re-scored.
+        judge: a `workbench.reward.Judge` or `GroupJudge` for the re-judge panel; default: the
+            one `config.reward` names (`reward.judge`, else `reward.group_judge`), built on the
+            first re-judge; no panel when there is neither.
     """
 
     weights = traitlets.Dict(help="current slider values")
@@ -245,7 +258,7 @@ class RewardTuner(widgets.VBox):
     def __init__(self, batch: TrajectoryBatch, reward_factory: Callable[..., Callable[[Episode], Any]] | None = None,
                  weights: Mapping[str, float] | None = None, norm_adv_by_std: bool = True,
                  environment: Any = None, config: Any = None, adv_estimator: str | None = None,
-                 step: int | None = None, **kwargs: Any):
+                 step: int | None = None, judge: Any = None, **kwargs: Any):
         import plotly.graph_objects as go
         from plotly.subplots import make_subplots
 
@@ -297,12 +310,29 @@ class RewardTuner(widgets.VBox):
                                   margin=dict(l=40, r=10, t=40, b=40), **legends)
         self._table = widgets.HTML()
         self._table.add_class("wb-tuner-table")
+        # Judged batches: the recorded model reward is added to what the sliders score, with the
+        # run's reward.env_weight (`workbench.reward.recorded_model_scores`).
+        self.config, self.judge, self.rejudged = config, judge, None
+        reward = getattr(config, "reward", None)
+        self._env_weight = float(getattr(reward, "env_weight", 1.0)) if reward is not None else 1.0
+        panel = []
+        if judge is not None or (reward is not None and (reward.judge or reward.group_judge)):
+            from workbench.reward.judges import DEFAULT_RUBRIC
+
+            rubric = getattr(judge, "rubric", None) or getattr(reward, "judge_rubric", DEFAULT_RUBRIC)
+            self._rubric = widgets.Textarea(value=rubric, description="rubric",
+                                            layout=widgets.Layout(width="640px", height="72px"))
+            self._rejudge = widgets.Button(description="re-judge", icon="refresh",
+                                           tooltip="judge the batch again with this rubric; list rank changes")
+            self._rejudge.on_click(lambda _: self.rejudge(self._rubric.value))
+            self._rejudged = widgets.HTML()
+            panel = [widgets.VBox([widgets.HBox([self._rubric, self._rejudge]), self._rejudged])]
         # Sliders in their own row, the summary below them: side by side, a narrow output
         # area let the summary cover the sliders' readouts.
         self._controls = widgets.VBox(list(self.sliders.values()) + [self._apply])
         self._controls.add_class("wb-tuner-sliders")
         self._note.add_class("wb-tuner-note")
-        super().__init__([self._controls, self._note, self.figure, self._table], **kwargs)
+        super().__init__([self._controls, self._note, self.figure, self._table, *panel], **kwargs)
         self.add_class("wb-reward-tuner")
         self.table = None
         self.weights = dict(defaults)
@@ -363,10 +393,39 @@ class RewardTuner(widgets.VBox):
         moved = t[t["rank_change"] != 0]
         return moved.reindex(moved["rank_change"].abs().sort_values(ascending=False).index)
 
+    def rejudge(self, rubric: str | None = None):
+        """Judge the batch again with `rubric` (default: the panel's text) and show which episodes
+        changed rank (`workbench.widgets.rejudge.rejudge_table`); returns the table."""
+        if self.judge is None:
+            from workbench.reward.group_judge import GroupJudge
+            from workbench.reward.judges import Judge
+
+            reward = getattr(self.config, "reward", None)
+            if reward is None or not (reward.judge or reward.group_judge):
+                raise ValueError("no judge to re-judge with: pass judge= or a config whose reward.judge is set")
+            self.judge = (Judge if reward.judge else GroupJudge).from_config(reward)
+        rubric = rubric if rubric is not None else getattr(self, "_rubric", None) and self._rubric.value
+        self.rejudged = rejudge_table(self.batch, self.judge, rubric or None)
+        if hasattr(self, "_rejudged"):
+            self._rejudged.value = rejudge_html(self.rejudged, rubric or self.judge.rubric)
+        return self.rejudged
+
+    def _after(self) -> list[float] | None:
+        """Scores after, for a judged batch: env_weight x the reward function's + the recorded
+        model reward (an episode whose judgment failed: none added); None for other batches."""
+        if not any(ep.judgments for ep in self.batch.episodes):
+            return None
+        from workbench.reward import recorded_model_scores
+
+        env = apply_reward_fn(self.batch, self.reward_fn, self.environments)
+        model = recorded_model_scores(self.batch, getattr(self.config, "reward", None))
+        return [self._env_weight * e + (m or 0.0) for e, m in zip(env, model)]
+
     def recompute(self) -> None:
         """Re-score the batch with the current reward function and redraw."""
         try:
-            self.table = rescore_table(self.batch, self.reward_fn, norm_adv_by_std=self.norm_adv_by_std,
+            self.table = rescore_table(self.batch, self.reward_fn, after=self._after(),
+                                       norm_adv_by_std=self.norm_adv_by_std,
                                        environments=self.environments, adv_estimator=self.adv_estimator)
         except Exception as exc:  # a broken custom fn should not kill the widget
             self._note.value = f'{STYLE}<div class="wb-root wb-errline">reward fn failed: {esc(type(exc).__name__)}: {esc(exc)}</div>'
@@ -435,7 +494,9 @@ class RewardTuner(widgets.VBox):
 
     def _table_html(self) -> str:
         cols = ["episode", "group", "score_before", "score_after", "rank_before", "rank_after", "rank_change",
-                "adv_before", "adv_after", "success"]
+                "adv_before", "adv_after", "success", "env_reward"]
+        if self.table["judge"].notna().any():  # a judged batch: the judge's score and reason beside the env's
+            cols += ["judge", "judge_reason"]
         moved = self.changed
         if not len(moved):
             return f'{STYLE}<div class="wb-root wb-legend">no episode changed rank</div>'
