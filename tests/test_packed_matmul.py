@@ -1,6 +1,6 @@
 """`PackedWeights` (MKL's packed fp32 products for the decode step, packed_matmul.py):
 the products against `F.linear`, rows independent of the padding, packed again after a
-weight changes, buckets bounded; the decode step and the engine in the `PACKED` mode
+weight changes, buckets bounded; the decode step and the engine with packed weights
 against the model's forward."""
 from __future__ import annotations
 
@@ -160,15 +160,11 @@ def test_decode_step_with_packed_weights_matches_the_model(make):
     assert packed.packs == 4 * len(step.layers) + 1  # q/k/v, o, gate/up, down per layer; the head
 
 
-def test_bf16_weights_are_not_packed():
-    assert DecodeStep.build(_llama(torch.bfloat16)).packed_bytes() == 0
-
-
-def test_engine_in_packed_mode_gives_the_model_forward_tokens(tiny_model_and_tokenizer):
-    """The engine's `PACKED` decode (chosen here) samples the ids the model's forward
-    gives, follows an in-place weight change, and says so in its stats."""
+def test_engine_multiplies_through_packed_weights_in_every_mode(tiny_model_and_tokenizer):
+    """With `packed_decode` on (the default), the engine's fp32 decode steps (all threads
+    here) sample the ids the model's forward gives, follow an in-place weight change
+    (packed again), and say so in their stats; off, nothing is packed."""
     from workbench.engines.base import SamplingParams
-    from workbench.engines.decode_threads import PACKED
     from workbench.engines.hf import HFEngine
 
     model, tok = tiny_model_and_tokenizer
@@ -177,22 +173,25 @@ def test_engine_in_packed_mode_gives_the_model_forward_tokens(tiny_model_and_tok
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
     engine = HFEngine(model, tok)
     engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser
-    assert PACKED in engine.decode_threads.candidates and engine._packed is not None
-    engine.decode_threads.chosen = PACKED
+    engine.decode_threads.force(torch.get_num_threads())
+    packs = []
     for change in (False, True):
         if change:
             with torch.no_grad():  # an optimizer step, in place
                 for p in model.parameters():
                     p.mul_(1.05)
         fast = engine.generate_ids(prompts, params)
+        packs.append(engine.stats()["decode_packed_weights"])
         slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
         for a, b in zip(fast, slow):
             assert a.token_ids == b.token_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
-    stats = engine.stats()
-    assert stats["decode_packed_matmuls"] == 1.0 and stats["decode_threads"] == torch.get_num_threads()
-    assert stats["decode_packed_weights"] > 0
+    assert 0 < packs[0] < packs[1]  # the changed weights were packed again
+    assert isinstance(engine._packers[torch.float32], PackedWeights)
     engine.close()
+    plain = HFEngine(model, tok, packed_decode=False)
+    plain.generate_ids(prompts, params)
+    assert not plain._packers and "decode_packed_weights" not in plain.stats()
 
 
 @pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-biases"])

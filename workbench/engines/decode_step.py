@@ -24,8 +24,9 @@ code over the model's own parameters (references, so an optimizer step or
   group stacked and their B's block-diagonal;
 - on a CPU, fp32 linears run as `W @ x.T` (measured on this 2-core EPYC at 8 rows: the
   SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms), or, with `packed` (the
-  engine's timed `PACKED` mode, `packed_matmul.py`), through MKL's packed copies of the
-  weights from 4 rows up and as `x @ W.T` below (on a 2-core Xeon, 2-3 rows: 25-28 vs 59 ms);
+  engine's packed weights, `inference.packed_decode`), through MKL's packed copies of the
+  weights from 4 rows up and as `x @ W.T` below (on a 2-core Xeon, 2-3 rows: 25-28 vs 59 ms,
+  `packed_matmul.py`); bf16 linears through oneDNN's packed copies (`onednn_weights.py`);
 - with a `MatmulHelper` (`split`: the engine's timed "one thread + helper" mode,
   `decode_threads.py`), large weights are multiplied in two halves of their outputs at
   once, one per thread (`SPLIT_MIN_BYTES`; with `packed`, each half packed apart); the
@@ -51,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.engines.decode_threads import MatmulHelper
+from workbench.engines.onednn_weights import OneDNNWeights
 from workbench.engines.packed_matmul import PackedWeights
 from workbench.engines.weights import is_lora_layer, version_signature
 
@@ -84,20 +86,22 @@ class _Proj:
     transposed: bool = False  # compute W @ x.T (fp32 on a CPU: see the module docstring)
 
     def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None) -> list[torch.Tensor]:
+                 packed: "PackedWeights | OneDNNWeights | None" = None) -> list[torch.Tensor]:
         """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype. With `split`, a
         weight of at least `SPLIT_MIN_BYTES` is multiplied in two halves of its outputs at
         once, one on the calling thread and one on the helper's (the same products). With
-        `packed` (fp32 on a CPU), through MKL's packed copy of the weight (packed_matmul.py)."""
-        y = self._packed_product(x, split, packed) if packed is not None and self.transposed else None
+        `packed` (on a CPU), through its packed copy of the weight when it packs this
+        weight's dtype: MKL's for fp32 (packed_matmul.py), oneDNN's for bf16 (onednn_weights.py)."""
+        packs = packed is not None and packed.dtype == self.weight.dtype
+        y = self._packed_product(x, split, packed) if packs else None
         if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
-            y = self._product(x, split, self.transposed and packed is None)  # (B, N)
+            y = self._product(x, split, self.transposed and not packs)  # (B, N)
         if self.lora_a is not None:
             y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
         return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
 
     def _packed_product(self, x: torch.Tensor, split: "MatmulHelper | None",
-                        packed: PackedWeights) -> torch.Tensor | None:
+                        packed: "PackedWeights | OneDNNWeights") -> torch.Tensor | None:
         """x (B, K) @ weight.T + bias -> (B, N) through packed weights (with `split`, a large
         weight's two halves of outputs packed apart, one per thread); None below the packed
         row minimum."""
@@ -341,16 +345,24 @@ class DecodeStep:
                    head_dim, fused)
 
     def packed_bytes(self) -> int:
-        """Bytes of the weights the step's products would pack (packed_matmul.py); 0 when
-        they can't be packed (not fp32 on a CPU)."""
+        """Bytes of the weights the step's products would pack: fp32 (MKL, packed_matmul.py)
+        or bf16 (oneDNN, onednn_weights.py) weights on a CPU, all of one dtype; 0 otherwise."""
         projs = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
-        if not all(isinstance(p, _Proj) and p.transposed for p in projs):
+        if not all(isinstance(p, _Proj) for p in projs) or self.embed.device.type != "cpu":
+            return 0
+        if len({p.weight.dtype for p in projs}) != 1 or projs[0].weight.dtype not in (torch.float32, torch.bfloat16):
             return 0
         return sum(p.weight.numel() * p.weight.element_size() for p in projs)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the step's product weights (the head's)."""
+        return self.head.weight.dtype
+
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
                  cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None, col: torch.Tensor | None = None) -> torch.Tensor:
+                 packed: "PackedWeights | OneDNNWeights | None" = None,
+                 col: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
         appends this step's keys/values to it and returns the (B, V) fp32 logits.
@@ -430,5 +442,5 @@ class _Split:
         self.projs = projs
 
     def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None) -> list[torch.Tensor]:
+                 packed: "PackedWeights | OneDNNWeights | None" = None) -> list[torch.Tensor]:
         return [p(x, split, packed)[0] for p in self.projs]

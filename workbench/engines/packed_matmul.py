@@ -33,8 +33,8 @@ packs. In `benchmarks/update.py`'s GRPO steps (8 rows, SmolLM2 fp32, the CPU abo
 products per step 43 ms in bucket 8 and 35 ms in bucket 4, a pack of bucket 4 0.12 s, so
 up to ~15 four-row steps per rollout run in bucket 8; packs per 8 calls 1744 -> 1264.
 
-The engine times this mode against its thread-count candidates (`decode_threads.PACKED`)
-and keeps it only where it is faster. A packed product rounds differently from the plain
+With `inference.packed_decode` on (the default), every decode mode of an fp32 step on a
+CPU multiplies through these (`decode_threads.py`). A packed product rounds differently from the plain
 one (~1e-6 relative in fp32): the sampled ids are the plain path's except where a
 uniform falls that close to a boundary, as between one and two threads.
 """
@@ -71,6 +71,8 @@ def bucket(rows: int) -> int:
 
 class PackedWeights:
     """Packed copies of fp32 weights per row bucket; `linear(x, weight, bias)` uses them."""
+
+    dtype = torch.float32  # the weights it packs (decode_step._Proj asks)
 
     def __init__(self, max_buckets: int = MAX_BUCKETS):
         self.max_buckets = max_buckets
