@@ -40,6 +40,9 @@ The best mode depends on the live rows: a step of few rows is a few hundred smal
 a read of the weights (one thread, or the helper, often wins under passive waits), a step
 of many rows is matmul-bound (all threads). `DecodeModes` keeps one `DecodeThreads` per
 row bucket (the live rows rounded up to a power of two), each timed on its own first steps.
+A bf16 step of `FP32_MIN_BUCKET` rows and more also times its products in fp32 (`FP32` on
+all threads, `FP32_1` on one; `packed_matmul.Fp32Products`): on a CPU without amx, fp32
+kernels outrun bf16 ones once a step is matmul-bound.
 """
 from __future__ import annotations
 
@@ -59,6 +62,10 @@ import torch
 LARGE_PREFILL = 256
 #: The decode candidate "one thread plus a `MatmulHelper`" (module docstring).
 SPLIT = "1+helper"
+#: The bf16 decode candidates "products in fp32" (`packed_matmul.Fp32Products`), on all threads / on one.
+FP32, FP32_1 = "fp32 products", "fp32 products/1"
+#: Row buckets from which a bf16 step also times `FP32` and `FP32_1` (matmul-bound steps).
+FP32_MIN_BUCKET = 64
 
 
 class MatmulHelper:
@@ -119,17 +126,21 @@ class MatmulHelper:
 class DecodeThreads:
     """Picks the decode steps' thread count by timing (module docstring)."""
 
-    def __init__(self, device: torch.device, trial_steps: int = 4, warm_up: bool = True, split: bool = False):
+    def __init__(self, device: torch.device, trial_steps: int = 4, warm_up: bool = True, split: bool = False,
+                 fp32: bool = False):
         """`trial_steps`: timed steps per candidate before choosing; `warm_up`: the first
         step at each candidate is not timed (it pays for the switch, and for packing the
         weights of a new row bucket); `split`: also time `SPLIT` (one thread and a
-        `MatmulHelper`; the caller runs the helper)."""
+        `MatmulHelper`; the caller runs the helper); `fp32`: also time `FP32` and `FP32_1`
+        (the caller runs the products through `Fp32Products`)."""
         self.trial_steps = trial_steps
         self.warm_up = warm_up
         full = torch.get_num_threads()
         self.candidates: list[int | str] = [full, 1] if device.type == "cpu" and full > 1 else [full]
         if split and len(self.candidates) > 1:
             self.candidates.append(SPLIT)
+        if fp32 and device.type == "cpu":
+            self.candidates += [FP32, FP32_1] if full > 1 else [FP32]
         self.times: dict[int | str, list[float]] = {n: [] for n in self.candidates}
         self._warm: set[int | str] = set()
         self.chosen: int | str | None = self.candidates[0] if len(self.candidates) == 1 else None
@@ -156,16 +167,22 @@ class DecodeThreads:
         if all(len(t) >= self.trial_steps for t in self.times.values()):
             self.chosen = min(self.candidates, key=lambda n: statistics.median(self.times[n]))
 
+    def threads(self, mode: int | str) -> int:
+        """The OpenMP thread count a step in `mode` runs with."""
+        return 1 if mode in (SPLIT, FP32_1) else self.candidates[0] if mode == FP32 else int(mode)
+
     def stats(self) -> dict[str, float]:
-        """`decode_threads`: the chosen OpenMP thread count (0 before choosing; 1 for
-        `SPLIT`), `decode_split_matmuls`: 1 when `SPLIT` was chosen, and the median step
-        time of each candidate."""
+        """`decode_threads`: the chosen mode's OpenMP thread count (0 before choosing; 1 for
+        `SPLIT`), `decode_split_matmuls` / `decode_fp32_products`: 1 when `SPLIT` / `FP32` or
+        `FP32_1` was chosen, and the median step time of each candidate."""
         chosen = self.chosen
-        threads = {SPLIT: 1, None: 0}.get(chosen, chosen)
-        out: dict[str, float] = {"decode_threads": float(threads)}
+        out: dict[str, float] = {"decode_threads": float(self.threads(chosen) if chosen is not None else 0)}
         if SPLIT in self.candidates:
             out["decode_split_matmuls"] = float(chosen == SPLIT)
-        names = {SPLIT: "decode_step_ms_1_thread_split"}
+        if FP32 in self.candidates:
+            out["decode_fp32_products"] = float(chosen in (FP32, FP32_1))
+        names = {SPLIT: "decode_step_ms_1_thread_split", FP32: "decode_step_ms_fp32_products",
+                 FP32_1: "decode_step_ms_fp32_products_1_thread"}
         for n, t in self.times.items():
             if t:
                 out[names.get(n, f"decode_step_ms_{n}_threads")] = 1000 * statistics.median(t)
@@ -195,9 +212,10 @@ class DecodeModes:
     `force(mode)` sets every bucket's mode, now and later (tests; a mode chosen elsewhere).
     """
 
-    def __init__(self, device: torch.device, trial_steps: int = 4, split: bool = False):
-        self.device, self.trial_steps, self.split = device, trial_steps, split
-        self.candidates = DecodeThreads(device, split=split).candidates
+    def __init__(self, device: torch.device, trial_steps: int = 4, split: bool = False, fp32: bool = False):
+        """`split`, `fp32`: as `DecodeThreads`' (`fp32` from `FP32_MIN_BUCKET` rows on)."""
+        self.device, self.trial_steps, self.split, self.fp32 = device, trial_steps, split, fp32
+        self.candidates = DecodeThreads(device, split=split, fp32=fp32).candidates  # of the largest buckets
         self.buckets: dict[int, DecodeThreads] = {}
         self.forced: int | str | None = None
 
@@ -206,7 +224,8 @@ class DecodeModes:
         b = row_bucket(rows)
         chooser = self.buckets.get(b)
         if chooser is None:
-            chooser = self.buckets[b] = DecodeThreads(self.device, self.trial_steps, split=self.split)
+            chooser = self.buckets[b] = DecodeThreads(self.device, self.trial_steps, split=self.split,
+                                                      fp32=self.fp32 and b >= FP32_MIN_BUCKET)
             if self.forced is not None:
                 chooser.chosen = self.forced
         return chooser
@@ -218,17 +237,21 @@ class DecodeModes:
 
     def stats(self) -> dict[str, float]:
         """The busiest bucket's `DecodeThreads.stats()` (the mode most steps ran), and
-        `decode_threads_rows_<bucket>` per bucket: its chosen thread count (1 for `SPLIT`,
-        0 before choosing), with `decode_split_rows_<bucket>` 1 where `SPLIT` was chosen."""
+        `decode_threads_rows_<bucket>` per bucket: its chosen mode's thread count (0 before
+        choosing), with `decode_split_rows_<bucket>` / `decode_fp32_rows_<bucket>` 1 where
+        `SPLIT` / `FP32` or `FP32_1` was chosen."""
         if not self.buckets:
             return {}
         busiest = max(self.buckets.values(), key=lambda c: c.steps)
         out = busiest.stats()
         for b in sorted(self.buckets):
-            chosen = self.buckets[b].chosen
-            out[f"decode_threads_rows_{b}"] = float({SPLIT: 1, None: 0}.get(chosen, chosen))
-            if SPLIT in self.candidates:
+            chooser = self.buckets[b]
+            chosen = chooser.chosen
+            out[f"decode_threads_rows_{b}"] = float(chooser.threads(chosen) if chosen is not None else 0)
+            if SPLIT in chooser.candidates:
                 out[f"decode_split_rows_{b}"] = float(chosen == SPLIT)
+            if FP32 in chooser.candidates:
+                out[f"decode_fp32_rows_{b}"] = float(chosen in (FP32, FP32_1))
         return out
 
     @contextmanager
@@ -248,6 +271,7 @@ class _Stepper:
     def __init__(self, owner: "DecodeThreads | DecodeModes", current: int):
         self.owner, self.current = owner, current
         self.split = False  # this step runs `SPLIT`: the caller hands its MatmulHelper to the step
+        self.fp32 = False  # this step runs `FP32` / `FP32_1`: the caller hands its `Fp32Products` to the step
 
     @contextmanager
     def step(self, work: float = 1.0, rows: int | None = None) -> Iterator[None]:
@@ -256,8 +280,8 @@ class _Stepper:
         `rows`: the step's live rows (with `DecodeModes`: whose bucket's mode runs)."""
         owner = self.owner.chooser(rows or 1) if isinstance(self.owner, DecodeModes) else self.owner
         n = owner.next_threads()
-        self.split = n == SPLIT
-        threads = 1 if self.split else int(n)
+        self.split, self.fp32 = n == SPLIT, n in (FP32, FP32_1)
+        threads = owner.threads(n)
         if threads != self.current:
             torch.set_num_threads(threads)
             self.current = threads

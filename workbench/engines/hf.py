@@ -141,7 +141,7 @@ from workbench.engines.decode_state import _COMPACT_FRACTION, _DecodeState  # no
 from workbench.engines.decode_step import DecodeStep
 from workbench.engines.decode_threads import LARGE_PREFILL, SPLIT, DecodeModes, DecodeThreads, MatmulHelper
 from workbench.engines.onednn_weights import OneDNNWeights, available as onednn_available
-from workbench.engines.packed_matmul import PackedWeights, available as packed_available
+from workbench.engines.packed_matmul import Fp32Products, PackedWeights, available as packed_available
 from workbench.engines.kv_cache import (CPU_CHUNK_ROWS, chunk_rows, _build_cache, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache,
                                         _prefill_groups, _assemble_groups, _select_rows,
@@ -189,7 +189,7 @@ class HFEngine(GenerationEngine):
         self.decode_threads: DecodeModes | None = None  # the decode mode per row bucket; made on the first call
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
         # the decode steps' packed weights by dtype (`packed_decode`): OneDNNWeights (bf16), PackedWeights (fp32)
-        self._packers: dict[torch.dtype, PackedWeights | OneDNNWeights] = {}
+        self._packers: dict[torch.dtype | str, PackedWeights | OneDNNWeights] = {}  # "fp32 products": Fp32Products
         # prefill size (new tokens, a power of two; 0: over LARGE_PREFILL) -> its choice
         self._prefills: dict[int, DecodeThreads] = {}
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
@@ -491,13 +491,18 @@ class HFEngine(GenerationEngine):
         graphed = None  # the chunk's steps from a CUDA graph (graphed.py): fixed rows, no shared-prompt read
         if self.cuda_graphs and self.graph_error is None and graph_usable(fast, device) and _is_growing(cache.layers[0]):
             graphed, shared = GraphedDecode(fast, cache, attention), 0
+        packed = self._packer(fast) if fast is not None and graphed is None else None
         if self.decode_threads is None:
-            self.decode_threads = DecodeModes(device, split=fast is not None)
+            # bf16 products in fp32 are a candidate of large row buckets (packed_matmul.Fp32Products)
+            fp32 = isinstance(packed, OneDNNWeights) and packed_available(2 * fast.packed_bytes())
+            self.decode_threads = DecodeModes(device, split=fast is not None, fp32=fp32)
             if SPLIT in self.decode_threads.candidates:
                 self._helper = MatmulHelper()
                 # An engine dropped without close() (a Trainer garbage-collected) still ends its thread.
                 weakref.finalize(self, self._helper.close)
-        packed = self._packer(fast) if fast is not None and graphed is None else None
+        # the decode steps' fp32 logits of a 16-bit model go into one buffer (DecodeStep: `logits_out`)
+        logits_buf = torch.empty((B, logits.shape[-1]), dtype=torch.float32, device=device) if fast is not None \
+            and device.type == "cpu" and graphed is None else None
         with self.decode_threads.stepping() as stepper:  # mode timed per row bucket, then chosen (decode_threads.py)
             for step in range(params.max_tokens):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
@@ -522,9 +527,13 @@ class HFEngine(GenerationEngine):
                                           "(inference.cuda_graphs=false skips the attempt)", stacklevel=2)
                     elif fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
-                        if packed is not None:  # products through packed weights (split halves packed apart)
-                            packed.begin_step(len(tokens))
-                        logits = fast(tokens, attention, next_pos, cache, shared, split, packed)  # (B', V), cache grown
+                        # products through packed weights (split halves packed apart; bf16 ones in fp32 in `FP32`)
+                        step_packed = self._fp32_packer() if stepper.fp32 and packed is not None else packed
+                        if step_packed is not None:
+                            step_packed.begin_step(len(tokens))
+                        out = logits_buf[: len(tokens)] if logits_buf is not None else None
+                        logits = fast(tokens, attention, next_pos, cache, shared, split, step_packed,
+                                      logits_out=out)  # (B', V), the cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)
@@ -549,3 +558,9 @@ class HFEngine(GenerationEngine):
             else:
                 return None
         return self._packers[dtype]
+
+    def _fp32_packer(self) -> Fp32Products:
+        """The packed fp32 copies of bf16 weights that `FP32` decode steps multiply through."""
+        if "fp32 products" not in self._packers:
+            self._packers["fp32 products"] = Fp32Products()
+        return self._packers["fp32 products"]
