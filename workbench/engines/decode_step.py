@@ -410,10 +410,11 @@ class DecodeStep:
         half = D // 2
         sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # (B, 1, D), see `_rotary`
         allowed = (attention != 0)[:, None, None, :]  # (B, 1, 1, T): True at real positions
-        bias = None  # the shared read's fp32 scores take an additive (B, 1, 1, T) mask, made once per step
-        if shared_prefix and B > 1:
-            bias = torch.zeros(allowed.shape, dtype=torch.float32, device=h.device).masked_fill_(~allowed,
-                                                                                                 float("-inf"))
+        # An additive (B, 1, 1, T) mask made once per step: 0 at real positions, -inf elsewhere. sdpa
+        # turns a boolean one into exactly this (`where`, in the query's dtype) in every layer; the
+        # shared read's fp32 scores take it in fp32.
+        bias_dtype = torch.float32 if shared_prefix and B > 1 else cache.layers[0].keys.dtype
+        bias = torch.zeros(allowed.shape, dtype=bias_dtype, device=h.device).masked_fill_(~allowed, float("-inf"))
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
             y = layer.qkv.fused(x, split, packed)  # (B, (H + 2 KV) D): q, k, v side by side
@@ -427,7 +428,7 @@ class DecodeStep:
             qk = _rotary(qk, cos, sin_signed)
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v) if col is None else kv.write_at(col, k, v)  # (B, KV, T|cap, D) each
-            out = self._attention(q, keys, values, allowed if bias is None else bias, shared_prefix)
+            out = self._attention(q, keys, values, bias, shared_prefix)
             out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
@@ -443,9 +444,9 @@ class DecodeStep:
                    shared: int) -> torch.Tensor:
         """q (B, KV, G, D), keys/values (B, KV, T, D) -> (B, KV, G, D). Without `shared`: one
         fused op in the cache's dtype (each KV head's G queries against its keys; bf16 as the
-        model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) True at real
-        positions. With `shared` (and B > 1): positions below it read from row 0 (see
-        `__call__`), in fp32, `mask` the (B, 1, 1, T) additive fp32 one."""
+        model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) additive in the
+        cache's dtype (0 at real positions, -inf elsewhere). With `shared` (and B > 1):
+        positions below it read from row 0 (see `__call__`), in fp32, `mask` the additive fp32 one."""
         B, KV, G, D = q.shape
         if not shared or B == 1:
             return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
