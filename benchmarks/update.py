@@ -28,6 +28,9 @@ tokens); forward + backward is 3 forwards' worth (the 6N convention), plus one m
 forward when the old logprobs are recomputed separately (not when the step is
 on-policy: `training.reuse_update_logprobs`). LoRA skips the frozen weights' gradient
 matmuls, so 6N over-counts: the "lora-aware" figure counts 4N for forward + backward.
+By phase (`UpdatePhases`, timers around the body's forwards, the LM head's logprobs
+forward and backward, the rest of the backward, the optimizer step): each phase's FLOPs
+so counted over its seconds, as a share of the peak.
 
 Last line: `speedup vs TRL: N.Nx` (TRL median step / ours).
 """
@@ -100,6 +103,81 @@ def matmul_peak(device: Any, dtype: Any, n: int = 2048, reps: int = 5) -> float:
     return 2 * n ** 3 / min(times)
 
 
+# -- ours: the update's phases ---------------------------------------------------------
+class UpdatePhases:
+    """Seconds of our update's phases while `installed`: the model body's forwards (the
+    old-logprob one and the update's; forward hooks on the body), the LM head's logprobs
+    forward and backward (`head_logprobs._HeadLogprobs`), the body's backward (the whole
+    `Tensor.backward` less the head's part) and the optimizer step; only inside the
+    trainer's `compute_logprobs` and `update` (not the engine's prefills)."""
+
+    PHASES = ("body_forward", "head_forward", "head_backward", "body_backward", "optimizer")
+
+    def __init__(self) -> None:
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.forwards = 0  # body forwards run (1 or 2 per step)
+        self.active = False  # inside compute_logprobs / update
+
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.PHASES, 0.0)
+        self.forwards = 0
+
+    def _timed(self, fn: Any, phase: str) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            if not self.active:
+                return fn(*args, **kwargs)
+            t0 = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - t0
+        return run
+
+    def _activating(self, fn: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            self.active = True
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.active = False
+        return run
+
+    def install(self, trainer: Any) -> None:
+        import torch
+
+        from workbench.training import head_logprobs
+
+        inner = trainer.policy.model
+        inner = inner.get_base_model() if hasattr(inner, "get_base_model") else inner
+        body = inner.model  # the decoder stack under the causal-LM wrapper
+        starts: list[float] = []
+
+        def pre(module: Any, args: Any) -> None:
+            if self.active:
+                starts.append(time.perf_counter())
+
+        def post(module: Any, args: Any, out: Any) -> None:
+            if self.active and starts:
+                self.seconds["body_forward"] += time.perf_counter() - starts.pop()
+                self.forwards += 1
+
+        body.register_forward_pre_hook(pre)
+        body.register_forward_hook(post)
+        fn = head_logprobs._HeadLogprobs
+        fn.forward = staticmethod(self._timed(fn.forward, "head_forward"))
+        fn.backward = staticmethod(self._timed(fn.backward, "head_backward"))
+        backward = torch.Tensor.backward
+        torch.Tensor.backward = self._timed(backward, "body_backward")  # less the head's part: `phases`
+        trainer.optimizer.step = self._timed(trainer.optimizer.step, "optimizer")
+        trainer.compute_logprobs = self._activating(trainer.compute_logprobs)
+        trainer.update = self._activating(trainer.update)
+
+    def phases(self) -> dict[str, float]:
+        out = dict(self.seconds)
+        out["body_backward"] -= out["head_backward"]  # the head's backward ran inside Tensor.backward
+        return out
+
+
 # -- ours ---------------------------------------------------------------------------
 def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: bool = True,
                  cuda_graphs: bool = False) -> Any:
@@ -153,9 +231,12 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = 
         return out
 
     trainer.compute_logprobs = timed_logprobs  # type: ignore[method-assign]
+    phases = UpdatePhases()
+    phases.install(trainer)
     rows = []
     for i in range(steps + 1):
         l0 = load()
+        phases.reset()
         t0 = time.perf_counter()
         m = trainer.train_step()
         dt = time.perf_counter() - t0
@@ -165,6 +246,7 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = 
                "tokens": timings["tokens"], "padded_tokens": timings["padded_tokens"],
                "fed_tokens": timings["fed_tokens"], "old_logprob_forward": timings["old_logprob_forward"],
                "completion_tokens": timings["completion_tokens"], "reward": m["reward/mean"],
+               "phases": phases.phases(), "body_forwards": phases.forwards,
                "rollout_logprob_diff": m.get("actor/rollout_logprob_diff"),
                "load": (l0 + load()) / 2, "warmup": i == 0}
         rows.append(row)
@@ -298,6 +380,21 @@ def main(argv: list[str] | None = None) -> int:
         forwards = train_forwards + (1 if r["old_logprob_forward"] else 0)
         return 2 * forwards * (n_body * r["fed_tokens"] + n_head * r["completion_tokens"])
 
+    # Per phase (`UpdatePhases`): a forward is 2 x N x tokens; LoRA's backward computes the
+    # activations' gradients only (2 x N x tokens; the adapters' own are ~r/E of that).
+    phase_flops = {"body_forward": lambda r: 2 * n_body * r["fed_tokens"] * r["body_forwards"],
+                   "head_forward": lambda r: 2 * n_head * r["completion_tokens"] * r["body_forwards"],
+                   "head_backward": lambda r: 2 * n_head * r["completion_tokens"],
+                   "body_backward": lambda r: 2 * n_body * r["fed_tokens"]}
+    by_phase = {}
+    for name in UpdatePhases.PHASES:
+        secs = statistics.median(r["phases"][name] for r in timed)
+        entry = {"seconds_median": secs}
+        if name in phase_flops:
+            fps = statistics.median(phase_flops[name](r) / r["phases"][name] for r in timed if r["phases"][name] > 0)
+            entry.update({"flops_per_s": fps, "fraction_of_peak": fps / peak})
+        by_phase[name] = entry
+
     flops_6n = [flops(r, 3) for r in timed]
     flops_lora = [flops(r, 2) for r in timed]
     fps_6n = statistics.median(f / r["update_seconds"] for f, r in zip(flops_6n, timed))
@@ -321,7 +418,11 @@ def main(argv: list[str] | None = None) -> int:
                                      "recomputed; lora_aware: 2 instead of 3",
                          "n_body": n_body, "n_head": n_head,
                          "flops_per_s_6n": fps_6n, "fraction_of_peak_6n": fps_6n / peak,
-                         "flops_per_s_lora_aware": fps_lora, "fraction_of_peak_lora_aware": fps_lora / peak},
+                         "flops_per_s_lora_aware": fps_lora, "fraction_of_peak_lora_aware": fps_lora / peak,
+                         "by_phase": by_phase,
+                         "by_phase_counting": "forward 2 x N x tokens per body forward (the head at trained "
+                                              "positions only); backward 2 x N x tokens (LoRA: activation "
+                                              "gradients only); fraction of the same-dtype matmul peak"},
         "bf16_autocast": {"steps": ours["bf16_rows"],
                           "note": "update seconds (old-logprob forward + update) per padded token, without "
                                   "vs with bf16 autocast; the matmul rows are the weights' dtype vs bf16 "
@@ -340,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"our update: {result['ours']['update_seconds_median']:.2f}s median, "
           f"{fps_6n / 1e9:.1f} GFLOP/s (6N counting) = {fps_6n / peak:.0%} of the {peak / 1e9:.1f} GFLOP/s "
           f"matmul peak ({fps_lora / peak:.0%} LoRA-aware)", flush=True)
+    print("our update by phase (median s, share of the matmul peak): " + "; ".join(
+        f"{name} {e['seconds_median']:.3f}s" + (f" {e['fraction_of_peak']:.0%}" if "fraction_of_peak" in e else "")
+        for name, e in by_phase.items()), flush=True)
     if trl is not None:
         result["trl"] = {"version": __import__("trl").__version__,
                          "step_seconds_median": med(trl["rows"], "step_seconds"),

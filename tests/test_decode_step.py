@@ -423,7 +423,7 @@ def test_engine_in_split_mode_gives_the_model_forward_tokens(tiny_model_and_toke
     engine = HFEngine(model, tok)
     engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser and helper
     assert SPLIT in engine.decode_threads.candidates and engine._helper is not None
-    engine.decode_threads.chosen = SPLIT
+    engine.decode_threads.force(SPLIT)  # every row bucket
     calls = []
     monkeypatch.setattr(engine._helper, "run", lambda mine, theirs, run=engine._helper.run: calls.append(1) or
                         run(mine, theirs))

@@ -1,6 +1,6 @@
 """`PackedWeights` (MKL's packed fp32 products for the decode step, packed_matmul.py):
 the products against `F.linear`, rows independent of the padding, packed again after a
-weight changes, buckets bounded; the decode step and the engine in the `PACKED` mode
+weight changes, buckets bounded; the decode step and the engine with packed weights
 against the model's forward."""
 from __future__ import annotations
 
@@ -160,15 +160,11 @@ def test_decode_step_with_packed_weights_matches_the_model(make):
     assert packed.packs == 4 * len(step.layers) + 1  # q/k/v, o, gate/up, down per layer; the head
 
 
-def test_bf16_weights_are_not_packed():
-    assert DecodeStep.build(_llama(torch.bfloat16)).packed_bytes() == 0
-
-
-def test_engine_in_packed_mode_gives_the_model_forward_tokens(tiny_model_and_tokenizer):
-    """The engine's `PACKED` decode (chosen here) samples the ids the model's forward
-    gives, follows an in-place weight change, and says so in its stats."""
+def test_engine_multiplies_through_packed_weights_in_every_mode(tiny_model_and_tokenizer):
+    """With `packed_decode` on (the default), the engine's fp32 decode steps (all threads
+    here) sample the ids the model's forward gives, follow an in-place weight change
+    (packed again), and say so in their stats; off, nothing is packed."""
     from workbench.engines.base import SamplingParams
-    from workbench.engines.decode_threads import PACKED
     from workbench.engines.hf import HFEngine
 
     model, tok = tiny_model_and_tokenizer
@@ -177,22 +173,25 @@ def test_engine_in_packed_mode_gives_the_model_forward_tokens(tiny_model_and_tok
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
     engine = HFEngine(model, tok)
     engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser
-    assert PACKED in engine.decode_threads.candidates and engine._packed is not None
-    engine.decode_threads.chosen = PACKED
+    engine.decode_threads.force(torch.get_num_threads())
+    packs = []
     for change in (False, True):
         if change:
             with torch.no_grad():  # an optimizer step, in place
                 for p in model.parameters():
                     p.mul_(1.05)
         fast = engine.generate_ids(prompts, params)
+        packs.append(engine.stats()["decode_packed_weights"])
         slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
         for a, b in zip(fast, slow):
             assert a.token_ids == b.token_ids
             assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) < 1e-4
-    stats = engine.stats()
-    assert stats["decode_packed_matmuls"] == 1.0 and stats["decode_threads"] == torch.get_num_threads()
-    assert stats["decode_packed_weights"] > 0
+    assert 0 < packs[0] < packs[1]  # the changed weights were packed again
+    assert isinstance(engine._packers[torch.float32], PackedWeights)
     engine.close()
+    plain = HFEngine(model, tok, packed_decode=False)
+    plain.generate_ids(prompts, params)
+    assert not plain._packers and "decode_packed_weights" not in plain.stats()
 
 
 @pytest.mark.parametrize("make", [_llama, _qwen2], ids=["llama", "qwen2-biases"])
@@ -215,3 +214,59 @@ def test_split_halves_packed_apart_give_the_packed_bits(monkeypatch, make):
     finally:
         helper.close()
     assert packed.packs == 3 * (4 * len(step.layers) + 1)  # each weight whole and in two halves
+
+
+def _bf16_close(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal to bf16 rounding of the output (another kernel sums in another order)."""
+    return torch.allclose(a.float(), b.float(), rtol=2 ** -7, atol=2 ** -7 * float(b.float().abs().max()))
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_fp32_products_of_bf16_weights_match_the_bf16_product(with_bias):
+    """`Fp32Products`: bf16 weights packed in fp32, bf16 inputs widened, bf16 outputs; the
+    rows padded to their bucket as in fp32, below the minimum the caller's plain product."""
+    from workbench.engines.packed_matmul import Fp32Products
+
+    g = torch.Generator().manual_seed(6)
+    w = torch.randn(300, 96, generator=g).to(torch.bfloat16)
+    b = torch.randn(300, generator=g).to(torch.bfloat16) if with_bias else None
+    packed = Fp32Products()
+    for rows in (2, 4, 5, 8, 64, 70):
+        x = torch.randn(rows, 96, generator=g).to(torch.bfloat16)
+        packed.begin_step(rows)
+        y = packed.linear(x, w, b)
+        if rows < PACKED_MIN_ROWS:
+            assert y is None
+            continue
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, 300) and _bf16_close(y, F.linear(x, w, b))
+    stats = packed.stats()  # buckets 4, 8, 64, 128: one pack each; the last two kept
+    assert stats["decode_fp32_packed_weights"] == 4 and stats["decode_fp32_packed_buckets"] == 2
+    with torch.no_grad():
+        w.mul_(2.0)  # a full-weight update: packed again
+    x = torch.randn(5, 96, generator=g).to(torch.bfloat16)
+    assert _bf16_close(packed.linear(x, w, b), F.linear(x, w, b))
+
+
+def test_engine_in_fp32_products_mode_matches_the_plain_forward(tiny_model_and_tokenizer):
+    """bf16 weights, every decode step forced into `FP32` (products in fp32 from 4 rows up):
+    each sampled id's logprob equals a plain forward's to bf16 tolerance."""
+    from workbench.engines.base import SamplingParams
+    from workbench.engines.decode_threads import FP32
+    from workbench.engines.hf import HFEngine
+    from workbench.engines.onednn_weights import available as onednn_available
+
+    from tests.test_onednn_weights import _assert_engine_matches_forward
+
+    if not onednn_available(torch.bfloat16):
+        pytest.skip("no oneDNN bf16 products: the engine offers no fp32-products mode")
+    model, tok = tiny_model_and_tokenizer
+    model = copy.deepcopy(model).to(torch.bfloat16)
+    prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128, 9, 70, 3)]
+    engine = HFEngine(model, tok, prefix_cache=False)
+    engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser
+    assert engine.decode_threads.fp32
+    engine.decode_threads.force(FP32)
+    _assert_engine_matches_forward(engine, model, prompts, SamplingParams(max_tokens=10, temperature=1.0, seed=4))
+    stats = engine.stats()
+    assert stats["decode_fp32_packed_weights"] > 0  # the products ran through Fp32Products
+    engine.close()

@@ -138,6 +138,13 @@ class InferenceConfig(StrictFields, section="inference"):
     times both) and of `pytest -m gpu` has checked it; its static step is checked against the
     ordinary one on the CPU. No effect on a CPU, or for models the engine's decode step does
     not cover (they run the model's own forward)."""
+    packed_decode: bool = True
+    """hf engine on a CPU: decode steps multiply through copies of the weights packed once for
+    the CPU's matmul kernels (bf16: oneDNN's, one copy; fp32: MKL's, a copy per row bucket),
+    made again only when a weight changed (a LoRA policy's frozen base is packed once); the
+    engine still times its thread modes per row bucket. False: plain `F.linear` products and
+    no copies (they cost the weights' bytes once more in bf16, up to twice more in fp32). No effect on accelerators, for other
+    dtypes, or for models the engine's decode step does not cover."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"

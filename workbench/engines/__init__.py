@@ -3,7 +3,9 @@
     base.py            the engine contract: token ids in, ids + raw logprobs out; stop strings
     hf.py              batched sampling with a KV cache over a transformers model (one host read per decode step)
     decode_step.py     a Llama-family decode step as plain tensor code (fused q/k/v, gate/up; LoRA as peft runs it)
-    decode_threads.py  the CPU thread count of decode steps and of prefills (per size), timed (1 vs all)
+    decode_threads.py  the CPU thread mode of decode steps (per row bucket) and of prefills (per size), timed
+    packed_matmul.py   MKL's packed fp32 weights for the decode step's skinny products, per row bucket
+    onednn_weights.py  bf16 decode weights packed once for oneDNN's matmul (one copy for every row count)
     kv_cache.py        the hf engine's cache bookkeeping: finished rows dropped, prefix cache per conversation
     model_hooks.py     attention implementations swapped into transformers' forward (GQA, packed), the LM head's input
     sampling.py        temperature / top-k / top-p draws from per-row seeded uniforms, on the device
@@ -46,13 +48,14 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
 
 def hf_engine(config: Any, model: Any, tokenizer: Any) -> HFEngine:
     """The hf engine with the config's settings for it (`inference.enable_prefix_caching`,
-    `inference.prefix_cache_mb`, `inference.max_batch_size`, `inference.cuda_graphs`); `config`
-    None: the engine's defaults."""
+    `inference.prefix_cache_mb`, `inference.max_batch_size`, `inference.cuda_graphs`,
+    `inference.packed_decode`); `config` None: the engine's defaults."""
     if config is None:
         return HFEngine(model, tokenizer)
     inf = config.inference
     return HFEngine(model, tokenizer, max_batch_size=inf.max_batch_size, prefix_cache=inf.enable_prefix_caching,
-                    prefix_cache_mb=inf.prefix_cache_mb, cuda_graphs=inf.cuda_graphs)
+                    prefix_cache_mb=inf.prefix_cache_mb, cuda_graphs=inf.cuda_graphs,
+                    packed_decode=inf.packed_decode)
 
 
 def _make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> GenerationEngine:

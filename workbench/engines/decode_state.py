@@ -19,7 +19,7 @@ import torch
 from workbench.engines.base import GenerationResult, SamplingParams
 from workbench.engines.constraints import Constraint, DecodeMasks, grammars_for
 from workbench.engines.kv_cache import _row_kv, _tail_fill
-from workbench.engines.sampling import _sample
+from workbench.engines.sampling import sample_with_logprobs
 
 #: On an accelerator, finished rows leave the batch (one copy of every layer's cache) once
 #: they are at least this fraction of its rows; until then they decode along, their ids
@@ -56,6 +56,7 @@ class _DecodeState:
         self.uniforms = None
         if isinstance(gen, list) and params.temperature != 0:
             self.uniforms = torch.stack([torch.rand(T, generator=g, dtype=torch.float64) for g in gen])  # (B, T)
+        self._scratch: torch.Tensor | None = None  # (B, V) fp32 scratch of the draw (sampling.sample_with_logprobs)
         self.masks = None  # the constrained rows' grammar matchers (constraints.py)
         if constraints is not None and any(c is not None for c in constraints):
             self.masks = DecodeMasks(grammars_for(engine.tokenizer, vocab_size), constraints,
@@ -66,7 +67,6 @@ class _DecodeState:
         params, live = self.params, self.live
         if self.masks is not None:  # disallowed ids of constrained rows -> -inf (an upload, no read)
             self.masks.apply(logits, self.rows, live)
-        logprobs = torch.log_softmax(logits, dim=-1)  # (B', V) the distribution sampled from (masked or raw)
         u = None
         if params.temperature != 0:
             if self.uniforms is not None:
@@ -77,8 +77,12 @@ class _DecodeState:
                 u_host = torch.zeros(len(live), dtype=torch.float64)
                 u_host[draw] = torch.rand(len(draw), generator=self.gen, dtype=torch.float64)
             u = u_host.to(self.device, non_blocking=True)
-        tokens = _sample(logits, params, u, logprobs)  # (B',)
-        self.logprobs[step].index_copy_(0, self.rows_dev, logprobs.gather(-1, tokens[:, None]).squeeze(-1))
+        scratch = self._scratch
+        if scratch is None or scratch.shape[0] < logits.shape[0] or scratch.shape[1:] != logits.shape[1:]:
+            self._scratch = torch.empty_like(logits)  # (B', V) the draw's weights, reused every step
+        # the ids and their logprobs under the distribution sampled from (masked or raw)
+        tokens, token_logprobs = sample_with_logprobs(logits, params, u, self._scratch)  # (B',) each
+        self.logprobs[step].index_copy_(0, self.rows_dev, token_logprobs)
         done = torch.isin(tokens, self.stop) if self.stop.numel() else torch.zeros_like(tokens, dtype=torch.bool)
         host = torch.stack([tokens, done.long()]).cpu()  # (2, B'): the step's one read
         self.ids[self.rows, step] = host[0]

@@ -24,8 +24,9 @@ code over the model's own parameters (references, so an optimizer step or
   group stacked and their B's block-diagonal;
 - on a CPU, fp32 linears run as `W @ x.T` (measured on this 2-core EPYC at 8 rows: the
   SmolLM2 layers 26 vs 32 ms per step, its LM head 5 vs 11 ms), or, with `packed` (the
-  engine's timed `PACKED` mode, `packed_matmul.py`), through MKL's packed copies of the
-  weights from 4 rows up and as `x @ W.T` below (on a 2-core Xeon, 2-3 rows: 25-28 vs 59 ms);
+  engine's packed weights, `inference.packed_decode`), through MKL's packed copies of the
+  weights from 4 rows up and as `x @ W.T` below (on a 2-core Xeon, 2-3 rows: 25-28 vs 59 ms,
+  `packed_matmul.py`); bf16 linears through oneDNN's packed copies (`onednn_weights.py`);
 - with a `MatmulHelper` (`split`: the engine's timed "one thread + helper" mode,
   `decode_threads.py`), large weights are multiplied in two halves of their outputs at
   once, one per thread (`SPLIT_MIN_BYTES`; with `packed`, each half packed apart); the
@@ -51,6 +52,7 @@ import torch
 import torch.nn.functional as F
 
 from workbench.engines.decode_threads import MatmulHelper
+from workbench.engines.onednn_weights import OneDNNWeights
 from workbench.engines.packed_matmul import PackedWeights
 from workbench.engines.weights import is_lora_layer, version_signature
 
@@ -84,20 +86,28 @@ class _Proj:
     transposed: bool = False  # compute W @ x.T (fp32 on a CPU: see the module docstring)
 
     def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None) -> list[torch.Tensor]:
+                 packed: "PackedWeights | OneDNNWeights | None" = None) -> list[torch.Tensor]:
         """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype. With `split`, a
         weight of at least `SPLIT_MIN_BYTES` is multiplied in two halves of its outputs at
         once, one on the calling thread and one on the helper's (the same products). With
-        `packed` (fp32 on a CPU), through MKL's packed copy of the weight (packed_matmul.py)."""
-        y = self._packed_product(x, split, packed) if packed is not None and self.transposed else None
-        if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
-            y = self._product(x, split, self.transposed and packed is None)  # (B, N)
-        if self.lora_a is not None:
-            y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
+        `packed` (on a CPU), through its packed copy of the weight when it packs this
+        weight's dtype: MKL's for fp32 (packed_matmul.py), oneDNN's for bf16 (onednn_weights.py)."""
+        y = self.fused(x, split, packed)  # (B, N)
         return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
 
+    def fused(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
+              packed: "PackedWeights | OneDNNWeights | None" = None) -> torch.Tensor:
+        """x: (B, K) -> the (B, N) outputs side by side (`__call__` without the split)."""
+        packs = packed is not None and packed.dtype == self.weight.dtype
+        y = self._packed_product(x, split, packed) if packs else None
+        if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
+            y = self._product(x, split, self.transposed and not packs)  # (B, N)
+        if self.lora_a is not None:
+            y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
+        return y
+
     def _packed_product(self, x: torch.Tensor, split: "MatmulHelper | None",
-                        packed: PackedWeights) -> torch.Tensor | None:
+                        packed: "PackedWeights | OneDNNWeights") -> torch.Tensor | None:
         """x (B, K) @ weight.T + bias -> (B, N) through packed weights (with `split`, a large
         weight's two halves of outputs packed apart, one per thread); None below the packed
         row minimum."""
@@ -248,6 +258,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+def _rotary(qk: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """`qk * cos + _rotate_half(qk) * sin` (qk (B, heads, D) contiguous), with the halves of
+    each head swapped by one `flip` and `sin_signed` = [-sin_1, sin_2] made once per step:
+    the same products and sum (a negation is exact), four ops instead of eight."""
+    B, n, D = qk.shape
+    swapped = qk.view(B, n, 2, D // 2).flip(2).view(B, n, D)  # (B, heads, D): [x_2, x_1]
+    return qk * cos + swapped * sin_signed
+
+
 def _causal_lm_parts(model: Any) -> tuple[Any, Any] | None:
     """(the LlamaModel-like body, the lm_head) under peft / ForCausalLM wrappers."""
     inner = model
@@ -341,16 +360,24 @@ class DecodeStep:
                    head_dim, fused)
 
     def packed_bytes(self) -> int:
-        """Bytes of the weights the step's products would pack (packed_matmul.py); 0 when
-        they can't be packed (not fp32 on a CPU)."""
+        """Bytes of the weights the step's products would pack: fp32 (MKL, packed_matmul.py)
+        or bf16 (oneDNN, onednn_weights.py) weights on a CPU, all of one dtype; 0 otherwise."""
         projs = [p for layer in self.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down)] + [self.head]
-        if not all(isinstance(p, _Proj) and p.transposed for p in projs):
+        if not all(isinstance(p, _Proj) for p in projs) or self.embed.device.type != "cpu":
+            return 0
+        if len({p.weight.dtype for p in projs}) != 1 or projs[0].weight.dtype not in (torch.float32, torch.bfloat16):
             return 0
         return sum(p.weight.numel() * p.weight.element_size() for p in projs)
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the step's product weights (the head's)."""
+        return self.head.weight.dtype
+
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
                  cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None, col: torch.Tensor | None = None) -> torch.Tensor:
+                 packed: "PackedWeights | OneDNNWeights | None" = None,
+                 col: torch.Tensor | None = None, logits_out: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
         appends this step's keys/values to it and returns the (B, V) fp32 logits.
@@ -365,7 +392,12 @@ class DecodeStep:
         `attention` is then the (B, cap) mask of the whole cache buffer, room included; the
         step marks column `col` real in it, writes each layer's new keys/values there
         (`write_at`) and attends over the whole buffer, so no shape changes from step to step.
-        The caller advances the layers' lengths after."""
+        The caller advances the layers' lengths after.
+
+        `logits_out`: a (B, V) fp32 tensor the logits of a 16-bit model are written into
+        (and returned) instead of a new one: a fresh (B, V) fp32 tensor per step faults in
+        its pages every step on a CPU (at 128 rows x 49152 ids, 25 MB: ~4300 page faults,
+        24 ms against 7 ms for a copy into a kept buffer on a 2-core Xeon VM, 2026-12-01)."""
         B = tokens.shape[0]
         if col is not None:
             if shared_prefix:
@@ -375,38 +407,46 @@ class DecodeStep:
         G = H // KV
         h = F.embedding(tokens, self.embed)  # (B, E)
         cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each: broadcasts over (B, heads, D)
+        half = D // 2
+        sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # (B, 1, D), see `_rotary`
         allowed = (attention != 0)[:, None, None, :]  # (B, 1, 1, T): True at real positions
-        bias = None  # the shared read's fp32 scores take an additive (B, 1, 1, T) mask, made once per step
-        if shared_prefix and B > 1:
-            bias = torch.zeros(allowed.shape, dtype=torch.float32, device=h.device).masked_fill_(~allowed,
-                                                                                                 float("-inf"))
+        # An additive (B, 1, 1, T) mask made once per step: 0 at real positions, -inf elsewhere. sdpa
+        # turns a boolean one into exactly this (`where`, in the query's dtype) in every layer; the
+        # shared read's fp32 scores take it in fp32.
+        bias_dtype = torch.float32 if shared_prefix and B > 1 else cache.layers[0].keys.dtype
+        bias = torch.zeros(allowed.shape, dtype=bias_dtype, device=h.device).masked_fill_(~allowed, float("-inf"))
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
-            q, k, v = layer.qkv(x, split, packed)
-            q, k = q.reshape(B, H, D), k.reshape(B, KV, D)
-            if layer.qk_norm is not None:  # qwen3: each head's queries and keys normalised before the rotation
+            y = layer.qkv.fused(x, split, packed)  # (B, (H + 2 KV) D): q, k, v side by side
+            if layer.qk_norm is None:
+                qk = y[:, : (H + KV) * D].reshape(B, H + KV, D)  # (B, H + KV, D): rotated at once
+            else:  # qwen3: each head's queries and keys normalised before the rotation
                 q_w, k_w, q_eps, k_eps = layer.qk_norm
-                q, k = _rms_norm(q, q_w, q_eps), _rms_norm(k, k_w, k_eps)
-            qk = torch.cat([q, k], dim=1)  # (B, H + KV, D): rotated at once
-            qk = qk * cos + _rotate_half(qk) * sin
+                q, k = y[:, : H * D].reshape(B, H, D), y[:, H * D: (H + KV) * D].reshape(B, KV, D)
+                qk = torch.cat([_rms_norm(q, q_w, q_eps), _rms_norm(k, k_w, k_eps)], dim=1)
+            v = y[:, (H + KV) * D:]
+            qk = _rotary(qk, cos, sin_signed)
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v) if col is None else kv.write_at(col, k, v)  # (B, KV, T|cap, D) each
-            out = self._attention(q, keys, values, allowed if bias is None else bias, shared_prefix)
+            out = self._attention(q, keys, values, bias, shared_prefix)
             out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
             gate, up = layer.gate_up(x, split, packed)
             h = h + layer.down(F.silu(gate) * up, split, packed)[0]
         h = _rms_norm(h, self.norm, self.norm_eps)
-        return self.head(h, split, packed)[0].float()  # (B, V)
+        logits = self.head.fused(h, split, packed)  # (B, V) in the model's dtype
+        if logits_out is not None and logits.dtype != torch.float32:
+            return logits_out.copy_(logits)
+        return logits.float()  # (B, V)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                    shared: int) -> torch.Tensor:
         """q (B, KV, G, D), keys/values (B, KV, T, D) -> (B, KV, G, D). Without `shared`: one
         fused op in the cache's dtype (each KV head's G queries against its keys; bf16 as the
-        model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) True at real
-        positions. With `shared` (and B > 1): positions below it read from row 0 (see
-        `__call__`), in fp32, `mask` the (B, 1, 1, T) additive fp32 one."""
+        model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) additive in the
+        cache's dtype (0 at real positions, -inf elsewhere). With `shared` (and B > 1):
+        positions below it read from row 0 (see `__call__`), in fp32, `mask` the additive fp32 one."""
         B, KV, G, D = q.shape
         if not shared or B == 1:
             return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
@@ -430,5 +470,9 @@ class _Split:
         self.projs = projs
 
     def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | None" = None) -> list[torch.Tensor]:
+                 packed: "PackedWeights | OneDNNWeights | None" = None) -> list[torch.Tensor]:
         return [p(x, split, packed)[0] for p in self.projs]
+
+    def fused(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
+              packed: "PackedWeights | OneDNNWeights | None" = None) -> torch.Tensor:
+        return torch.cat(self(x, split, packed), dim=-1)  # (B, N)

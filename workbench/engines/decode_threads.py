@@ -30,11 +30,19 @@ step at 8 rows alone (weights of 2 MB and more split): bf16 20.0 -> 17.2 ms, fp3
 47-50 ms (two OpenMP threads: 60-63), bf16 33-34 -> 30-33 ms (about the noise: the
 timing decides).
 
-A fourth, for fp32 on a CPU with MKL (`DecodeThreads(packed=True)`, the engine's): all
-threads, the products through MKL's packed copies of the weights (`packed_matmul.py`);
-with packing on, `SPLIT`'s halves are packed too. On the 2-core Xeon (avx512, amx_bf16;
-2026-11-26), SmolLM2 fp32, 8 rows of 64 tokens, ms per step: 2 threads 91, 1 thread 116,
-split 87-94 before packing; packed 71-75, split with packed halves 73 (one run each).
+Every candidate multiplies through packed copies of the weights when the engine has them
+(`inference.packed_decode`, on by default): oneDNN's for bf16 (`onednn_weights.py`), MKL's
+for fp32 (`packed_matmul.py`). On the 2-core Xeon (avx512, amx_bf16; 2026-11-26), SmolLM2
+fp32, 8 rows of 64 tokens, ms per step: 2 threads 91, 1 thread 116, split 87-94 with plain
+products; all threads with packed products 71-75, split with packed halves 73 (one run each).
+
+The best mode depends on the live rows: a step of few rows is a few hundred small ops and
+a read of the weights (one thread, or the helper, often wins under passive waits), a step
+of many rows is matmul-bound (all threads). `DecodeModes` keeps one `DecodeThreads` per
+row bucket (the live rows rounded up to a power of two), each timed on its own first steps.
+A bf16 step of `FP32_MIN_BUCKET` rows and more also times its products in fp32 (`FP32` on
+all threads, `FP32_1` on one; `packed_matmul.Fp32Products`): on a CPU without amx, fp32
+kernels outrun bf16 ones once a step is matmul-bound.
 """
 from __future__ import annotations
 
@@ -54,8 +62,10 @@ import torch
 LARGE_PREFILL = 256
 #: The decode candidate "one thread plus a `MatmulHelper`" (module docstring).
 SPLIT = "1+helper"
-#: The decode candidate "all threads, products through packed weights" (packed_matmul.py).
-PACKED = "packed"
+#: The bf16 decode candidates "products in fp32" (`packed_matmul.Fp32Products`), on all threads / on one.
+FP32, FP32_1 = "fp32 products", "fp32 products/1"
+#: Row buckets from which a bf16 step also times `FP32` and `FP32_1` (matmul-bound steps).
+FP32_MIN_BUCKET = 64
 
 
 class MatmulHelper:
@@ -117,26 +127,29 @@ class DecodeThreads:
     """Picks the decode steps' thread count by timing (module docstring)."""
 
     def __init__(self, device: torch.device, trial_steps: int = 4, warm_up: bool = True, split: bool = False,
-                 packed: bool = False):
+                 fp32: bool = False):
         """`trial_steps`: timed steps per candidate before choosing; `warm_up`: the first
-        step at each candidate is not timed (it pays for the switch, and `PACKED` for
-        packing); `split`: also time `SPLIT` (one thread and a `MatmulHelper`; the caller
-        runs the helper); `packed`: also time `PACKED` (the caller passes its packed weights)."""
+        step at each candidate is not timed (it pays for the switch, and for packing the
+        weights of a new row bucket); `split`: also time `SPLIT` (one thread and a
+        `MatmulHelper`; the caller runs the helper); `fp32`: also time `FP32` and `FP32_1`
+        (the caller runs the products through `Fp32Products`)."""
         self.trial_steps = trial_steps
         self.warm_up = warm_up
         full = torch.get_num_threads()
         self.candidates: list[int | str] = [full, 1] if device.type == "cpu" and full > 1 else [full]
         if split and len(self.candidates) > 1:
             self.candidates.append(SPLIT)
-        if packed and device.type == "cpu":
-            self.candidates.append(PACKED)
+        if fp32 and device.type == "cpu":
+            self.candidates += [FP32, FP32_1] if full > 1 else [FP32]
         self.times: dict[int | str, list[float]] = {n: [] for n in self.candidates}
         self._warm: set[int | str] = set()
         self.chosen: int | str | None = self.candidates[0] if len(self.candidates) == 1 else None
         self._next = 0
+        self.steps = 0  # steps stepped through this chooser (trial and chosen)
 
     def next_threads(self) -> int | str:
         """The thread count for the next decode step (or `SPLIT`)."""
+        self.steps += 1
         if self.chosen is not None:
             return self.chosen
         n = self.candidates[self._next % len(self.candidates)]
@@ -154,18 +167,22 @@ class DecodeThreads:
         if all(len(t) >= self.trial_steps for t in self.times.values()):
             self.chosen = min(self.candidates, key=lambda n: statistics.median(self.times[n]))
 
+    def threads(self, mode: int | str) -> int:
+        """The OpenMP thread count a step in `mode` runs with."""
+        return 1 if mode in (SPLIT, FP32_1) else self.candidates[0] if mode == FP32 else int(mode)
+
     def stats(self) -> dict[str, float]:
-        """`decode_threads`: the chosen OpenMP thread count (0 before choosing; 1 for
-        `SPLIT`), `decode_split_matmuls` / `decode_packed_matmuls`: 1 when `SPLIT` / `PACKED`
-        was chosen, and the median step time of each candidate."""
+        """`decode_threads`: the chosen mode's OpenMP thread count (0 before choosing; 1 for
+        `SPLIT`), `decode_split_matmuls` / `decode_fp32_products`: 1 when `SPLIT` / `FP32` or
+        `FP32_1` was chosen, and the median step time of each candidate."""
         chosen = self.chosen
-        threads = {SPLIT: 1, PACKED: self.candidates[0], None: 0}.get(chosen, chosen)
-        out: dict[str, float] = {"decode_threads": float(threads)}
+        out: dict[str, float] = {"decode_threads": float(self.threads(chosen) if chosen is not None else 0)}
         if SPLIT in self.candidates:
             out["decode_split_matmuls"] = float(chosen == SPLIT)
-        if PACKED in self.candidates:
-            out["decode_packed_matmuls"] = float(chosen == PACKED)
-        names = {SPLIT: "decode_step_ms_1_thread_split", PACKED: "decode_step_ms_packed"}
+        if FP32 in self.candidates:
+            out["decode_fp32_products"] = float(chosen in (FP32, FP32_1))
+        names = {SPLIT: "decode_step_ms_1_thread_split", FP32: "decode_step_ms_fp32_products",
+                 FP32_1: "decode_step_ms_fp32_products_1_thread"}
         for n, t in self.times.items():
             if t:
                 out[names.get(n, f"decode_step_ms_{n}_threads")] = 1000 * statistics.median(t)
@@ -184,22 +201,90 @@ class DecodeThreads:
                 torch.set_num_threads(original)
 
 
-class _Stepper:
-    def __init__(self, owner: DecodeThreads, current: int):
-        self.owner, self.current = owner, current
-        self.split = False  # this step runs `SPLIT`: the caller hands its MatmulHelper to the step
-        self.packed = False  # this step runs `PACKED`: the caller hands its packed weights to the step
+def row_bucket(rows: int) -> int:
+    """The bucket of a decode step of `rows` live rows: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length()
+
+
+class DecodeModes:
+    """The decode steps' mode per row bucket: one `DecodeThreads` each (module docstring).
+
+    `force(mode)` sets every bucket's mode, now and later (tests; a mode chosen elsewhere).
+    """
+
+    def __init__(self, device: torch.device, trial_steps: int = 4, split: bool = False, fp32: bool = False):
+        """`split`, `fp32`: as `DecodeThreads`' (`fp32` from `FP32_MIN_BUCKET` rows on)."""
+        self.device, self.trial_steps, self.split, self.fp32 = device, trial_steps, split, fp32
+        self.candidates = DecodeThreads(device, split=split, fp32=fp32).candidates  # of the largest buckets
+        self.buckets: dict[int, DecodeThreads] = {}
+        self.forced: int | str | None = None
+
+    def chooser(self, rows: int) -> DecodeThreads:
+        """The `DecodeThreads` of `rows` live rows' bucket (made on first use)."""
+        b = row_bucket(rows)
+        chooser = self.buckets.get(b)
+        if chooser is None:
+            chooser = self.buckets[b] = DecodeThreads(self.device, self.trial_steps, split=self.split,
+                                                      fp32=self.fp32 and b >= FP32_MIN_BUCKET)
+            if self.forced is not None:
+                chooser.chosen = self.forced
+        return chooser
+
+    def force(self, mode: int | str) -> None:
+        self.forced = mode
+        for chooser in self.buckets.values():
+            chooser.chosen = mode
+
+    def stats(self) -> dict[str, float]:
+        """The busiest bucket's `DecodeThreads.stats()` (the mode most steps ran), and
+        `decode_threads_rows_<bucket>` per bucket: its chosen mode's thread count (0 before
+        choosing), with `decode_split_rows_<bucket>` / `decode_fp32_rows_<bucket>` 1 where
+        `SPLIT` / `FP32` or `FP32_1` was chosen."""
+        if not self.buckets:
+            return {}
+        busiest = max(self.buckets.values(), key=lambda c: c.steps)
+        out = busiest.stats()
+        for b in sorted(self.buckets):
+            chooser = self.buckets[b]
+            chosen = chooser.chosen
+            out[f"decode_threads_rows_{b}"] = float(chooser.threads(chosen) if chosen is not None else 0)
+            if SPLIT in chooser.candidates:
+                out[f"decode_split_rows_{b}"] = float(chosen == SPLIT)
+            if FP32 in chooser.candidates:
+                out[f"decode_fp32_rows_{b}"] = float(chosen in (FP32, FP32_1))
+        return out
 
     @contextmanager
-    def step(self, work: float = 1.0) -> Iterator[None]:
+    def stepping(self) -> Iterator["_Stepper"]:
+        """Run a turn's decode steps: each `with stepper.step(rows=B):` sets and times one
+        step in the mode of B rows' bucket; the original thread count is back afterwards."""
+        original = torch.get_num_threads()
+        stepper = _Stepper(self, original)
+        try:
+            yield stepper
+        finally:
+            if torch.get_num_threads() != original:
+                torch.set_num_threads(original)
+
+
+class _Stepper:
+    def __init__(self, owner: "DecodeThreads | DecodeModes", current: int):
+        self.owner, self.current = owner, current
+        self.split = False  # this step runs `SPLIT`: the caller hands its MatmulHelper to the step
+        self.fp32 = False  # this step runs `FP32` / `FP32_1`: the caller hands its `Fp32Products` to the step
+
+    @contextmanager
+    def step(self, work: float = 1.0, rows: int | None = None) -> Iterator[None]:
         """Set the thread count for one step and time it; `work`: what the time is divided
-        by before the candidates are compared (a prefill's tokens, when sizes differ)."""
-        n = self.owner.next_threads()
-        self.split, self.packed = n == SPLIT, n == PACKED
-        threads = 1 if self.split else self.owner.candidates[0] if self.packed else int(n)
+        by before the candidates are compared (a prefill's tokens, when sizes differ);
+        `rows`: the step's live rows (with `DecodeModes`: whose bucket's mode runs)."""
+        owner = self.owner.chooser(rows or 1) if isinstance(self.owner, DecodeModes) else self.owner
+        n = owner.next_threads()
+        self.split, self.fp32 = n == SPLIT, n in (FP32, FP32_1)
+        threads = owner.threads(n)
         if threads != self.current:
             torch.set_num_threads(threads)
             self.current = threads
         start = time.perf_counter()
         yield
-        self.owner.record(n, (time.perf_counter() - start) / work)
+        owner.record(n, (time.perf_counter() - start) / work)

@@ -62,9 +62,12 @@ step's attention reads the cache in its own dtype (bf16 as the model's sdpa does
 nothing is widened or copied per turn or step.
 For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
 the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
-model's forward), in a mode timed over the first steps (`decode_threads.py`): all
-threads, one, one with the step's large matmuls split over a second thread, or (fp32 on
-a CPU with MKL) all threads with the products through packed weights (`packed_matmul.py`).
+model's forward), in a mode timed over the first steps of each row bucket (live rows
+rounded up to a power of two; `decode_threads.py`): all threads, one, or one with the
+step's large matmuls split over a second thread. On a CPU every mode multiplies through
+copies of the weights packed once for the CPU's kernels (`packed_decode`, from
+`inference.packed_decode`): oneDNN's for bf16 (`onednn_weights.py`), MKL's for fp32 from
+4 rows up (`packed_matmul.py`), packed again only when a weight changed.
 
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `model_hooks._sdpa_gqa_forward` instead -- the same math, but torch's
@@ -136,8 +139,9 @@ from workbench.engines.base import GenerationEngine, GenerationResult, SamplingP
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_state import _COMPACT_FRACTION, _DecodeState  # noqa: F401 (_COMPACT_FRACTION: tests)
 from workbench.engines.decode_step import DecodeStep
-from workbench.engines.decode_threads import LARGE_PREFILL, PACKED, SPLIT, DecodeThreads, MatmulHelper
-from workbench.engines.packed_matmul import PackedWeights, available as packed_available
+from workbench.engines.decode_threads import LARGE_PREFILL, SPLIT, DecodeModes, DecodeThreads, MatmulHelper
+from workbench.engines.onednn_weights import OneDNNWeights, available as onednn_available
+from workbench.engines.packed_matmul import Fp32Products, PackedWeights, available as packed_available
 from workbench.engines.kv_cache import (CPU_CHUNK_ROWS, chunk_rows, _build_cache, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache,
                                         _prefill_groups, _assemble_groups, _select_rows,
@@ -156,7 +160,7 @@ class HFEngine(GenerationEngine):
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None, prefix_cache: bool = True,
                  prefix_cache_mb: float = 2048.0, merge_lora: bool = True, compact_fraction: float | None = None,
-                 fast_decode: bool = True, cuda_graphs: bool = False):
+                 fast_decode: bool = True, cuda_graphs: bool = False, packed_decode: bool = True):
         """`max_batch_size`: rows sampled together (a call with more runs in chunks); None:
         `kv_cache.chunk_rows` (64 on a CPU, by free memory on an accelerator).
         `compact_fraction`: finished rows leave the batch once they are this fraction of
@@ -164,12 +168,16 @@ class HFEngine(GenerationEngine):
         decode steps of Llama-family models run `decode_step.DecodeStep` instead of the
         model's forward (False: always the model's forward). `cuda_graphs`: on CUDA those
         steps replay a CUDA graph per chunk (`graphed.py`; False, the default until a GPU
-        run has checked it: launched from Python)."""
+        run has checked it: launched from Python). `packed_decode`: on a CPU those steps
+        multiply through copies of the weights packed once for the CPU's kernels (bf16:
+        oneDNN's, `onednn_weights.py`; fp32: MKL's, `packed_matmul.py`), made again only when
+        a weight changed (False: plain products)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
         self.fast_decode = fast_decode
         self.cuda_graphs = cuda_graphs
+        self.packed_decode = packed_decode
         self.graph_error: str | None = None  # why a decode step could not be recorded (graphs then stay off)
         self.decode_steps = {"fast": 0, "model": 0, "graphed": 0}  # decode steps by path ("graphed": of "fast")
         # A prompt every row of a call shares is read once by the decode step's attention
@@ -178,9 +186,10 @@ class HFEngine(GenerationEngine):
         # 2026-11-26: 8 rows 76 vs 71 ms in fp32, 68 vs 62 in bf16; 64 rows 168 vs 171 ms).
         self.share_prompt_reads: bool | None = None
         self._decode_step: DecodeStep | None = None  # the last one built: keeps its fused weight copies
-        self.decode_threads: DecodeThreads | None = None  # created on the first call (needs the device)
+        self.decode_threads: DecodeModes | None = None  # the decode mode per row bucket; made on the first call
         self._helper: MatmulHelper | None = None  # the second thread of split decode matmuls (decode_threads.py)
-        self._packed: PackedWeights | None = None  # packed fp32 weights of the `PACKED` decode mode (packed_matmul.py)
+        # the decode steps' packed weights by dtype (`packed_decode`): OneDNNWeights (bf16), PackedWeights (fp32)
+        self._packers: dict[torch.dtype | str, PackedWeights | OneDNNWeights] = {}  # "fp32 products": Fp32Products
         # prefill size (new tokens, a power of two; 0: over LARGE_PREFILL) -> its choice
         self._prefills: dict[int, DecodeThreads] = {}
         self._prefill_warmed = False  # the first prefill ran (untimed: it warms the model)
@@ -220,8 +229,8 @@ class HFEngine(GenerationEngine):
             out.update(self.prefix_cache.stats())
         if self.decode_threads is not None:
             out.update(self.decode_threads.stats())
-        if self._packed is not None:
-            out.update(self._packed.stats())
+        for packer in self._packers.values():
+            out.update(packer.stats())
         for size, chooser in self._prefills.items():
             if chooser.chosen is not None:
                 key = f"upto_{size}" if size else f"over_{LARGE_PREFILL}"
@@ -284,8 +293,8 @@ class HFEngine(GenerationEngine):
         helper, self._helper = self._helper, None
         if helper is not None:
             helper.close()
-        if self._packed is not None:
-            self._packed.clear()
+        for packer in self._packers.values():
+            packer.clear()
         super().close()
 
     def _generate(self, prompts: list[list[int]], params: SamplingParams, gen: torch.Generator | list[torch.Generator],
@@ -300,8 +309,8 @@ class HFEngine(GenerationEngine):
         if key != self._weights_key:
             if self.prefix_cache is not None:  # new weights: kept KV is stale
                 self.prefix_cache.clear()
-            if self._packed is not None:  # packed copies are stale: buckets may be shared (packed_matmul.py)
-                self._packed.weights_changed()
+            for packer in self._packers.values():  # packed copies are stale: buckets may be shared (packed_matmul.py)
+                packer.weights_changed()
         self._weights_key = key
         model = self._merged.refresh(key) if self._merged is not None else self.model  # (merged copy: merged.py)
         # Chunks by the tokens each prompt has to prefill (its length less what the prefix
@@ -492,18 +501,19 @@ class HFEngine(GenerationEngine):
         graphed = None  # the chunk's steps from a CUDA graph (graphed.py): fixed rows, no shared-prompt read
         if self.cuda_graphs and self.graph_error is None and graph_usable(fast, device) and _is_growing(cache.layers[0]):
             graphed, shared = GraphedDecode(fast, cache, attention), 0
+        packed = self._packer(fast) if fast is not None and graphed is None else None
         if self.decode_threads is None:
-            # fp32 on a CPU: MKL's packed products are a candidate too (packed_matmul.py)
-            packed_bytes = fast.packed_bytes() if fast is not None else 0
-            packable = packed_bytes > 0 and packed_available(packed_bytes)
-            self.decode_threads = DecodeThreads(device, split=fast is not None, packed=packable)
+            # bf16 products in fp32 are a candidate of large row buckets (packed_matmul.Fp32Products)
+            fp32 = isinstance(packed, OneDNNWeights) and packed_available(2 * fast.packed_bytes())
+            self.decode_threads = DecodeModes(device, split=fast is not None, fp32=fp32)
             if SPLIT in self.decode_threads.candidates:
                 self._helper = MatmulHelper()
                 # An engine dropped without close() (a Trainer garbage-collected) still ends its thread.
                 weakref.finalize(self, self._helper.close)
-            if PACKED in self.decode_threads.candidates:
-                self._packed = PackedWeights()
-        with self.decode_threads.stepping() as stepper:  # thread count timed, then chosen (decode_threads.py)
+        # the decode steps' fp32 logits of a 16-bit model go into one buffer (DecodeStep: `logits_out`)
+        logits_buf = torch.empty((B, logits.shape[-1]), dtype=torch.float32, device=device) if fast is not None \
+            and device.type == "cpu" and graphed is None else None
+        with self.decode_threads.stepping() as stepper:  # mode timed per row bucket, then chosen (decode_threads.py)
             for step in range(params.max_tokens):
                 tokens = state.step(step, logits, cache)  # (B',) on the device
                 if not state.live.any() or step == params.max_tokens - 1:
@@ -515,7 +525,7 @@ class HFEngine(GenerationEngine):
                         cache = _select_rows(cache, keep, keep_host)
                         tokens, next_pos, attention = tokens[keep], next_pos[keep], attention[keep]
                     attention = torch.cat([attention, torch.ones_like(attention[:, :1])], dim=-1)  # (B', T+1)
-                with stepper.step():
+                with stepper.step(rows=len(tokens)):
                     if graphed is not None:
                         replays = graphed.replays
                         logits = graphed(tokens, next_pos)  # (B, V), the cache written in place
@@ -527,11 +537,13 @@ class HFEngine(GenerationEngine):
                                           "(inference.cuda_graphs=false skips the attempt)", stacklevel=2)
                     elif fast is not None:
                         split = self._helper if stepper.split else None  # large matmuls in halves on two threads
-                        # products through packed weights (both halves of split ones, when packing is on)
-                        packed = self._packed if stepper.packed or stepper.split else None
-                        if packed is not None:
-                            packed.begin_step(len(tokens))
-                        logits = fast(tokens, attention, next_pos, cache, shared, split, packed)  # (B', V), cache grown
+                        # products through packed weights (split halves packed apart; bf16 ones in fp32 in `FP32`)
+                        step_packed = self._fp32_packer() if stepper.fp32 and packed is not None else packed
+                        if step_packed is not None:
+                            step_packed.begin_step(len(tokens))
+                        out = logits_buf[: len(tokens)] if logits_buf is not None else None
+                        logits = fast(tokens, attention, next_pos, cache, shared, split, step_packed,
+                                      logits_out=out)  # (B', V), the cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)
@@ -540,3 +552,25 @@ class HFEngine(GenerationEngine):
                 self.decode_steps[path] += 1
                 next_pos = next_pos + 1
         return state.finish(cache)
+
+    def _packer(self, fast: DecodeStep) -> PackedWeights | OneDNNWeights | None:
+        """The packed weights `fast`'s products run through (`packed_decode`, on a CPU): oneDNN's
+        for bf16, MKL's for fp32, where this torch has them; None otherwise."""
+        if not self.packed_decode:
+            return None
+        dtype = fast.dtype
+        if dtype not in self._packers:
+            nbytes = fast.packed_bytes()
+            if nbytes and dtype == torch.bfloat16 and onednn_available(dtype, nbytes):
+                self._packers[dtype] = OneDNNWeights()
+            elif nbytes and dtype == torch.float32 and packed_available(nbytes):
+                self._packers[dtype] = PackedWeights()
+            else:
+                return None
+        return self._packers[dtype]
+
+    def _fp32_packer(self) -> Fp32Products:
+        """The packed fp32 copies of bf16 weights that `FP32` decode steps multiply through."""
+        if "fp32 products" not in self._packers:
+            self._packers["fp32 products"] = Fp32Products()
+        return self._packers["fp32 products"]

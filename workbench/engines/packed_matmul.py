@@ -33,8 +33,8 @@ packs. In `benchmarks/update.py`'s GRPO steps (8 rows, SmolLM2 fp32, the CPU abo
 products per step 43 ms in bucket 8 and 35 ms in bucket 4, a pack of bucket 4 0.12 s, so
 up to ~15 four-row steps per rollout run in bucket 8; packs per 8 calls 1744 -> 1264.
 
-The engine times this mode against its thread-count candidates (`decode_threads.PACKED`)
-and keeps it only where it is faster. A packed product rounds differently from the plain
+With `inference.packed_decode` on (the default), every decode mode of an fp32 step on a
+CPU multiplies through these (`decode_threads.py`). A packed product rounds differently from the plain
 one (~1e-6 relative in fp32): the sampled ids are the plain path's except where a
 uniform falls that close to a boundary, as between one and two threads.
 """
@@ -53,7 +53,7 @@ import torch
 PACKED_MIN_ROWS = 4
 #: Row buckets whose packed copies are kept at once (each about one copy of the weights).
 MAX_BUCKETS = 2
-#: Models whose decode weights are larger than this are not packed (MAX_BUCKETS copies).
+#: Models whose decode weights are larger than this (in fp32) are not packed (MAX_BUCKETS copies).
 MAX_WEIGHT_BYTES = 1 << 30
 
 
@@ -71,6 +71,8 @@ def bucket(rows: int) -> int:
 
 class PackedWeights:
     """Packed copies of fp32 weights per row bucket; `linear(x, weight, bias)` uses them."""
+
+    dtype = torch.float32  # the weights it packs (decode_step._Proj asks)
 
     def __init__(self, max_buckets: int = MAX_BUCKETS):
         self.max_buckets = max_buckets
@@ -159,7 +161,7 @@ class PackedWeights:
         start = time.perf_counter()
         with torch.no_grad():
             w = weight if part is None else weight[part[0]:part[1]]
-            packed = torch.ops.mkl._mkl_reorder_linear_weight(w.contiguous(), rows)
+            packed = torch.ops.mkl._mkl_reorder_linear_weight(w.to(torch.float32).contiguous(), rows)
         packs[key] = (weakref.ref(weight), weight._version, packed)
         self.packs += 1
         self._packing[rows] = self._packing.get(rows, 0.0) + time.perf_counter() - start
@@ -173,12 +175,12 @@ class PackedWeights:
         if B < PACKED_MIN_ROWS:
             return None
         P = self._step[1] if self._step is not None and self._step[0] == B else bucket(B)
-        if B == P and x.is_contiguous():
+        if B == P and x.is_contiguous() and x.dtype == torch.float32:
             return x
-        key = (P, K, x.dtype, x.device)
+        key = (P, K, x.device)
         xp = self._inputs.get(key)
         if xp is None:
-            xp = self._inputs[key] = x.new_zeros((P, K))  # (P, K)
+            xp = self._inputs[key] = x.new_zeros((P, K), dtype=torch.float32)  # (P, K)
         xp[:B] = x  # the live rows; the rest are padding (zeros, or earlier steps' rows)
         return xp
 
@@ -189,11 +191,15 @@ class PackedWeights:
         `weight` and entries of `bias`), packed apart (`decode_step`'s split halves)."""
         P = xp.shape[0]
         packed = self._packed(weight, P, part)
+        if part is not None:
+            weight, bias = weight[part[0]:part[1]], bias[part[0]:part[1]] if bias is not None else None
+        if weight.dtype != torch.float32:  # `Fp32Products`: the fp32 kernel's weight argument only gives
+            weight = weight.new_zeros((), dtype=torch.float32).expand(weight.shape)  # the output width (P = rows)
+            bias = bias.float() if bias is not None else None
         if part is not None:  # a split half, run beside the other: not timed
-            return torch.ops.mkl._mkl_linear(xp, packed, weight[part[0]:part[1]],
-                                             bias[part[0]:part[1]] if bias is not None else None, P)  # (P, N_i)
+            return torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P).to(self.dtype)  # (P, N_i)
         start = time.perf_counter()
-        out = torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P)  # (P, N)
+        out = torch.ops.mkl._mkl_linear(xp, packed, weight, bias, P).to(self.dtype)  # (P, N)
         self._step_products += time.perf_counter() - start
         return out
 
@@ -207,3 +213,25 @@ class PackedWeights:
     def stats(self) -> dict[str, float]:
         return {"decode_packed_weights": float(self.packs),
                 "decode_packed_buckets": float(len(self._buckets))}
+
+
+class Fp32Products(PackedWeights):
+    """bf16 weights multiplied in fp32 through MKL's packed GEMM (the module docstring's
+    buckets), their inputs widened to fp32 and the outputs rounded back to bf16.
+
+    A bf16 x bf16 product is exact in fp32 and oneDNN's bf16 kernels accumulate in fp32 too,
+    so the outputs agree to bf16 rounding (the sums run in another order). It pays where a
+    step is matmul-bound on a CPU whose fp32 kernels outrun its bf16 ones: on a 2-core Xeon
+    with avx512_bf16 and no amx (2026-12-01, one thread, load ~4), SmolLM2's 121 decode
+    products through oneDNN's packed bf16 weights against these: 16 rows 106 vs 191 ms,
+    32 rows 289 vs 276, 64 rows 498 vs 352, 128 rows 1149 vs 494 (a 2048^3 matmul there:
+    bf16 ~70, fp32 ~100-130 GFLOP/s). Each bucket costs the weights' fp32 bytes (twice
+    their bf16 bytes); the engine times it as a decode mode of its own on large row
+    buckets (`decode_threads.FP32_PRODUCTS`).
+    """
+
+    dtype = torch.bfloat16
+
+    def stats(self) -> dict[str, float]:
+        return {"decode_fp32_packed_weights": float(self.packs),
+                "decode_fp32_packed_buckets": float(len(self._buckets))}
