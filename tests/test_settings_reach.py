@@ -179,15 +179,18 @@ def test_the_hf_engines_prefix_cache_settings_reach_every_engine(tiny_model_path
     config.inference.prefix_cache_mb = 3.0
     config.inference.max_batch_size = 5
     config.inference.cuda_graphs = True
+    config.inference.packed_decode = False  # default on
     assert Trainer(config).engine.prefix_cache.max_bytes == 3 * 2**20
     trainer_engine = Trainer(config).engine
     assert trainer_engine.max_batch_size == 5 and trainer_engine.cuda_graphs is True
+    assert trainer_engine.packed_decode is False
     worker = RolloutWorker(config, make_env("guess_number"), torch_threads=2)
     assert worker.engine.prefix_cache.max_bytes == 3 * 2**20 and worker.engine.max_batch_size == 5
-    assert worker.engine.cuda_graphs is True
+    assert worker.engine.cuda_graphs is True and worker.engine.packed_decode is False
     model, tok, loaded = load_policy("base", config)
     engine = hf_engine(loaded, model, tok)
     assert engine.prefix_cache.max_bytes == 3 * 2**20 and engine.max_batch_size == 5 and engine.cuda_graphs
+    assert engine.packed_decode is False
     config.inference.enable_prefix_caching = False
     assert Trainer(config).engine.prefix_cache is None
     assert hf_engine(config, model, tok).prefix_cache is None

@@ -152,8 +152,11 @@ def test_enospc_from_a_real_write_is_the_clis_one_line():
 
 def test_ctrl_c_prints_one_line_with_where_the_run_resumes(tiny_model_path, tmp_path):
     out = tmp_path / "run"
+    # Python turns SIGINT into KeyboardInterrupt only where it started with SIGINT's default action; a
+    # shell's background job (`make test &`) ignores it, and the child would inherit that: reset it.
     proc = subprocess.Popen(_train(tiny_model_path, out, "--steps", "40", "--save-interval", "1"), cwd=ROOT,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 300
         metrics = out / "metrics.jsonl"

@@ -38,6 +38,7 @@ import logging
 import os
 import sys
 import sysconfig
+import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -252,7 +253,7 @@ def reserve(config: Any, num_actors: int | None = None, num_learners: int | None
     asked = demands(config, free_cpus or total.get("CPU", 0.0), num_actors, num_learners)
     check_fits(config, num_actors, num_learners)  # the cluster just started: its real totals
     bundles = [d.bundle() for d in asked for _ in range(d.count)]
-    group = placement_group(bundles, strategy="PACK", name=f"workbench-{os.getpid()}-{id(asked):x}")
+    group = placement_group(bundles, strategy="PACK", name=f"workbench-{os.getpid()}-{uuid.uuid4().hex[:12]}")
     timeout = config.ray.placement_timeout_s
     ready, _ = ray.wait([group.ready()], timeout=timeout)
     if not ready:

@@ -119,8 +119,7 @@ class Trainer(CheckpointMethods, SFTMethods):
         self._env_type = type(env)  # what the doctor's remedies fit (run_facts)
         self.config.environment = record_environment(self.config.environment, env)
         self.reward_fn = reward_fn
-        #: The judges / reward model `config.reward` turns on (`workbench.reward.sources`), built when
-        #: `score` first needs them and rebuilt when those settings change; None when none is on.
+        #: The judges / reward model `config.reward` turns on, built by `score` (None: none is on).
         self.model_rewards: ModelRewards | None = None
         self.tools, self.parser = list(tools), parser
         models = build_models(config)
