@@ -10,7 +10,7 @@
 #    OpenAI-compatible gateway on 127.0.0.1, the way a vLLM server or any endpoint would serve one;
 # 2. **train on the judge's reward alone** (`reward.judge` = the server's URL, `reward.env_weight` 0):
 #    every episode's verdict (score, reason, the exact prompt) is kept beside it in the run folder;
-# 3. **audit the judge** on held-out games whose outcome the environment knows
+# 3. **audit the judge** on games whose outcome the environment knows (a training batch and held-out games)
 #    (`workbench.reward.audit_judge`): does it agree with the environment, is it biased by position
 #    or length, is it consistent, what does it cost, and is it fit to train on;
 # 4. **the same run with the environment's reward + the judge's**, and held-out success of both.
