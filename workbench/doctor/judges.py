@@ -32,8 +32,10 @@ def _judged(batch: Any) -> list[tuple[Any, float]]:
     return [(ep, s) for ep in batch for s in [judge_score(ep)] if s is not None]
 
 
-def _reports_success(batch: Any) -> bool:
-    return success_reported(batch)
+def _evidence(h: History, scored: list[tuple[Any, float]]) -> list[Any]:
+    """Evidence lines for (episode, judge score) pairs: the score, the judge's reason, the outcome."""
+    return [h.evidence(ep, None, text=f"judge {s:.2f} ({judge_reason(ep)[:60]!r}), success {ep.success}")
+            for ep, s in scored]
 
 
 def check_judge_hacking(h: History, cfg: DoctorConfig) -> Finding | None:
@@ -65,8 +67,7 @@ def check_judge_hacking(h: History, cfg: DoctorConfig) -> Finding | None:
         "episodes say to it, then weight the environment's reward up (reward.env_weight), make the rubric "
         "stricter (reward.judge_rubric: name what the judge must check) or use another judge (reward.judge), and "
         "audit the judge again (python -m workbench audit-judge RUN --judge ...).",
-        h, [h.evidence(ep, None, text=f"judge {s:.2f} ({judge_reason(ep)[:60]!r}), success {ep.success}")
-            for ep, s in fooled], cfg)
+        h, _evidence(h, fooled), cfg)
 
 
 def check_judge_unreliable(h: History, cfg: DoctorConfig) -> Finding | None:
@@ -74,7 +75,7 @@ def check_judge_unreliable(h: History, cfg: DoctorConfig) -> Finding | None:
     (`roc_auc`): below `doctor.judge_min_auc` the judge hardly tells a success from a failure
     (0.5 is chance). Needs `doctor.min_samples` judged episodes with both outcomes among them.
     Evidence: failed episodes it scored above the lowest-scored success."""
-    if h.batch is None or not _reports_success(h.batch):
+    if h.batch is None or not success_reported(h.batch):
         return None
     judged = _judged(h.batch)
     labels = [bool(ep.success) for ep, _ in judged]
@@ -93,8 +94,7 @@ def check_judge_unreliable(h: History, cfg: DoctorConfig) -> Finding | None:
         "audit-judge RUN --judge ...), then make the rubric stricter (reward.judge_rubric), ask for a JSON verdict "
         "(reward.judge_json), use a larger judge model (reward.judge), or weight it down (reward.judge_weight) "
         "beside the environment's reward (reward.env_weight).",
-        h, [h.evidence(ep, None, text=f"judge {s:.2f} ({judge_reason(ep)[:60]!r}), success {ep.success}")
-            for ep, s in wrong], cfg)
+        h, _evidence(h, wrong), cfg)
 
 
 def check_judge_failures(h: History, cfg: DoctorConfig) -> Finding | None:

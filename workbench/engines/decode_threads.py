@@ -50,7 +50,7 @@ import queue
 import statistics
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Callable, Iterator
 
 import torch
@@ -188,17 +188,10 @@ class DecodeThreads:
                 out[names.get(n, f"decode_step_ms_{n}_threads")] = 1000 * statistics.median(t)
         return out
 
-    @contextmanager
-    def stepping(self) -> Iterator["_Stepper"]:
+    def stepping(self) -> AbstractContextManager["_Stepper"]:
         """Run a turn's decode steps: each `with stepper.step():` sets and times one step;
         the original thread count is back afterwards."""
-        original = torch.get_num_threads()
-        stepper = _Stepper(self, original)
-        try:
-            yield stepper
-        finally:
-            if torch.get_num_threads() != original:
-                torch.set_num_threads(original)
+        return _stepping(self)
 
 
 def row_bucket(rows: int) -> int:
@@ -254,17 +247,21 @@ class DecodeModes:
                 out[f"decode_fp32_rows_{b}"] = float(chosen in (FP32, FP32_1))
         return out
 
-    @contextmanager
-    def stepping(self) -> Iterator["_Stepper"]:
+    def stepping(self) -> AbstractContextManager["_Stepper"]:
         """Run a turn's decode steps: each `with stepper.step(rows=B):` sets and times one
         step in the mode of B rows' bucket; the original thread count is back afterwards."""
-        original = torch.get_num_threads()
-        stepper = _Stepper(self, original)
-        try:
-            yield stepper
-        finally:
-            if torch.get_num_threads() != original:
-                torch.set_num_threads(original)
+        return _stepping(self)
+
+
+@contextmanager
+def _stepping(owner: "DecodeThreads | DecodeModes") -> Iterator["_Stepper"]:
+    """`stepping` of either owner: a `_Stepper` over it, the thread count restored at the end."""
+    original = torch.get_num_threads()
+    try:
+        yield _Stepper(owner, original)
+    finally:
+        if torch.get_num_threads() != original:
+            torch.set_num_threads(original)
 
 
 class _Stepper:
