@@ -163,7 +163,10 @@ class ConfigStore(StrictFields, section=""):
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        return write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))  # an OSError names the file
+        # libyaml's emitter where PyYAML has it (same text as safe_dump's, several times faster)
+        dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+        text = yaml.dump(self.to_dict(), Dumper=dumper, sort_keys=False)
+        return write_text(path, text)  # an OSError names the file
 
     @classmethod
     def load(cls, path: str | Path) -> "ConfigStore":
