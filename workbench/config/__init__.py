@@ -191,6 +191,7 @@ class ConfigStore(StrictFields, section=""):
         for section in SECTIONS:  # types first: the range checks below compare numbers
             _check_types(section, getattr(self, section))
         _choice("model.dtype", m.dtype, ("auto",) + DTYPES)
+        _choice("model.fp32_base_products", m.fp32_base_products, ("auto", "on", "off"))
         if m.device != "auto":
             _parse_device(m.device, "model.device")
         _positive_int("model.tensor_parallel_size", m.tensor_parallel_size)

@@ -59,6 +59,12 @@ class ModelConfig(StrictFields, section="model"):
     """Modules that get adapters: "all-linear" or a list of module names."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    fp32_base_products: str = "auto"
+    """LoRA with bf16 weights on a CPU: the update multiplies the frozen base weights in fp32
+    (fp32 copies of them, twice their bf16 bytes; outputs rounded to bf16 as the bf16
+    products' are). "auto" times one product of the model's shape both ways once per process
+    and takes fp32 when it is at least 1.15x faster (CPUs with avx512_bf16 but no AMX);
+    "on" / "off" force it. No effect on accelerators, for fp32 weights, or without LoRA."""
 
     @property
     def path(self) -> str:

@@ -4,6 +4,7 @@
     policy.py            LoRA policy, adapter-disabled reference, critic, batched logprobs
     packing.py           a group's completions packed behind one copy of the shared prompt
     lora_linear.py       peft's LoRA linear as one autograd node where that is exact (LeanLoraLinear)
+    fp32_products.py     the update's products with frozen bf16 base weights in fp32 where the CPU runs those faster
     head_logprobs.py     trained tokens' logprobs and entropies from the LM head's input, a chunk of rows at a time
     update.py            the actor and critic update loops as functions (one process or a learner rank)
     guards.py            an optimizer step that cannot leave the weights non-finite (or half done)

@@ -15,6 +15,8 @@ same again in backward; SmolLM2 has 210 such layers.
 and its backward returns the gradients peft's graph gives (x, A, B; the base weights
 are frozen), with the scale applied on the (n, r) side instead of the (n, N) side.
 The results agree with peft's to float rounding (`tests/test_lora_linear.py`).
+Given fp32 copies of bf16 base weights (`fp32_products.py`), the base products run in
+fp32 and are rounded to the model's dtype where the bf16 products' outputs are.
 
 `use_lean_lora(model)` switches a model's peft LoRA linears to `LeanLoraLinear`, a
 subclass whose forward takes this path when it reproduces peft exactly (one active
@@ -35,15 +37,20 @@ class LoraLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float) -> torch.Tensor:
-        y = F.linear(x, weight, bias)  # (..., N) the base layer, model dtype
+                lora_a: torch.Tensor, lora_b: torch.Tensor, scale: float,
+                weight32: torch.Tensor | None = None) -> torch.Tensor:
         x32 = x.to(lora_a.dtype)  # (..., K) what peft feeds the adapters
+        if weight32 is None:
+            y = F.linear(x, weight, bias)  # (..., N) the base layer, model dtype
+        else:  # the same product in fp32 (fp32_products.py), rounded as the base layer's output is
+            xw = x32 if x32.dtype == weight32.dtype else x.to(weight32.dtype)  # (..., K)
+            y = F.linear(xw, weight32, None if bias is None else bias.to(weight32.dtype)).to(x.dtype)
         h = F.linear(x32, lora_a)  # (..., r)
         n_out = y.shape[-1]
         out = torch.addmm(y.reshape(-1, n_out).to(lora_a.dtype), h.reshape(-1, h.shape[-1]), lora_b.t(),
                           alpha=scale)  # (n, N) in the adapters' dtype
-        ctx.save_for_backward(x32, h, weight, lora_a, lora_b)
-        ctx.scale, ctx.x_dtype = scale, x.dtype
+        ctx.save_for_backward(x32, h, weight if weight32 is None else weight32, lora_a, lora_b)
+        ctx.scale, ctx.x_dtype, ctx.fp32_base = scale, x.dtype, weight32 is not None
         return out.view(y.shape).to(x.dtype)
 
     @staticmethod
@@ -58,14 +65,21 @@ class LoraLinearFunction(torch.autograd.Function):
         grad_x = None
         if ctx.needs_input_grad[0]:
             # as peft's graph sums them: the base path in x's dtype plus the adapter path cast to it
-            grad_x = torch.mm(g, weight.to(g.dtype)).add_(torch.mm(gh, lora_a).to(g.dtype))  # (n, K)
+            # (with fp32 base weights the base path's product runs in fp32, rounded to g's dtype)
+            if ctx.fp32_base:
+                base = torch.mm(g.to(weight.dtype), weight).to(g.dtype)  # (n, K)
+            else:
+                base = torch.mm(g, weight.to(g.dtype))  # (n, K)
+            grad_x = base.add_(torch.mm(gh, lora_a).to(g.dtype))  # (n, K)
             grad_x = grad_x.view(*grad.shape[:-1], -1).to(ctx.x_dtype)
-        return grad_x, None, None, grad_a, grad_b, None
+        return grad_x, None, None, grad_a, grad_b, None, None
 
 
 def _lean_args(module: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> tuple | None:
-    """(weight, bias, A, B, scale) when `LoraLinearFunction` computes what peft's forward
-    would for this call, else None."""
+    """(weight, bias, A, B, scale, fp32 copy of weight or None) when `LoraLinearFunction`
+    computes what peft's forward would for this call, else None. The fp32 copy is given
+    when the module holds `fp32_base_weights` (`fp32_products.py`), x and weight are bf16
+    on the CPU and x has at least its `min_rows` rows."""
     if args or kwargs or module.disable_adapters or module.merged:
         return None
     active = [a for a in module.active_adapters if a in module.lora_A]
@@ -88,7 +102,11 @@ def _lean_args(module: Any, x: torch.Tensor, args: tuple, kwargs: dict) -> tuple
     a, b = module.lora_A[name].weight, module.lora_B[name].weight
     if a.dtype != b.dtype or not x.is_floating_point():
         return None
-    return base.weight, base.bias, a, b, float(module.scaling[name])
+    fp32 = getattr(module, "fp32_base_weights", None)  # fp32_products.py
+    weight32 = (fp32.get(base.weight) if fp32 is not None and base.weight.dtype == torch.bfloat16
+                and x.dtype == torch.bfloat16 and x.device.type == "cpu"
+                and x.numel() >= fp32.min_rows * x.shape[-1] else None)
+    return base.weight, base.bias, a, b, float(module.scaling[name]), weight32
 
 
 _classes: dict[type, type] = {}
@@ -117,6 +135,11 @@ def __getattr__(name: str) -> Any:  # pickle finds LeanLoraLinear here in a fres
     raise AttributeError(name)
 
 
+def is_lean_lora(module: Any) -> bool:
+    """Whether `module` is a `LeanLoraLinear` (`use_lean_lora` switched it)."""
+    return type(module) in _classes.values()
+
+
 def use_lean_lora(model: torch.nn.Module) -> int:
     """Switch `model`'s peft LoRA linears to `LeanLoraLinear` (in place); how many."""
     from peft.tuners.lora.layer import Linear
@@ -129,4 +152,4 @@ def use_lean_lora(model: torch.nn.Module) -> int:
     return n
 
 
-__all__ = ["LoraLinearFunction", "use_lean_lora"]
+__all__ = ["LoraLinearFunction", "is_lean_lora", "use_lean_lora"]

@@ -32,13 +32,15 @@ from workbench.config import ModelConfig
 from workbench.models.loading import load_model_and_tokenizer
 from workbench.training.constrained import AllowedTokens, mask_logits
 from workbench.training.head_logprobs import fused_head_weight, head_as_input, head_logprobs
+from workbench.training.fp32_products import Fp32BaseWeights, use_fp32_products, wants_fp32_products
 from workbench.training.lora_linear import use_lean_lora
 from workbench.training.packing import packed_attention, plan_packing, sequence_attention
 
 
 def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
     """Wrap `model` with fresh LoRA adapters as configured (peft), its LoRA linears
-    computed as one autograd node each where that is exact (`lora_linear.py`)."""
+    computed as one autograd node each where that is exact (`lora_linear.py`), their frozen
+    base products in fp32 where `cfg.fp32_base_products` says so (`fp32_products.py`)."""
     from peft import LoraConfig, get_peft_model
 
     lora = LoraConfig(
@@ -47,6 +49,9 @@ def apply_lora(model: nn.Module, cfg: ModelConfig) -> nn.Module:
     )
     model = get_peft_model(model, lora)
     use_lean_lora(model)
+    fp32, _ = wants_fp32_products(cfg.fp32_base_products, model)
+    if fp32:
+        use_fp32_products(model, Fp32BaseWeights())
     return model
 
 
