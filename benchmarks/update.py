@@ -265,8 +265,10 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = 
             print(f"[ours] bf16 autocast step {i}: update {bf16_rows[-1]['update_seconds']:.2f}s "
                   f"({timings['padded_tokens']} padded tokens, load {bf16_rows[-1]['load']:.1f})", flush=True)
     n_params = sum(p.numel() for p in trainer.policy.model.parameters() if not p.requires_grad)
+    # model.fp32_base_products: whether the body's base products ran in fp32 (workbench/training/fp32_products.py)
+    fp32 = any(getattr(m, "fp32_base_weights", None) is not None for m in trainer.policy.model.modules())
     trainer.cleanup()
-    return {"rows": rows, "frozen_params": n_params, "bf16_rows": bf16_rows}
+    return {"rows": rows, "frozen_params": n_params, "bf16_rows": bf16_rows, "fp32_base_products": fp32}
 
 
 # -- TRL ----------------------------------------------------------------------------
@@ -386,13 +388,16 @@ def main(argv: list[str] | None = None) -> int:
                    "head_forward": lambda r: 2 * n_head * r["completion_tokens"] * r["body_forwards"],
                    "head_backward": lambda r: 2 * n_head * r["completion_tokens"],
                    "body_backward": lambda r: 2 * n_body * r["fed_tokens"]}
+    # The body's products ran in fp32 with model.fp32_base_products: its phases against the fp32 peak.
+    body_peak = matmul_peak(device, torch.float32) if ours["fp32_base_products"] else peak
     by_phase = {}
     for name in UpdatePhases.PHASES:
         secs = statistics.median(r["phases"][name] for r in timed)
         entry = {"seconds_median": secs}
         if name in phase_flops:
             fps = statistics.median(phase_flops[name](r) / r["phases"][name] for r in timed if r["phases"][name] > 0)
-            entry.update({"flops_per_s": fps, "fraction_of_peak": fps / peak})
+            entry.update({"flops_per_s": fps,
+                          "fraction_of_peak": fps / (body_peak if name.startswith("body") else peak)})
         by_phase[name] = entry
 
     flops_6n = [flops(r, 3) for r in timed]
@@ -405,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
                    "completions_per_step": GROUP, "prompts_per_step": 1, "max_new_tokens": MAX_NEW,
                    "temperature": 1.0, "learning_rate": LR, "kl": "off", "threads": args.threads,
                    "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                   "fp32_base_products": ours["fp32_base_products"],
                    "prompt": "guess_number (1..8, 4 guesses) system prompt + first observation, chat template",
                    "reward": "reward_text: 1 if the first number is in 1..8, minus 0.002 per character"},
         "ours": {"step_seconds_median": med(ours["rows"], "step_seconds"),
@@ -422,7 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                          "by_phase": by_phase,
                          "by_phase_counting": "forward 2 x N x tokens per body forward (the head at trained "
                                               "positions only); backward 2 x N x tokens (LoRA: activation "
-                                              "gradients only); fraction of the same-dtype matmul peak"},
+                                              "gradients only); fraction of the same-dtype matmul peak (the "
+                                              "body's phases: of the fp32 peak when fp32_base_products)",
+                         "fp32_matmul_peak_flops": body_peak if ours["fp32_base_products"] else None},
         "bf16_autocast": {"steps": ours["bf16_rows"],
                           "note": "update seconds (old-logprob forward + update) per padded token, without "
                                   "vs with bf16 autocast; the matmul rows are the weights' dtype vs bf16 "
@@ -441,7 +449,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"our update: {result['ours']['update_seconds_median']:.2f}s median, "
           f"{fps_6n / 1e9:.1f} GFLOP/s (6N counting) = {fps_6n / peak:.0%} of the {peak / 1e9:.1f} GFLOP/s "
           f"matmul peak ({fps_lora / peak:.0%} LoRA-aware)", flush=True)
-    print("our update by phase (median s, share of the matmul peak): " + "; ".join(
+    print("our update by phase (median s, share of the matmul peak"
+          + (f"; the body's of the fp32 peak, {body_peak / 1e9:.1f} GFLOP/s: fp32 base products"
+             if ours["fp32_base_products"] else "") + "): " + "; ".join(
         f"{name} {e['seconds_median']:.3f}s" + (f" {e['fraction_of_peak']:.0%}" if "fraction_of_peak" in e else "")
         for name, e in by_phase.items()), flush=True)
     if trl is not None:
