@@ -293,7 +293,9 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
     workdir = folder / name
     workdir.mkdir()
     before = set(os.listdir(workdir))
+    start = time.monotonic()
     saved = execute(name, workdir, data_dir)
+    ran = time.monotonic() - start
     written = sorted(set(os.listdir(workdir)) - before - {saved.name})
     nb = json.loads(saved.read_text())
     assert nb["metadata"].get("kernelspec", {}).get("name") == "python3", "the notebook carries no kernelspec"
@@ -307,8 +309,9 @@ def test_notebook_in_jupyterlab(name, lab, tmp_path):
     if not Path(CHROMIUM).exists():
         pytest.skip(f"{CHROMIUM} not found: apt-get install chromium (the notebook ran; its page is not checked)")
     out = shots_dir(name, tmp_path)
+    start = time.monotonic()
     problems = page_problems(url, f"{name}/{saved.name}", nb, out)
-    print(f"{name}: screenshots in {out}")
+    print(f"{name}: ran in {ran:.0f} s, its page checked in {time.monotonic() - start:.0f} s; screenshots in {out}")
     assert not problems, f"{name} in JupyterLab:\n  " + "\n  ".join(problems)
 
 
