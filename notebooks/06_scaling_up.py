@@ -204,7 +204,7 @@ changes(node8, nodes2)
 # step's start (waiting for a batch sampled ahead included) to the end of its update.
 
 # %%
-ASYNC_STEPS = 3 if SMOKE else 8
+ASYNC_STEPS = 2 if SMOKE else 8
 
 
 def short_run(max_staleness):
