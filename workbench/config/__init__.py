@@ -40,8 +40,8 @@ from workbench.utils.settings import StrictFields, UnknownFieldError, unknown_fi
 from workbench.config.reward_checks import check_model_rewards
 
 from workbench.config.sections import (  # noqa: F401 - the sections are public here
-    BACKENDS, EMBEDDED_MODEL, HISTORY_MODES, TOOL_FORMATS, CheckpointConfig, EnvironmentConfig, InferenceConfig,
-    ModelConfig, RayConfig, RewardConfig, SFTConfig, TrainingConfig,
+    BACKENDS, EMBEDDED_MODEL, FP32_PRODUCTS_CHOICES, HISTORY_MODES, TOOL_FORMATS, CheckpointConfig,
+    EnvironmentConfig, InferenceConfig, ModelConfig, RayConfig, RewardConfig, SFTConfig, TrainingConfig,
 )
 
 SECTIONS = {
@@ -191,7 +191,7 @@ class ConfigStore(StrictFields, section=""):
         for section in SECTIONS:  # types first: the range checks below compare numbers
             _check_types(section, getattr(self, section))
         _choice("model.dtype", m.dtype, ("auto",) + DTYPES)
-        _choice("model.fp32_base_products", m.fp32_base_products, ("auto", "on", "off"))
+        _choice("model.fp32_base_products", m.fp32_base_products, FP32_PRODUCTS_CHOICES)
         if m.device != "auto":
             _parse_device(m.device, "model.device")
         _positive_int("model.tensor_parallel_size", m.tensor_parallel_size)

@@ -24,6 +24,8 @@ HISTORY_MODES = ("auto", "sampled", "rendered")
 """Values of `inference.history` (`workbench.rollout.template`)."""
 TOOL_FORMATS = ("auto", "prompt", "hermes", "llama3_json", "mistral")
 """Values of `inference.tool_format`."""
+FP32_PRODUCTS_CHOICES = ("auto", "on", "off")
+"""Values of `model.fp32_base_products` (`workbench.training.fp32_products`)."""
 
 
 @dataclass

@@ -2,8 +2,9 @@
 that is faster.
 
 In a LoRA update on a CPU with bf16 weights, the frozen base weights' products are over
-half of the time (57% of a 600-token forward and backward of SmolLM2 on the CPU below): every body linear once in the forward and once more in the backward (the
-gradient at its input; the base weights get none). oneDNN multiplies bf16 matrices with
+half of the time (57% of a 600-token forward and backward of SmolLM2 on the CPU below):
+every body linear once in the forward and once more in the backward (the gradient at its
+input; the base weights get none). oneDNN multiplies bf16 matrices with
 the CPU's bf16 dot-product instructions, and on a CPU that has `avx512_bf16` but no AMX
 tiles those run *slower* than its fp32 FMAs: on a 2-core Xeon with avx512_bf16 and no amx
 (2026-12-02) a 2048^3 product took bf16 140 and fp32 268 GFLOP/s (`benchmarks/decode_floor.py`).
@@ -39,6 +40,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from workbench.config import FP32_PRODUCTS_CHOICES
+
 #: fp32 is taken by "auto" when its timed product is at least this many times faster.
 MIN_SPEEDUP = 1.15
 #: Rows of the timed product (an update's micro-batch holds hundreds of tokens).
@@ -47,7 +50,6 @@ TIMED_ROWS = 512
 #: step): at 32 rows and fewer the two ran about even or bf16 ahead on the CPU above
 #: (`workbench.engines.packed_matmul.Fp32Products`).
 MIN_ROWS = 64
-CHOICES = ("auto", "on", "off")
 
 #: (hidden, intermediate, threads) -> (fp32 chosen, bf16 ms, fp32 ms): one timing per process and shape.
 _timings: dict[tuple[int, int, int], tuple[bool, float, float]] = {}
@@ -104,7 +106,7 @@ def time_products(hidden: int, intermediate: int) -> tuple[bool, float, float]:
             products = {"bf16": lambda: F.linear(x, w),
                         "fp32": lambda: F.linear(x.float(), w32).to(torch.bfloat16)}
             with torch.no_grad():
-                for name, fn in products.items():
+                for fn in products.values():
                     fn()  # warm-up (oneDNN's kernel choice, first touches)
                 for _ in range(7):
                     for name, fn in products.items():
@@ -119,8 +121,8 @@ def time_products(hidden: int, intermediate: int) -> tuple[bool, float, float]:
 def wants_fp32_products(setting: str, model: torch.nn.Module) -> tuple[bool, str]:
     """(whether `model`'s LoRA base products run in fp32, why) for `model.fp32_base_products`
     = `setting`: never unless its weights are bf16 on a CPU; "auto" times it (`time_products`)."""
-    if setting not in CHOICES:
-        raise ValueError(f"model.fp32_base_products must be one of {list(CHOICES)}, got {setting!r}")
+    if setting not in FP32_PRODUCTS_CHOICES:
+        raise ValueError(f"model.fp32_base_products must be one of {list(FP32_PRODUCTS_CHOICES)}, got {setting!r}")
     param = next(model.parameters(), None)
     if param is None or param.device.type != "cpu" or param.dtype != torch.bfloat16:
         return False, "the weights are not bf16 on a CPU"
@@ -149,5 +151,5 @@ def use_fp32_products(model: torch.nn.Module, weights: Fp32BaseWeights | None) -
     return n
 
 
-__all__ = ["CHOICES", "Fp32BaseWeights", "MIN_ROWS", "MIN_SPEEDUP", "time_products", "use_fp32_products",
+__all__ = ["Fp32BaseWeights", "MIN_ROWS", "MIN_SPEEDUP", "time_products", "use_fp32_products",
            "wants_fp32_products"]

@@ -66,8 +66,9 @@ class LoraLinearFunction(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             # as peft's graph sums them: the base path in x's dtype plus the adapter path cast to it
             # (with fp32 base weights the base path's product runs in fp32, rounded to g's dtype)
-            if ctx.fp32_base:
-                base = torch.mm(g.to(weight.dtype), weight).to(g.dtype)  # (n, K)
+            if ctx.fp32_base:  # g32 is g in fp32 already when the adapters are fp32 (peft's default over bf16)
+                gw = g32 if g32.dtype == weight.dtype else g.to(weight.dtype)  # (n, N)
+                base = torch.mm(gw, weight).to(g.dtype)  # (n, K)
             else:
                 base = torch.mm(g, weight.to(g.dtype))  # (n, K)
             grad_x = base.add_(torch.mm(gh, lora_a).to(g.dtype))  # (n, K)
