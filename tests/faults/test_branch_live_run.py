@@ -99,3 +99,42 @@ def test_branches_from_a_run_that_is_training_and_pruning_load_every_time(tiny_m
     finally:
         proc.kill()
         proc.communicate(timeout=60)
+
+
+_SAVE_AND_PRUNE = """
+import sys, torch
+from workbench.training import checkpoint as ckpt
+folder, steps = sys.argv[1], int(sys.argv[2])
+weights = {"w": torch.arange(1_000_000, dtype=torch.float32)}  # 4 MB: verifying it takes a while
+for step in range(1, steps + 1):
+    ckpt.write_checkpoint(f"{folder}/{ckpt.checkpoint_name(step)}", {"policy": weights},
+                          {"trainer_state": {"global_step": step}}, {"config.yaml": "{}"})
+    ckpt.prune_checkpoints(folder, 1)
+"""
+
+
+def test_the_newest_checkpoint_is_found_while_its_run_saves_and_prunes(tmp_path, recwarn):
+    """A run saving a checkpoint and pruning the one before it, over and over: every look for
+    the newest finds one that verifies, and none is reported corrupt (one pruned while it was
+    verified is listed again). Before, such a look found none ("none under .../checkpoints")."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    proc = subprocess.Popen([sys.executable, "-c", _SAVE_AND_PRUNE, str(folder), "400"], env=_env(),
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while ckpt.latest_checkpoint(folder) is None and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            time.sleep(0.01)
+        looks, steps = 0, []
+        while proc.poll() is None:
+            found = ckpt.latest_checkpoint(folder)
+            assert found is not None, f"no checkpoint found after {looks} looks"
+            steps.append(int(found.name.removeprefix(ckpt.PREFIX)))
+            looks += 1
+        assert proc.wait() == 0, proc.communicate()[1][-3000:]
+    finally:
+        proc.kill()
+    assert looks >= 50, looks  # the run saved long enough to race the looks
+    assert steps == sorted(steps) and len(set(steps)) > 10, steps  # newest each time, moving on
+    assert not [w for w in recwarn if "corrupt" in str(w.message)], [str(w.message) for w in recwarn]

@@ -365,6 +365,8 @@ def read_manifest(path: str | Path) -> dict[str, dict[str, Any]]:
         raise CheckpointError(f"{path} has no {MANIFEST}: it was cut off before it finished writing")
     try:
         manifest = json.loads(mf.read_text())
+    except FileNotFoundError:  # pruned or replaced between the check and the read
+        raise CheckpointError(f"{path} has no {MANIFEST}: it was removed while it was read") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path}/{MANIFEST} is not valid JSON: {exc}") from exc
     if not isinstance(manifest, dict):
@@ -397,10 +399,13 @@ def verify_checkpoint(path: str | Path) -> dict[str, dict[str, Any]]:
     files = read_manifest(path)
     for name, meta in files.items():
         f = path / name
-        if not f.is_file():
-            raise CheckpointError(f"{path} is missing {name}")
-        if f.stat().st_size != meta["bytes"] or _sha256(f) != meta["sha256"]:
-            raise CheckpointError(f"{path}/{name} does not match its manifest (truncated or modified)")
+        try:
+            if not f.is_file():
+                raise CheckpointError(f"{path} is missing {name}")
+            if f.stat().st_size != meta["bytes"] or _sha256(f) != meta["sha256"]:
+                raise CheckpointError(f"{path}/{name} does not match its manifest (truncated or modified)")
+        except FileNotFoundError:  # pruned while it was read
+            raise CheckpointError(f"{path} is missing {name}: it was removed while it was read") from None
     return files
 
 
@@ -484,13 +489,30 @@ def list_checkpoints(output_dir: str | Path) -> list[Path]:
 
 
 def latest_checkpoint(output_dir: str | Path) -> Path | None:
-    """The newest checkpoint that verifies; corrupt ones are skipped with a warning."""
-    for path in reversed(list_checkpoints(output_dir)):
-        try:
-            verify_checkpoint(path)
-            return path
-        except CheckpointError as exc:
-            warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
+    """The newest checkpoint that verifies; corrupt ones are skipped with a warning.
+
+    A run still training saves and prunes checkpoints (`checkpoint.keep_last_n`) while this
+    looks: one that vanishes while it is verified was pruned, not corrupt (a newer one was
+    saved), and a folder listed while a save renamed its checkpoint in can miss it, so the
+    folder is listed again until a checkpoint verifies or two listings in a row agree."""
+    seen: list[Path] | None = None
+    warned: set[Path] = set()
+    for _ in range(16):
+        paths, pruned = list_checkpoints(output_dir), False
+        for path in reversed(paths):
+            try:
+                verify_checkpoint(path)
+                return path
+            except CheckpointError as exc:
+                if not path.is_dir():
+                    pruned = True
+                    break
+                if path not in warned:
+                    warned.add(path)
+                    warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
+        if not pruned and paths == seen:
+            return None
+        seen = paths
     return None
 
 
