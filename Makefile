@@ -128,6 +128,7 @@ lab: install
 OTHER_DTYPE = $(shell $(BIN)/python -c "from workbench.config.checks import cpu_bf16_support; print('float32' if cpu_bf16_support()[0] else 'bfloat16')" 2>/dev/null || echo bfloat16)
 NUMERICS_TESTS = $(shell grep -l "^pytestmark = pytest.mark.numerics" tests/*.py tests/*/*.py)
 test: install
+	@$(BIN)/python -c "import os, platform; from workbench.config.checks import cpu_bf16_support; bf16, why = cpu_bf16_support(); model = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor()); print(f'machine: {model}, {os.cpu_count()} cores; dtype auto = {\"bfloat16\" if bf16 else \"float32\"} ({why})')" 2>/dev/null || true
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900 --durations=25
 	WORKBENCH_SMOKE=1 WORKBENCH_AUTO_DTYPE=$(OTHER_DTYPE) $(BIN)/python -m pytest $(NUMERICS_TESTS) -q -m numerics --timeout=900 -p no:cacheprovider
 	# the tutorials (NN_*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
