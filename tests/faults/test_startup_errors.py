@@ -98,8 +98,8 @@ def test_a_model_whose_template_cannot_run_is_one_line(template, expected, tiny_
 def test_resuming_another_models_checkpoints_is_one_line(resume, tiny_model_path, tmp_path, capsys):
     out = tmp_path / "run"
     assert main(_train(tiny_model_path, out)) == 0
+    other = build_tiny_model(hidden_size=128, num_heads=4)  # on a fresh machine its save prints progress bars
     capsys.readouterr()
-    other = build_tiny_model(hidden_size=128, num_heads=4)
     rc = main(_train(other, out, "--steps", "2", "--checkpoint.resume", resume))
     line = _error_line(capsys.readouterr().err)
     assert rc == 2, line
