@@ -500,6 +500,8 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
     for _ in range(16):
         paths, pruned = list_checkpoints(output_dir), False
         for path in reversed(paths):
+            if path in warned:
+                continue  # found corrupt on an earlier listing: not hashed again
             try:
                 verify_checkpoint(path)
                 return path
