@@ -41,8 +41,8 @@ Targets (`targets` in the JSON; ratios measured side by side in one run): rollou
 gap below 0.2 nats (the bound tests/test_mixed_precision.py holds bf16 to on the CPU).
 
 `--dry-run` runs every part on the CPU with the "tiny" shape (Qwen3's architecture and
-vocabulary, two small layers), a few episodes and steps, float32: it checks the script
-end to end, not speed. Results: `--out`/gpu.json and gpu.md (default benchmarks/results/).
+vocabulary, two small layers), a few episodes and steps (the GRPO step: completions of at most
+16 tokens, no warm-up step), float32: it checks the script end to end, not speed. Results: `--out`/gpu.json and gpu.md (default benchmarks/results/).
 """
 from __future__ import annotations
 
@@ -302,9 +302,10 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
     from benchmarks import update as upd
 
     device, dtype, steps = ctx["device"], ctx["dtype"], ctx["grpo_steps"]
+    warmup, max_new = ctx["grpo_warmup"], ctx["grpo_max_new"] or upd.MAX_NEW
     folder = str(ctx["folder"]())
-    out: dict[str, Any] = {"model": Path(folder).name, "steps_timed": steps, "config": {
-        "completions_per_step": upd.GROUP, "max_new_tokens": upd.MAX_NEW, "learning_rate": upd.LR,
+    out: dict[str, Any] = {"model": Path(folder).name, "steps_timed": steps, "warmup_steps": warmup, "config": {
+        "completions_per_step": upd.GROUP, "max_new_tokens": max_new, "learning_rate": upd.LR,
         "lora": "r=16, alpha=32, all-linear", "kl": "off"}}
     for mode, lora, graphs in (("lora", True, False), ("full", False, False), ("lora_graphs", True, True),
                                ("full_graphs", False, True)):
@@ -313,7 +314,7 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
             peak_reset(device)
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # full fine-tuning in bf16 warns (no fp32 master copy)
-                ours = upd.run_ours(steps, 0, device, dtype, folder, lora, graphs)
+                ours = upd.run_ours(steps, 0, device, dtype, folder, lora, graphs, warmup, max_new)
             row["ours"] = {"step_seconds": upd.med(ours["rows"], "step_seconds"),
                            "rollout_seconds": upd.med(ours["rows"], "rollout_seconds"),
                            "update_seconds": upd.med(ours["rows"], "update_seconds"),
@@ -328,7 +329,8 @@ def part_grpo(ctx: dict[str, Any]) -> dict[str, Any]:
         elif ctx["trl"]:
             try:
                 peak_reset(device)
-                trl = upd.run_trl(steps, tempfile.mkdtemp(prefix="wb_trl_"), device, dtype, folder, lora)
+                trl = upd.run_trl(steps, tempfile.mkdtemp(prefix="wb_trl_"), device, dtype, folder, lora,
+                                  warmup, max_new)
                 row["trl"] = {"version": __import__("trl").__version__,
                               "step_seconds": upd.med(trl["rows"], "step_seconds"),
                               "rollout_seconds": upd.med(trl["rows"], "rollout_seconds"),
@@ -479,8 +481,9 @@ def markdown(res: dict[str, Any]) -> str:
                   f"With `inference.cuda_graphs`: {r['cuda_graphs']}.", ""]
     g = res.get("grpo")
     if isinstance(g, dict) and ("lora" in g or "full" in g):
-        lines += [f"## GRPO step: {g['model']}, 1 prompt x 8 completions, <= 64 new tokens, median of "
-                  f"{g['steps_timed']} after a warm-up", "",
+        warm = {0: "no warm-up", 1: "a warm-up"}.get(g.get("warmup_steps", 1), f"{g.get('warmup_steps')} warm-ups")
+        lines += [f"## GRPO step: {g['model']}, 1 prompt x 8 completions, <= {g['config']['max_new_tokens']} new "
+                  f"tokens, median of {g['steps_timed']} after {warm}", "",
                   "| mode | ours s (generate / update) | TRL s (generate / update) | speedup | peak GiB ours / TRL | gap |",
                   "|---|---|---|---|---|---|"]
         for mode in ("lora", "full", "lora_graphs", "full_graphs"):
@@ -563,7 +566,10 @@ def main(argv: list[str] | None = None) -> int:
         "pytest_timeout": 300,
         "rollout": {"episodes": 16, "turns": 2, "max_tokens": 8} if args.dry_run
         else {"episodes": 128, "turns": 4, "max_tokens": 32},
-        "grpo_steps": 1 if args.dry_run else 3,
+        # the rehearsal checks the script, not speed: no warm-up step and 16-token completions (TRL's
+        # GRPOTrainer takes ~12 s a step of 64 tokens on a 2-core CPU, 4 of its steps in all)
+        "grpo_steps": 1 if args.dry_run else 3, "grpo_warmup": 0 if args.dry_run else 1,
+        "grpo_max_new": 16 if args.dry_run else None,
         "memory": {"shapes": ["tiny"], "rows": 16, "length": 96, "seconds_per_shape": 0} if args.dry_run
         else {"shapes": list(SHAPE_ORDER), "rows": 64, "length": 1024, "seconds_per_shape": 45},
     }

@@ -180,10 +180,10 @@ class UpdatePhases:
 
 # -- ours ---------------------------------------------------------------------------
 def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: bool = True,
-                 cuda_graphs: bool = False) -> Any:
+                 cuda_graphs: bool = False, max_new: int = MAX_NEW) -> Any:
     """Our side's `Trainer`: the module docstring's config (also benchmarks/floors.py's GRPO step
     and benchmarks/gpu.py's, there on another `model` folder, with `lora` off and with
-    `inference.cuda_graphs` on too)."""
+    `inference.cuda_graphs` on too; its CPU rehearsal samples fewer tokens, `max_new`)."""
     from envs import make_env
     from workbench.config import ConfigStore
     from workbench.training.trainer import Trainer
@@ -196,7 +196,7 @@ def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: boo
     cfg.model.lora_rank, cfg.model.lora_alpha, cfg.model.lora_target_modules = 16, 32, "all-linear"
     cfg.inference.multi_turn = False
     cfg.inference.max_turns = 1
-    cfg.inference.max_tokens = MAX_NEW
+    cfg.inference.max_tokens = max_new
     cfg.inference.temperature = 1.0
     t = cfg.training
     t.adv_estimator, t.batch_size, t.group_size, t.micro_batch_size = "grpo", GROUP, GROUP, GROUP
@@ -206,10 +206,12 @@ def make_trainer(device: Any, dtype: Any, model: str = EMBEDDED_MODEL, lora: boo
 
 
 def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = EMBEDDED_MODEL,
-             lora: bool = True, cuda_graphs: bool = False) -> dict[str, Any]:
+             lora: bool = True, cuda_graphs: bool = False, warmup: int = 1, max_new: int = MAX_NEW) -> dict[str, Any]:
+    """`warmup` untimed steps (rows marked "warmup"), then `steps` timed ones, each sampling at
+    most `max_new` tokens a completion."""
     from workbench.training.policy import shared_prefix_length
 
-    trainer = make_trainer(device, dtype, model, lora, cuda_graphs)
+    trainer = make_trainer(device, dtype, model, lora, cuda_graphs, max_new)
     # Stage timers: old-logprob forward (inside compute_advantages) and update.
     timings: dict[str, float] = {}
     orig_logprobs = trainer.compute_logprobs
@@ -234,7 +236,7 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = 
     phases = UpdatePhases()
     phases.install(trainer)
     rows = []
-    for i in range(steps + 1):
+    for i in range(warmup + steps):
         l0 = load()
         phases.reset()
         t0 = time.perf_counter()
@@ -248,9 +250,9 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = 
                "completion_tokens": timings["completion_tokens"], "reward": m["reward/mean"],
                "phases": phases.phases(), "body_forwards": phases.forwards,
                "rollout_logprob_diff": m.get("actor/rollout_logprob_diff"),
-               "load": (l0 + load()) / 2, "warmup": i == 0}
+               "load": (l0 + load()) / 2, "warmup": i < warmup}
         rows.append(row)
-        print(f"[ours] step {i}{' (warm-up)' if i == 0 else ''}: {dt:.2f}s (rollout {row['rollout_seconds']:.2f}s, "
+        print(f"[ours] step {i}{' (warm-up)' if i < warmup else ''}: {dt:.2f}s (rollout {row['rollout_seconds']:.2f}s, "
               f"update {row['update_seconds']:.2f}s), {row['completion_tokens']:.0f} completion tokens, "
               f"load {row['load']:.1f}", flush=True)
     # training.autocast_bf16: the same steps with bf16 autocast in the logprob/update forwards.
@@ -273,7 +275,9 @@ def run_ours(steps: int, bf16_steps: int, device: Any, dtype: Any, model: str = 
 
 # -- TRL ----------------------------------------------------------------------------
 def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any, model_name: str = EMBEDDED_MODEL,
-            lora: bool = True) -> dict[str, Any]:
+            lora: bool = True, warmup: int = 1, max_new: int = MAX_NEW) -> dict[str, Any]:
+    """TRL's `GRPOTrainer` on the same prompt and reward: `warmup` untimed steps, then `steps`
+    timed ones, at most `max_new` tokens a completion."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig
@@ -292,8 +296,8 @@ def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any, model_name: str = 
 
     args = GRPOConfig(
         output_dir=tmpdir, per_device_train_batch_size=GROUP, num_generations=GROUP, gradient_accumulation_steps=1,
-        max_completion_length=MAX_NEW, temperature=1.0, learning_rate=LR, beta=0.0, num_iterations=1,
-        loss_type="dapo", max_steps=steps + 1, logging_steps=1, save_strategy="no", report_to="none",
+        max_completion_length=max_new, temperature=1.0, learning_rate=LR, beta=0.0, num_iterations=1,
+        loss_type="dapo", max_steps=warmup + steps, logging_steps=1, save_strategy="no", report_to="none",
         use_cpu=device.type == "cpu", bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16, seed=0, dataloader_num_workers=0, disable_dropout=True,
         shuffle_dataset=False,
     )
@@ -323,9 +327,9 @@ def run_trl(steps: int, tmpdir: str, device: Any, dtype: Any, model_name: str = 
             dt = time.perf_counter() - self.t0
             i = len(rows)
             row = {"step_seconds": dt, "rollout_seconds": gen_times[-1], "update_seconds": dt - gen_times[-1],
-                   "completion_tokens": completion_tokens[-1], "load": (self.l0 + load()) / 2, "warmup": i == 0}
+                   "completion_tokens": completion_tokens[-1], "load": (self.l0 + load()) / 2, "warmup": i < warmup}
             rows.append(row)
-            print(f"[trl ] step {i}{' (warm-up)' if i == 0 else ''}: {dt:.2f}s (generate+score "
+            print(f"[trl ] step {i}{' (warm-up)' if i < warmup else ''}: {dt:.2f}s (generate+score "
                   f"{row['rollout_seconds']:.2f}s, update {row['update_seconds']:.2f}s), "
                   f"{row['completion_tokens']:.0f} completion tokens, load {row['load']:.1f}", flush=True)
 

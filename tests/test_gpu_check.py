@@ -87,7 +87,9 @@ def test_dry_run_grpo_step_against_trl(dry_run):
         assert "ours_error" not in row and "trl_error" not in row, row
         assert row["ours"]["step_seconds"] > 0 and row["trl"]["step_seconds"] > 0
         assert row["speedup"] == pytest.approx(row["trl"]["step_seconds"] / row["ours"]["step_seconds"], rel=0.01)
-        assert 0 < row["ours"]["completion_tokens"] <= 8 * 64
+        # the rehearsal's short step (16-token completions, no warm-up) reached both sides
+        assert g["warmup_steps"] == 0 and g["config"]["max_new_tokens"] == 16
+        assert 0 < row["ours"]["completion_tokens"] <= 8 * 16 and 0 < row["trl"]["completion_tokens"] <= 8 * 16
         assert row["engine_trainer_gap"] < 1e-3  # fp32: trainer and engine compute the same logprobs
         graphed = g[f"{mode}_graphs"]  # ours again with inference.cuda_graphs, against the same TRL run
         assert graphed["trl"] == row["trl"] and graphed["ours"]["step_seconds"] > 0
