@@ -1,8 +1,10 @@
 """SIGKILL a process that keeps saving checkpoints, at 20 random moments.
 
-The child imports only torch and the checkpoint module. It saves each folder name three
-times (so most saves replace a folder of the same name) and then moves to a new one,
-prunes to the newest two, and records every save after `write_checkpoint` returned.
+A helper process imports only torch and the checkpoint module, once, and forks a fresh
+child for each kill (a new Python that imports torch costs ~1.5 s a kill here). The child
+saves each folder name three times (so most saves replace a folder of the same name) and
+then moves to a new one, prunes to the newest two, and records every save after
+`write_checkpoint` returned.
 After each kill: a valid checkpoint is found and loads, the last recorded save is there
 with its content (or a later save's), and recovery leaves no temp, set-aside or
 half-deleted folders. On 49a37c7 killed saves left `.tmp-*` folders behind (and a kill
@@ -29,23 +31,36 @@ import torch
 spec = importlib.util.spec_from_file_location("ckpt", sys.argv[1])
 ckpt = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ckpt)
-root, i, record = sys.argv[2], int(sys.argv[3]), sys.argv[4]
+root, record = sys.argv[2], sys.argv[3]
 old_signature = "objects" in inspect.signature(ckpt.write_checkpoint).parameters  # 49a37c7
-print("ready", flush=True)
-while True:
-    name = f"step_{i // 3:06d}"
-    w = torch.full((128, 256), float(i))
-    kw = dict(tensors={"policy": {"w": w}, "optimizer": {"state.0.exp_avg": w + 0.5}},
-              json_files={"trainer_state": {"i": i}}, texts={"config.yaml": f"i: {i}\n"})
-    if old_signature:
-        kw["objects"] = {}
-    ckpt.write_checkpoint(os.path.join(root, name), **kw)
-    ckpt.prune_checkpoints(root, 2)
-    with open(record, "a") as f:
-        f.write(f"{name} {i}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    i += 1
+
+
+def save_forever(i):
+    while True:
+        name = f"step_{i // 3:06d}"
+        w = torch.full((128, 256), float(i))
+        kw = dict(tensors={"policy": {"w": w}, "optimizer": {"state.0.exp_avg": w + 0.5}},
+                  json_files={"trainer_state": {"i": i}}, texts={"config.yaml": f"i: {i}\n"})
+        if old_signature:
+            kw["objects"] = {}
+        ckpt.write_checkpoint(os.path.join(root, name), **kw)
+        ckpt.prune_checkpoints(root, 2)
+        with open(record, "a") as f:
+            f.write(f"{name} {i}\n")
+            f.flush()
+            os.fsync(f.fileno())
+        i += 1
+
+
+# One line in (the first save's number) -> a forked child that saves until it is killed: "ready PID";
+# then, once it is gone, "ended SIGNAL" (0: it exited on its own).
+for line in sys.stdin:
+    pid = os.fork()
+    if pid == 0:
+        print(f"ready {os.getpid()}", flush=True)
+        save_forever(int(line))
+    _, status = os.waitpid(pid, 0)
+    print(f"ended {os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0}", flush=True)
 """
 
 KILLS = 20
@@ -64,34 +79,46 @@ def test_sigkill_at_random_moments_never_loses_the_newest_save(tmp_path):
     root, record = tmp_path / "ckpt", tmp_path / "saves.log"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     next_i, checked = 0, 0
-    for kill in range(KILLS):
-        where = f"(seed {seed}, kill {kill})"
-        proc = subprocess.Popen([sys.executable, "-c", CHILD, ckpt.__file__, str(root), str(next_i), str(record)],
-                                stdout=subprocess.PIPE, env=env)
-        try:
-            assert proc.stdout.readline() == b"ready\n", where
+    forks = subprocess.Popen([sys.executable, "-c", CHILD, ckpt.__file__, str(root), str(record)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        for kill in range(KILLS):
+            where = f"(seed {seed}, kill {kill})"
+            forks.stdin.write(f"{next_i}\n")
+            forks.stdin.flush()
+            ready = forks.stdout.readline().split()
+            assert ready[:1] == ["ready"], (ready, where)
             time.sleep(rng.uniform(0.0, 0.4))
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait()
-            proc.stdout.close()
-        assert proc.returncode == -signal.SIGKILL, f"the child died on its own {where}"
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # a corrupt (half-written or half-deleted) folder fails
-            latest = ckpt.latest_checkpoint(root)
-        if root.exists():
-            leftovers = sorted(p.name for p in root.iterdir() if not p.name.startswith(ckpt.PREFIX))
-            assert leftovers == [], f"stale folders after recovery {where}: {leftovers}"
-        records = _records(record)
-        if not records:
-            continue
-        name, i = records[-1]
-        assert latest is not None and latest.name >= name, f"no checkpoint as new as {name} {where}"
-        ckpt.read_checkpoint(latest)
-        data = ckpt.read_checkpoint(root / name)
-        saved = data["json"]["trainer_state"]["i"]
-        assert saved >= i, f"{name} holds save {saved}, older than the recorded save {i} {where}"
-        assert torch.equal(data["tensors"]["policy"]["w"], torch.full((128, 256), float(saved))), where
-        assert torch.equal(data["tensors"]["optimizer"]["state.0.exp_avg"], torch.full((128, 256), saved + 0.5))
-        next_i, checked = i + 1, checked + 1
+            os.kill(int(ready[1]), signal.SIGKILL)
+            assert forks.stdout.readline() == f"ended {int(signal.SIGKILL)}\n", f"the child died on its own {where}"
+            next_i, checked = _check_after_kill(root, record, next_i, checked, where)
+    finally:
+        forks.kill()
+        forks.wait()
+        forks.stdin.close()
+        forks.stdout.close()
     assert checked >= KILLS // 2, f"only {checked} of {KILLS} kills came after a recorded save (seed {seed})"
+
+
+def _check_after_kill(root: Path, record: Path, next_i: int, checked: int, where: str) -> tuple[int, int]:
+    """After a kill: a valid checkpoint is found, no stale folders are left, and the last recorded
+    save is there with its content (or a later save's). Returns the next save's number and the
+    count of kills checked against a recorded save."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a corrupt (half-written or half-deleted) folder fails
+        latest = ckpt.latest_checkpoint(root)
+    if root.exists():
+        leftovers = sorted(p.name for p in root.iterdir() if not p.name.startswith(ckpt.PREFIX))
+        assert leftovers == [], f"stale folders after recovery {where}: {leftovers}"
+    records = _records(record)
+    if not records:
+        return next_i, checked
+    name, i = records[-1]
+    assert latest is not None and latest.name >= name, f"no checkpoint as new as {name} {where}"
+    ckpt.read_checkpoint(latest)
+    data = ckpt.read_checkpoint(root / name)
+    saved = data["json"]["trainer_state"]["i"]
+    assert saved >= i, f"{name} holds save {saved}, older than the recorded save {i} {where}"
+    assert torch.equal(data["tensors"]["policy"]["w"], torch.full((128, 256), float(saved))), where
+    assert torch.equal(data["tensors"]["optimizer"]["state.0.exp_avg"], torch.full((128, 256), saved + 0.5))
+    return i + 1, checked + 1
