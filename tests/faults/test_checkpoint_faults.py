@@ -97,36 +97,54 @@ def test_planted_pickles_are_never_unpickled(tiny_model_path, tmp_path):
 
 
 CHILD = r"""
-import importlib.util, inspect, os, shutil, signal, sys
+import importlib.util, inspect, os, shutil, signal, sys, traceback
 import torch
 spec = importlib.util.spec_from_file_location("ckpt", sys.argv[1])
 ckpt = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ckpt)
-root, when, k = sys.argv[2], sys.argv[3], int(sys.argv[4])
 
-def save(value):
-    kw = dict(tensors={"policy": {"w": torch.full((32, 32), float(value))}},
-              json_files={"trainer_state": {"value": value}}, texts={"config.yaml": f"value: {value}\n"})
-    if "objects" in inspect.signature(ckpt.write_checkpoint).parameters:
-        kw["objects"] = {}  # 49a37c7's signature
-    ckpt.write_checkpoint(os.path.join(root, "step_000001"), **kw)
 
-save(1)
-calls = 0
-def killing(fn):
-    def run(*args, **kwargs):
-        global calls
-        calls += 1
-        if when == "before" and calls == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-        out = fn(*args, **kwargs)
-        if when == "after" and calls == k:
-            os.kill(os.getpid(), signal.SIGKILL)
-        return out
-    return run
-os.rename, os.replace, shutil.rmtree = killing(os.rename), killing(os.replace), killing(shutil.rmtree)
-save(2)
-print("completed", calls)
+def scenario(root, when, k):
+    def save(value):
+        kw = dict(tensors={"policy": {"w": torch.full((32, 32), float(value))}},
+                  json_files={"trainer_state": {"value": value}}, texts={"config.yaml": f"value: {value}\n"})
+        if "objects" in inspect.signature(ckpt.write_checkpoint).parameters:
+            kw["objects"] = {}  # 49a37c7's signature
+        ckpt.write_checkpoint(os.path.join(root, "step_000001"), **kw)
+
+    save(1)
+    calls = 0
+
+    def killing(fn):
+        def run(*args, **kwargs):
+            nonlocal calls
+            calls += 1
+            if when == "before" and calls == k:
+                os.kill(os.getpid(), signal.SIGKILL)
+            out = fn(*args, **kwargs)
+            if when == "after" and calls == k:
+                os.kill(os.getpid(), signal.SIGKILL)
+            return out
+        return run
+    os.rename, os.replace, shutil.rmtree = killing(os.rename), killing(os.replace), killing(shutil.rmtree)
+    save(2)
+
+
+# Imports torch once; each line "ROOT WHEN K" runs the scenario in a forked child and prints how it
+# ended: "ended 0" (the re-save completed) or "ended -SIGNAL".
+for line in sys.stdin:
+    root, when, k = line.split()
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            scenario(root, when, int(k))
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(f"ended {-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}", flush=True)
 """
 
 
@@ -135,13 +153,26 @@ def test_kill_at_every_step_of_a_same_path_resave_keeps_a_checkpoint(tmp_path):
     after its k-th rename/rmtree, for every k. The folder must always load (old or new
     content), and recovery must leave no temp or set-aside folders behind."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    forks = subprocess.Popen([sys.executable, "-c", CHILD, ckpt.__file__], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, env=env, text=True)
+    try:
+        _kill_at_every_step(forks, tmp_path)
+    finally:
+        forks.kill()
+        forks.wait()
+        forks.stdin.close()
+        forks.stdout.close()
+
+
+def _kill_at_every_step(forks: subprocess.Popen, tmp_path: Path) -> None:
     for when in ("before", "after"):
         for k in range(1, 8):
             root = tmp_path / f"{when}-{k}"
-            proc = subprocess.run([sys.executable, "-c", CHILD, ckpt.__file__, str(root), when, str(k)],
-                                  capture_output=True, text=True, timeout=120, env=env)
-            completed = proc.returncode == 0
-            assert completed or proc.returncode == -signal.SIGKILL, proc.stderr
+            forks.stdin.write(f"{root} {when} {k}\n")
+            forks.stdin.flush()
+            ended = forks.stdout.readline()
+            completed = ended == "ended 0\n"
+            assert completed or ended == f"ended {-int(signal.SIGKILL)}\n", (ended, when, k)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # no corrupt checkpoint may be seen
                 latest = ckpt.latest_checkpoint(root)
