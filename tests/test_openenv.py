@@ -193,6 +193,9 @@ def test_cli_trains_one_step_on_an_openenv_class(tmp_path, tiny_model_path):
     proc = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # a session's end is not an error: no server traceback per episode (openenv-core's handler closes
+    # a socket the client already closed; uvicorn logged each as "Exception in ASGI application")
+    assert "Traceback" not in proc.stderr and "Exception in ASGI application" not in proc.stderr, proc.stderr[-3000:]
     import json
 
     lines = (out / "metrics.jsonl").read_text().splitlines()

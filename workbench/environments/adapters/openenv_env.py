@@ -88,6 +88,23 @@ def _import_openenv() -> Any:
     return GenericEnvClient
 
 
+def _quiet_disconnects(app: Any) -> Any:
+    """`app` with a client's ordinary goodbye kept quiet: openenv-core 0.3.0's websocket handler
+    closes the socket after the client has closed it, which raises `WebSocketDisconnect` out of
+    the app under uvicorn's default websocket implementation, and uvicorn then logs "Exception
+    in ASGI application" with a 56-line traceback for every episode's session."""
+    from starlette.websockets import WebSocketDisconnect
+
+    async def served(scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await app(scope, receive, send)
+        except WebSocketDisconnect:
+            if scope.get("type") != "websocket":
+                raise
+
+    return served
+
+
 class _Served:
     """An OpenEnv `Environment` class served on 127.0.0.1 by this process, shared by reference count."""
 
@@ -108,7 +125,8 @@ class _Served:
             raise ValueError(f"cannot tell the action and observation classes of {spec}: annotate "
                              "`step(self, action: MyAction) -> MyObservation` or set the env params "
                              "action_class / observation_class to 'module:Name'")
-        app = create_fastapi_app(env_cls, action_cls, obs_cls, max_concurrent_envs=self.max_sessions)
+        app = _quiet_disconnects(create_fastapi_app(env_cls, action_cls, obs_cls,
+                                                    max_concurrent_envs=self.max_sessions))
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         self.spec, self.port, self.refs = spec, sock.getsockname()[1], 0
