@@ -42,7 +42,8 @@ gap below 0.2 nats (the bound tests/test_mixed_precision.py holds bf16 to on the
 
 `--dry-run` runs every part on the CPU with the "tiny" shape (Qwen3's architecture and
 vocabulary, two small layers), a few episodes and steps (the GRPO step: completions of at most
-16 tokens, no warm-up step), float32: it checks the script end to end, not speed. Results: `--out`/gpu.json and gpu.md (default benchmarks/results/).
+16 tokens, no warm-up step), float32: it checks the script end to end, not speed. Results:
+`--out`/gpu.json and gpu.md (default benchmarks/results/).
 """
 from __future__ import annotations
 

@@ -509,9 +509,8 @@ def latest_checkpoint(output_dir: str | Path) -> Path | None:
                 if not path.is_dir():
                     pruned = True
                     break
-                if path not in warned:
-                    warned.add(path)
-                    warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
+                warned.add(path)
+                warnings.warn(f"skipping corrupt checkpoint: {exc}", stacklevel=2)
         if not pruned and paths == seen:
             return None
         seen = paths
