@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from envs import make_env
+from tests.faults.forks import Forks
 from tests.test_trainer import tiny_config, trained_weights
 from workbench import Trainer
 from workbench.training import checkpoint as ckpt
@@ -97,7 +98,7 @@ def test_planted_pickles_are_never_unpickled(tiny_model_path, tmp_path):
 
 
 CHILD = r"""
-import importlib.util, inspect, os, shutil, signal, sys, traceback
+import importlib.util, inspect, os, shutil, signal, sys
 import torch
 spec = importlib.util.spec_from_file_location("ckpt", sys.argv[1])
 ckpt = importlib.util.module_from_spec(spec)
@@ -130,21 +131,9 @@ def scenario(root, when, k):
     save(2)
 
 
-# Imports torch once; each line "ROOT WHEN K" runs the scenario in a forked child and prints how it
-# ended: "ended 0" (the re-save completed) or "ended -SIGNAL".
-for line in sys.stdin:
+def run(line):  # each forked child (tests/faults/forks.py): "ROOT WHEN K"
     root, when, k = line.split()
-    pid = os.fork()
-    if pid == 0:
-        code = 0
-        try:
-            scenario(root, when, int(k))
-        except BaseException:
-            traceback.print_exc()
-            code = 1
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    print(f"ended {-os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)}", flush=True)
+    scenario(root, when, int(k))
 """
 
 
@@ -152,27 +141,18 @@ def test_kill_at_every_step_of_a_same_path_resave_keeps_a_checkpoint(tmp_path):
     """A child saves step_000001, then re-saves it and is SIGKILLed just before or just
     after its k-th rename/rmtree, for every k. The folder must always load (old or new
     content), and recovery must leave no temp or set-aside folders behind."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    forks = subprocess.Popen([sys.executable, "-c", CHILD, ckpt.__file__], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, env=env, text=True)
-    try:
+    with Forks(CHILD, ckpt.__file__) as forks:
         _kill_at_every_step(forks, tmp_path)
-    finally:
-        forks.kill()
-        forks.wait()
-        forks.stdin.close()
-        forks.stdout.close()
 
 
-def _kill_at_every_step(forks: subprocess.Popen, tmp_path: Path) -> None:
+def _kill_at_every_step(forks: Forks, tmp_path: Path) -> None:
     for when in ("before", "after"):
         for k in range(1, 8):
             root = tmp_path / f"{when}-{k}"
-            forks.stdin.write(f"{root} {when} {k}\n")
-            forks.stdin.flush()
-            ended = forks.stdout.readline()
-            completed = ended == "ended 0\n"
-            assert completed or ended == f"ended {-int(signal.SIGKILL)}\n", (ended, when, k)
+            forks.start(f"{root} {when} {k}")
+            ended = forks.ended()
+            completed = ended == 0
+            assert completed or ended == -signal.SIGKILL, (ended, when, k)
             with warnings.catch_warnings():
                 warnings.simplefilter("error")  # no corrupt checkpoint may be seen
                 latest = ckpt.latest_checkpoint(root)

@@ -15,14 +15,13 @@ import os
 import random
 import re
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
 
 import torch
 
+from tests.faults.forks import Forks
 from workbench.training import checkpoint as ckpt
 
 CHILD = r"""
@@ -52,15 +51,8 @@ def save_forever(i):
         i += 1
 
 
-# One line in (the first save's number) -> a forked child that saves until it is killed: "ready PID";
-# then, once it is gone, "ended SIGNAL" (0: it exited on its own).
-for line in sys.stdin:
-    pid = os.fork()
-    if pid == 0:
-        print(f"ready {os.getpid()}", flush=True)
-        save_forever(int(line))
-    _, status = os.waitpid(pid, 0)
-    print(f"ended {os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0}", flush=True)
+def run(line):  # each forked child (tests/faults/forks.py): saves from save number `line` until it is killed
+    save_forever(int(line))
 """
 
 KILLS = 20
@@ -77,26 +69,15 @@ def test_sigkill_at_random_moments_never_loses_the_newest_save(tmp_path):
     seed = time.time_ns() % 1_000_000
     rng = random.Random(seed)
     root, record = tmp_path / "ckpt", tmp_path / "saves.log"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     next_i, checked = 0, 0
-    forks = subprocess.Popen([sys.executable, "-c", CHILD, ckpt.__file__, str(root), str(record)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True)
-    try:
+    with Forks(CHILD, ckpt.__file__, str(root), str(record)) as forks:
         for kill in range(KILLS):
             where = f"(seed {seed}, kill {kill})"
-            forks.stdin.write(f"{next_i}\n")
-            forks.stdin.flush()
-            ready = forks.stdout.readline().split()
-            assert ready[:1] == ["ready"], (ready, where)
+            pid = forks.start(str(next_i))
             time.sleep(rng.uniform(0.0, 0.4))
-            os.kill(int(ready[1]), signal.SIGKILL)
-            assert forks.stdout.readline() == f"ended {int(signal.SIGKILL)}\n", f"the child died on its own {where}"
+            os.kill(pid, signal.SIGKILL)
+            assert forks.ended() == -signal.SIGKILL, f"the child died on its own {where}"
             next_i, checked = _check_after_kill(root, record, next_i, checked, where)
-    finally:
-        forks.kill()
-        forks.wait()
-        forks.stdin.close()
-        forks.stdout.close()
     assert checked >= KILLS // 2, f"only {checked} of {KILLS} kills came after a recorded save (seed {seed})"
 
 
