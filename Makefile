@@ -125,11 +125,23 @@ lab: install
 # The suite runs once in the dtype "auto" picks on this CPU (bf16 where it has bf16 instructions, else
 # fp32), then its numerics-sensitive tests (marker `numerics`) once more in the other dtype
 # (WORKBENCH_AUTO_DTYPE), so every machine checks both; the 25 slowest tests are printed at the end.
+# The first pass is two pytest processes side by side: the Ray and browser tests (which mostly wait
+# on Ray workers, JupyterLab kernels and Chromium) beside all the others (which hold the one vLLM
+# engine); the first one's output is printed when both are done, and either failing fails the target.
 OTHER_DTYPE = $(shell $(BIN)/python -c "from workbench.config.checks import cpu_bf16_support; print('float32' if cpu_bf16_support()[0] else 'bfloat16')" 2>/dev/null || echo bfloat16)
 NUMERICS_TESTS = $(shell grep -l "^pytestmark = pytest.mark.numerics" tests/*.py tests/*/*.py)
 test: install
 	@$(BIN)/python -c "import os, platform; from workbench.config.checks import cpu_bf16_support; bf16, why = cpu_bf16_support(); model = next((l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name')), platform.processor()); print(f'machine: {model}, {os.cpu_count()} cores; dtype auto = {\"bfloat16\" if bf16 else \"float32\"} ({why})')" 2>/dev/null || true
-	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q --timeout=900 --durations=25
+	@mkdir -p runs; rm -f runs/junit-ray-browser.xml runs/junit-rest.xml; \
+	echo "pytest -m 'ray or browser' runs alongside (its output follows this one's; log: runs/test-ray-browser.log)"; \
+	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q -m "ray or browser" --timeout=900 -p no:cacheprovider \
+	  --junitxml=runs/junit-ray-browser.xml > runs/test-ray-browser.log 2>&1 & side=$$!; \
+	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest tests -q -m "not ray and not browser" --timeout=900 \
+	  --junitxml=runs/junit-rest.xml; rest=$$?; \
+	wait $$side; side=$$?; \
+	echo "===== pytest -m 'ray or browser' (ran alongside; exit $$side) ====="; cat runs/test-ray-browser.log; \
+	$(BIN)/python tests/slowest.py 25 runs/junit-ray-browser.xml runs/junit-rest.xml; \
+	test $$side -eq 0 && test $$rest -eq 0
 	WORKBENCH_SMOKE=1 WORKBENCH_AUTO_DTYPE=$(OTHER_DTYPE) $(BIN)/python -m pytest $(NUMERICS_TESTS) -q -m numerics --timeout=900 -p no:cacheprovider
 	# the tutorials (NN_*.ipynb) run, with nbval's output checks, in JupyterLab in tests/test_notebooks_browser.py
 	WORKBENCH_SMOKE=1 $(BIN)/python -m pytest --nbval-lax notebooks/browser_demo.ipynb -q -p no:cacheprovider --timeout=900

@@ -69,9 +69,19 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    if target.exists():
-        shutil.rmtree(target)
-    tmp.rename(target)  # atomic: a half-written folder is never seen as converted
+    publish_folder(tmp, target, ("model.safetensors", "tokenizer_config.json"))
+
+
+def publish_folder(tmp: Path, target: Path, marks: tuple[str, ...]) -> None:
+    """Move the folder `tmp`, written whole, to `target` in one rename, so no reader ever sees
+    it half-written. Where another process published a complete `target` first (it holds every
+    file in `marks`), that one is kept and `tmp` dropped; an incomplete one is replaced."""
+    if target.exists() and not all((target / m).exists() for m in marks):
+        shutil.rmtree(target, ignore_errors=True)
+    try:
+        tmp.rename(target)
+    except OSError:  # a complete folder is already there (another process won the race)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def resolve_model_path(name_or_path: str) -> str:

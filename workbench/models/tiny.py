@@ -15,11 +15,12 @@ given), so rollouts, training and the gateway meet the family's real template an
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 import torch
 
-from workbench.models.loading import cache_dir
+from workbench.models.loading import cache_dir, publish_folder
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -107,11 +108,18 @@ def build_tiny_model(
     # distribution is uneven (some tokens likely, like a real LM) rather than uniform.
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 0.3)
-    path.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(path, safe_serialization=True)
-    tokenizer.save_pretrained(path)
-    (path / "workbench_tiny.json").write_text(json.dumps({"seed": seed, "hidden_size": hidden_size}))
+    tmp = _scratch(path)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    (tmp / "workbench_tiny.json").write_text(json.dumps({"seed": seed, "hidden_size": hidden_size}))
+    publish_folder(tmp, path, ("model.safetensors", "tokenizer.json"))
     return path
+
+
+def _scratch(path: Path) -> Path:
+    """An empty folder beside `path` to build it in (see `publish_folder`)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
 
 
 #: Architectures `build_family_model` makes, with the published vocabulary size of each family.
@@ -148,10 +156,10 @@ def build_family_model(tokenizer_dir: str | Path, family: str, chat_template: st
         return path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
-    (path / "tokenizer_config.json").write_text(json.dumps(cfg_json, indent=1))
-    tok = AutoTokenizer.from_pretrained(str(path))
+    tmp = _scratch(path)
+    (tmp / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
+    (tmp / "tokenizer_config.json").write_text(json.dumps(cfg_json, indent=1))
+    tok = AutoTokenizer.from_pretrained(str(tmp))
     config_cls, vocab = FAMILIES[family]
     eos = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else 0
     config = getattr(transformers, config_cls)(
@@ -162,5 +170,6 @@ def build_family_model(tokenizer_dir: str | Path, family: str, chat_template: st
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(path, safe_serialization=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    publish_folder(tmp, path, ("model.safetensors", "tokenizer.json"))
     return path
