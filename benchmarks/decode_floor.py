@@ -37,6 +37,12 @@ add ~1 us per call):
 - `python`: the engine's loop around them (attention-mask growth, the mode timing).
 The step is the decode loop's wall time per step (the call's time less its prefill).
 
+OpenMP's wait policy is PASSIVE unless `OMP_WAIT_POLICY` is set (as `python -m workbench`, the
+notebooks and the tests run; docs/results.md says why); it is recorded with the machine. Two
+threads that sleep between ops pay a wake-up per op, hundreds per step: on a 2-core Xeon with
+amx (bf16, 2026-12-03) the step at 8 rows took 46 ms under PASSIVE (the engine keeps one
+thread) and 31 ms under `OMP_WAIT_POLICY=ACTIVE` (two threads).
+
 `--fast off,on` runs the engine with `inference.packed_decode` off and on in one run
 (off: plain products; on: the engine's default, packed weights), their timed calls
 interleaved (`--rounds` rounds of one call each), so the printed ratio (the median over
@@ -307,11 +313,13 @@ def main(argv: list[str] | None = None) -> int:
     samples = {t: [machine_floors(t, args.reps)] for t in sorted({args.threads, 1})}
     machines = {t: best_of(rows) for t, rows in samples.items()}
     for t, m in machines.items():
-        print(f"[machine] {_machine_line(m)}; load {load()}", flush=True)
+        print(f"[machine] {_machine_line(m)}; load {load()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
+              flush=True)
     result: dict[str, Any] = {
         "benchmark": "decode_floor", "command": "python benchmarks/decode_floor.py " + " ".join(
             sys.argv[1:] if argv is None else argv), "date": time.strftime("%Y-%m-%d"),
-        "machine": {**machine(), "threads": args.threads, "load_before": load()},
+        "machine": {**machine(), "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
+                    "load_before": load()},
         "dtypes": {}}
     for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
         result["dtypes"][dtype] = run_dtype(dtype, args, machines)
