@@ -40,8 +40,8 @@ The step is the decode loop's wall time per step (the call's time less its prefi
 OpenMP's wait policy is PASSIVE unless `OMP_WAIT_POLICY` is set (as `python -m workbench`, the
 notebooks and the tests run; docs/results.md says why); it is recorded with the machine. Two
 threads that sleep between ops pay a wake-up per op, hundreds per step: on a 2-core Xeon with
-amx (bf16, 2026-12-03) the step at 8 rows took 46 ms under PASSIVE (the engine keeps one
-thread) and 31 ms under `OMP_WAIT_POLICY=ACTIVE` (two threads).
+amx (bf16, 2026-12-03) the step at 8 rows took 47 ms under PASSIVE (the engine keeps one
+thread) and 31.5 ms under `OMP_WAIT_POLICY=ACTIVE` (two threads).
 
 `--fast off,on` runs the engine with `inference.packed_decode` off and on in one run
 (off: plain products; on: the engine's default, packed weights), their timed calls

@@ -4,12 +4,12 @@ folder is written whole beside its place and renamed into it, so no reader sees 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import time
 from pathlib import Path
 
 from workbench.models.loading import publish_folder
-from workbench.models.tiny import build_tiny_model
-
-MARKS = ("model.safetensors", "tokenizer.json")
+from workbench.models.tiny import MARKS, build_tiny_model
 
 
 def _folder(path: Path, text: str, files=MARKS) -> Path:
@@ -74,9 +74,6 @@ def _build(root: str) -> None:
 def test_a_folder_being_built_is_never_seen_with_some_of_its_files(tmp_path):
     """Watch the folder's place while another process builds it: each look sees either no
     folder or the whole one (before, the folder was made first and filled file by file)."""
-    import os
-    import time
-
     proc = mp.get_context("spawn").Process(target=_build, args=(str(tmp_path),))
     proc.start()
     seen = set()

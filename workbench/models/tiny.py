@@ -15,12 +15,14 @@ given), so rollouts, training and the gateway meet the family's real template an
 from __future__ import annotations
 
 import json
-import tempfile
 from pathlib import Path
 
 import torch
 
-from workbench.models.loading import cache_dir, publish_folder
+from workbench.models.loading import cache_dir, folder_complete, publish_folder, scratch_folder
+
+#: The files whose presence marks a built tiny model's folder as complete.
+MARKS = ("model.safetensors", "tokenizer.json")
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -86,7 +88,7 @@ def build_tiny_model(
         raise ValueError(f"head_dim = hidden_size / num_heads must be >= 32 (vLLM CPU), got {head_dim}")
     name = f"tiny-llama-v2-h{hidden_size}-l{num_layers}-a{num_heads}-v{vocab_size}-s{seed}"
     path = (root or cache_dir()) / name
-    if (path / "model.safetensors").exists() and (path / "tokenizer.json").exists():
+    if folder_complete(path, MARKS):
         return path
     tokenizer = _build_tokenizer(vocab_size)
     config = LlamaConfig(
@@ -108,18 +110,12 @@ def build_tiny_model(
     # distribution is uneven (some tokens likely, like a real LM) rather than uniform.
     with torch.no_grad():
         model.lm_head.weight.normal_(0.0, 0.3)
-    tmp = _scratch(path)
+    tmp = scratch_folder(path)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     (tmp / "workbench_tiny.json").write_text(json.dumps({"seed": seed, "hidden_size": hidden_size}))
-    publish_folder(tmp, path, ("model.safetensors", "tokenizer.json"))
+    publish_folder(tmp, path, MARKS)
     return path
-
-
-def _scratch(path: Path) -> Path:
-    """An empty folder beside `path` to build it in (see `publish_folder`)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}-"))
 
 
 #: Architectures `build_family_model` makes, with the published vocabulary size of each family.
@@ -152,11 +148,11 @@ def build_family_model(tokenizer_dir: str | Path, family: str, chat_template: st
     tag = hashlib.sha1(json.dumps(cfg_json, sort_keys=True).encode()
                        + str((tokenizer_dir / "tokenizer.json").stat().st_size).encode()).hexdigest()[:10]
     path = (root or cache_dir()) / f"tiny-{family}-h{hidden_size}-l{num_layers}-s{seed}-{tag}"
-    if (path / "model.safetensors").exists() and (path / "tokenizer.json").exists():
+    if folder_complete(path, MARKS):
         return path
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tmp = _scratch(path)
+    tmp = scratch_folder(path)
     (tmp / "tokenizer.json").write_bytes((tokenizer_dir / "tokenizer.json").read_bytes())
     (tmp / "tokenizer_config.json").write_text(json.dumps(cfg_json, indent=1))
     tok = AutoTokenizer.from_pretrained(str(tmp))
@@ -171,5 +167,5 @@ def build_family_model(tokenizer_dir: str | Path, family: str, chat_template: st
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(tmp, safe_serialization=True)
-    publish_folder(tmp, path, ("model.safetensors", "tokenizer.json"))
+    publish_folder(tmp, path, MARKS)
     return path
