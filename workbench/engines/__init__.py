@@ -49,13 +49,13 @@ def make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None 
 def hf_engine(config: Any, model: Any, tokenizer: Any) -> HFEngine:
     """The hf engine with the config's settings for it (`inference.enable_prefix_caching`,
     `inference.prefix_cache_mb`, `inference.max_batch_size`, `inference.cuda_graphs`,
-    `inference.packed_decode`); `config` None: the engine's defaults."""
+    `inference.packed_decode`, `inference.cpu_kernels`); `config` None: the engine's defaults."""
     if config is None:
         return HFEngine(model, tokenizer)
     inf = config.inference
     return HFEngine(model, tokenizer, max_batch_size=inf.max_batch_size, prefix_cache=inf.enable_prefix_caching,
                     prefix_cache_mb=inf.prefix_cache_mb, cuda_graphs=inf.cuda_graphs,
-                    packed_decode=inf.packed_decode)
+                    packed_decode=inf.packed_decode, cpu_kernels=inf.cpu_kernels)
 
 
 def _make_engine(config: Any, model: Any, tokenizer: Any, model_path: str | None) -> GenerationEngine:

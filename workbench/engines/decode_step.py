@@ -15,7 +15,8 @@ code over the model's own parameters (references, so an optimizer step or
 - q and k get their rotary embeddings in one pass (concatenated); attention of the one
   new query is one `scaled_dot_product_attention` call per layer in the cache's dtype
   (bf16 as the model's own sdpa runs it, accumulating in fp32), each KV head's G query
-  heads as its G queries (no `repeat_kv`); a prompt every row shares (a GRPO group's)
+  heads as its G queries (no `repeat_kv`), or on a CPU the engine's compiled kernel
+  (`attention_kernel`, `cpu_kernels.py`: one pass over the cache in fp32); a prompt every row shares (a GRPO group's)
   can be read once for all rows (`shared_prefix`: two matmuls for it, two for the rest,
   in fp32; the engine asks for it off the CPU only, see `HFEngine.share_prompt_reads`);
 - a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
@@ -46,7 +47,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
@@ -86,22 +87,30 @@ class _Proj:
     transposed: bool = False  # compute W @ x.T (fp32 on a CPU: see the module docstring)
 
     def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | OneDNNWeights | None" = None) -> list[torch.Tensor]:
+                 packed: "PackedWeights | OneDNNWeights | None" = None, wide: int = 0) -> list[torch.Tensor]:
         """x: (B, K) -> one (B, N_i) tensor per output, in x's dtype. With `split`, a
         weight of at least `SPLIT_MIN_BYTES` is multiplied in two halves of its outputs at
         once, one on the calling thread and one on the helper's (the same products). With
         `packed` (on a CPU), through its packed copy of the weight when it packs this
-        weight's dtype: MKL's for fp32 (packed_matmul.py), oneDNN's for bf16 (onednn_weights.py)."""
-        y = self.fused(x, split, packed)  # (B, N)
+        weight's dtype: MKL's for fp32 (packed_matmul.py), oneDNN's for bf16 (onednn_weights.py).
+        `wide` > 0: the caller runs on one thread and the base product runs on `wide` threads
+        (`DecodeStep.__call__`'s `product_threads`)."""
+        y = self.fused(x, split, packed, wide)  # (B, N)
         return list(y.split(self.splits, dim=-1)) if len(self.splits) > 1 else [y]
 
     def fused(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-              packed: "PackedWeights | OneDNNWeights | None" = None) -> torch.Tensor:
+              packed: "PackedWeights | OneDNNWeights | None" = None, wide: int = 0) -> torch.Tensor:
         """x: (B, K) -> the (B, N) outputs side by side (`__call__` without the split)."""
         packs = packed is not None and packed.dtype == self.weight.dtype
-        y = self._packed_product(x, split, packed) if packs else None
-        if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
-            y = self._product(x, split, self.transposed and not packs)  # (B, N)
+        if wide:
+            torch.set_num_threads(wide)
+        try:
+            y = self._packed_product(x, split, packed) if packs else None
+            if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
+                y = self._product(x, split, self.transposed and not packs)  # (B, N)
+        finally:
+            if wide:
+                torch.set_num_threads(1)
         if self.lora_a is not None:
             y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
         return y
@@ -292,6 +301,9 @@ class DecodeStep:
         self.head, self.n_heads, self.n_kv, self.head_dim = head, n_heads, n_kv, head_dim
         self.scaling = head_dim ** -0.5
         self._fused = fused  # (group index, "base" | "lora") -> (signature of its tensors, fused tensors)
+        # `cpu_kernels.decode_attention` where the engine set it (on a CPU, `inference.cpu_kernels`):
+        # the attention of a step that reads no shared prefix then runs it instead of sdpa
+        self.attention_kernel: Callable[..., torch.Tensor] | None = None
 
     @classmethod
     def build(cls, model: Any, previous: "DecodeStep | None" = None) -> "DecodeStep | None":
@@ -377,7 +389,8 @@ class DecodeStep:
     def __call__(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor,
                  cache: Any, shared_prefix: int = 0, split: "MatmulHelper | None" = None,
                  packed: "PackedWeights | OneDNNWeights | None" = None,
-                 col: torch.Tensor | None = None, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+                 col: torch.Tensor | None = None, logits_out: torch.Tensor | None = None,
+                 product_threads: int = 0) -> torch.Tensor:
         """tokens (B,), attention (B, T) with 1 at real cache positions (the new token's
         included), positions (B, 1), `cache` with one growing layer per decoder layer;
         appends this step's keys/values to it and returns the (B, V) fp32 logits.
@@ -397,7 +410,27 @@ class DecodeStep:
         `logits_out`: a (B, V) fp32 tensor the logits of a 16-bit model are written into
         (and returned) instead of a new one: a fresh (B, V) fp32 tensor per step faults in
         its pages every step on a CPU (at 128 rows x 49152 ids, 25 MB: ~4300 page faults,
-        24 ms against 7 ms for a copy into a kept buffer on a 2-core Xeon VM, 2026-12-01)."""
+        24 ms against 7 ms for a copy into a kept buffer on a 2-core Xeon VM, 2026-12-01).
+
+        `product_threads` > 1 (a CPU step on several threads): the step runs its small ops (norms,
+        rotary, residuals, SiLU, casts) on one thread and only the base products and the
+        attention on `product_threads`. Under passive OpenMP waits every op that goes parallel
+        first wakes the sleeping threads: on a 2-core EPYC VM an add of two (128, 576) bf16
+        tensors took 19 us on one thread and 83 us on two (2026-12-03). The thread count is
+        `product_threads` again when the step returns."""
+        if product_threads > 1:
+            torch.set_num_threads(1)
+            try:
+                return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out,
+                                  product_threads)
+            finally:
+                torch.set_num_threads(product_threads)
+        return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out, 0)
+
+    def _step(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any,
+              shared_prefix: int, split: "MatmulHelper | None", packed: "PackedWeights | OneDNNWeights | None",
+              col: torch.Tensor | None, logits_out: torch.Tensor | None, wide: int) -> torch.Tensor:
+        """`__call__`'s step; `wide` > 0: the products and attention on that many threads, the rest on one."""
         B = tokens.shape[0]
         if col is not None:
             if shared_prefix:
@@ -417,7 +450,7 @@ class DecodeStep:
         bias = torch.zeros(allowed.shape, dtype=bias_dtype, device=h.device).masked_fill_(~allowed, float("-inf"))
         for layer, kv in zip(self.layers, cache.layers):
             x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
-            y = layer.qkv.fused(x, split, packed)  # (B, (H + 2 KV) D): q, k, v side by side
+            y = layer.qkv.fused(x, split, packed, wide)  # (B, (H + 2 KV) D): q, k, v side by side
             if layer.qk_norm is None:
                 qk = y[:, : (H + KV) * D].reshape(B, H + KV, D)  # (B, H + KV, D): rotated at once
             else:  # qwen3: each head's queries and keys normalised before the rotation
@@ -428,14 +461,22 @@ class DecodeStep:
             qk = _rotary(qk, cos, sin_signed)
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v) if col is None else kv.write_at(col, k, v)  # (B, KV, T|cap, D) each
-            out = self._attention(q, keys, values, bias, shared_prefix)
+            if wide:
+                torch.set_num_threads(wide)
+            try:
+                out = self._attention(q, keys, values, bias, shared_prefix)
+            finally:
+                if wide:
+                    torch.set_num_threads(1)
             out = out.to(h.dtype).reshape(B, H * D)
-            h = h + layer.o(out, split, packed)[0]
+            h = h + layer.o(out, split, packed, wide)[0]
             x = _rms_norm(h, layer.norm_post, layer.eps_post)
-            gate, up = layer.gate_up(x, split, packed)
-            h = h + layer.down(F.silu(gate) * up, split, packed)[0]
+            gate, up = layer.gate_up(x, split, packed, wide)
+            h = h + layer.down(F.silu(gate) * up, split, packed, wide)[0]
         h = _rms_norm(h, self.norm, self.norm_eps)
-        logits = self.head.fused(h, split, packed)  # (B, V) in the model's dtype
+        logits = self.head.fused(h, split, packed, wide)  # (B, V) in the model's dtype
+        if wide:  # a (B, V) fp32 copy: large enough for every thread
+            torch.set_num_threads(wide)
         if logits_out is not None and logits.dtype != torch.float32:
             return logits_out.copy_(logits)
         return logits.float()  # (B, V)
@@ -446,8 +487,14 @@ class DecodeStep:
         fused op in the cache's dtype (each KV head's G queries against its keys; bf16 as the
         model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) additive in the
         cache's dtype (0 at real positions, -inf elsewhere). With `shared` (and B > 1):
-        positions below it read from row 0 (see `__call__`), in fp32, `mask` the additive fp32 one."""
+        positions below it read from row 0 (see `__call__`), in fp32, `mask` the additive fp32 one.
+        With `attention_kernel` (a CPU step without `shared`): that kernel instead of sdpa, one
+        pass over each row's keys and values in fp32 (`cpu_kernels.py`)."""
         B, KV, G, D = q.shape
+        kernel = self.attention_kernel
+        if kernel is not None and (not shared or B == 1) and q.device.type == "cpu" \
+                and keys.dtype in (torch.bfloat16, torch.float32) and keys.stride(-1) == 1 and values.stride(-1) == 1:
+            return kernel(q.to(keys.dtype), keys, values, mask, self.scaling)  # (B, KV, G, D)
         if not shared or B == 1:
             return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
                                                   scale=self.scaling)  # (B, KV, G, D)
@@ -470,9 +517,9 @@ class _Split:
         self.projs = projs
 
     def __call__(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-                 packed: "PackedWeights | OneDNNWeights | None" = None) -> list[torch.Tensor]:
-        return [p(x, split, packed)[0] for p in self.projs]
+                 packed: "PackedWeights | OneDNNWeights | None" = None, wide: int = 0) -> list[torch.Tensor]:
+        return [p(x, split, packed, wide)[0] for p in self.projs]
 
     def fused(self, x: torch.Tensor, split: "MatmulHelper | None" = None,
-              packed: "PackedWeights | OneDNNWeights | None" = None) -> torch.Tensor:
-        return torch.cat(self(x, split, packed), dim=-1)  # (B, N)
+              packed: "PackedWeights | OneDNNWeights | None" = None, wide: int = 0) -> torch.Tensor:
+        return torch.cat(self(x, split, packed, wide), dim=-1)  # (B, N)

@@ -131,10 +131,11 @@ import warnings
 import weakref
 from contextlib import contextmanager
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
+from workbench.engines import cpu_kernels
 from workbench.engines.base import GenerationEngine, GenerationResult, SamplingParams
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_state import _COMPACT_FRACTION, _DecodeState  # noqa: F401 (_COMPACT_FRACTION: tests)
@@ -160,7 +161,8 @@ class HFEngine(GenerationEngine):
 
     def __init__(self, model: Any, tokenizer: Any, max_batch_size: int | None = None, prefix_cache: bool = True,
                  prefix_cache_mb: float = 2048.0, merge_lora: bool = True, compact_fraction: float | None = None,
-                 fast_decode: bool = True, cuda_graphs: bool = False, packed_decode: bool = True):
+                 fast_decode: bool = True, cuda_graphs: bool = False, packed_decode: bool = True,
+                 cpu_kernels: bool = True):
         """`max_batch_size`: rows sampled together (a call with more runs in chunks); None:
         `kv_cache.chunk_rows` (64 on a CPU, by free memory on an accelerator).
         `compact_fraction`: finished rows leave the batch once they are this fraction of
@@ -171,13 +173,17 @@ class HFEngine(GenerationEngine):
         run has checked it: launched from Python). `packed_decode`: on a CPU those steps
         multiply through copies of the weights packed once for the CPU's kernels (bf16:
         oneDNN's, `onednn_weights.py`; fp32: MKL's, `packed_matmul.py`), made again only when
-        a weight changed (False: plain products)."""
+        a weight changed (False: plain products). `cpu_kernels`: on a CPU those steps' attention
+        runs the kernel `cpu_kernels.py` compiles for the machine, where it builds (False, or
+        no compiler: torch's sdpa)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
         self.fast_decode = fast_decode
         self.cuda_graphs = cuda_graphs
         self.packed_decode = packed_decode
+        self.cpu_kernels = cpu_kernels
+        self._warned_kernels = False  # said once that the CPU kernels did not build
         self.graph_error: str | None = None  # why a decode step could not be recorded (graphs then stay off)
         self.decode_steps = {"fast": 0, "model": 0, "graphed": 0}  # decode steps by path ("graphed": of "fast")
         # A prompt every row of a call shares is read once by the decode step's attention
@@ -492,6 +498,8 @@ class HFEngine(GenerationEngine):
         fast = None
         if self.fast_decode and plain and params.max_tokens > 1:
             fast = self._decode_step = DecodeStep.build(model, self._decode_step)
+            if fast is not None:
+                fast.attention_kernel = self._attention_kernel(device)
         path = "fast" if fast is not None else "model"
         # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
         # the same keys in every row, and the decode step can read them once (decode_step.py;
@@ -542,8 +550,9 @@ class HFEngine(GenerationEngine):
                         if step_packed is not None:
                             step_packed.begin_step(len(tokens))
                         out = logits_buf[: len(tokens)] if logits_buf is not None else None
+                        # on several threads only the products and attention run wide (DecodeStep: product_threads)
                         logits = fast(tokens, attention, next_pos, cache, shared, split, step_packed,
-                                      logits_out=out)  # (B', V), the cache grown
+                                      logits_out=out, product_threads=stepper.current)  # (B', V), the cache grown
                     else:
                         out = model(input_ids=tokens[:, None], attention_mask=attention, position_ids=next_pos,
                                     past_key_values=cache, use_cache=True)
@@ -552,6 +561,20 @@ class HFEngine(GenerationEngine):
                 self.decode_steps[path] += 1
                 next_pos = next_pos + 1
         return state.finish(cache)
+
+    def _attention_kernel(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
+        """`cpu_kernels.decode_attention` for a CPU decode step (`cpu_kernels`), where it builds
+        (a warning, once per engine, where it does not); None otherwise."""
+        if not self.cpu_kernels or device.type != "cpu":
+            return None
+        if cpu_kernels.available():
+            return cpu_kernels.decode_attention
+        if not self._warned_kernels:
+            self._warned_kernels = True
+            warnings.warn(f"hf engine: the CPU decode kernels could not be built ({cpu_kernels.why_unavailable()}); "
+                          "decode steps use torch's attention (inference.cpu_kernels=false skips the attempt)",
+                          stacklevel=3)
+        return None
 
     def _packer(self, fast: DecodeStep) -> PackedWeights | OneDNNWeights | None:
         """The packed weights `fast`'s products run through (`packed_decode`, on a CPU): oneDNN's

@@ -31,7 +31,7 @@ INFERENCE_FIELDS: dict[str, str] = {
     "stop": "engine", "seed": "rollout", "server_url": "engine", "server_kind": "engine",
     "request_timeout": "engine", "max_retries": "engine", "gpu_memory_utilization": "engine",
     "enable_prefix_caching": "engine", "prefix_cache_mb": "engine", "max_batch_size": "engine", "cuda_graphs": "engine",
-    "packed_decode": "engine",
+    "packed_decode": "engine", "cpu_kernels": "engine",
     "enable_sleep_mode": "engine",
     "vllm_dtype": "engine",
     "async_rollout": "rollout",

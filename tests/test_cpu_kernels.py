@@ -1,0 +1,182 @@
+"""`cpu_kernels` (the CPU decode step's compiled attention): its output against a float64
+softmax written out by hand and against torch's sdpa, per dtype; the decode step and the
+engine with it against the model's forward and against the engine without it; and what
+happens where it cannot be built (no compiler: a warning, torch's attention, the same tokens)."""
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.numerics import BF16_LOGPROB_TOL, FP32_LOGPROB_TOL, assert_same_samples
+from tests.test_decode_step import _compare, _llama, _lora
+from workbench.engines import cpu_kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.skipif(not cpu_kernels.available(),
+                                reason=f"the CPU kernels do not build here: {cpu_kernels.why_unavailable()}")
+
+#: |output difference| allowed against the float64 reference: fp32 sums in another order; bf16 is
+#: rounded once at the end (8 bits of mantissa: half an ulp of outputs below 4 is under 0.008).
+ATOL = {torch.float32: 1e-5, torch.bfloat16: 1e-2}
+
+
+def _by_hand(q, keys, values, bias, scale):
+    """The attention as a plain loop over rows and heads in float64 (the reference)."""
+    B, KV, G, D = q.shape
+    out = torch.zeros(B, KV, G, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(KV):
+            for g in range(G):
+                s = [float(q[b, h, g].double() @ keys[b, h, t].double()) * scale + float(bias[b, 0, 0, t])
+                     for t in range(keys.shape[2])]
+                top = max(s)
+                w = [0.0 if x == float("-inf") else pow(2.718281828459045, x - top) for x in s]
+                total = sum(w)
+                for t, wt in enumerate(w):
+                    out[b, h, g] += wt / total * values[b, h, t].double()
+    return out
+
+
+def _case(dtype, B=3, KV=2, G=3, D=24, T=11, cap=16, seed=0):
+    """q, and keys/values as views into a larger cache buffer (the engine's layout), with
+    padding masked out at the start of row 1 and most of row 2."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, KV, G, D, generator=g).to(dtype)
+    kbuf, vbuf = (torch.randn(B, KV, cap, D, generator=g).to(dtype) for _ in range(2))
+    keys, values = kbuf[:, :, :T], vbuf[:, :, :T]
+    real = torch.ones(B, T, dtype=torch.bool)
+    real[1, :4] = False
+    real[2, : T - 1] = False  # only the new token
+    bias = torch.zeros(B, 1, 1, T, dtype=dtype).masked_fill_(~real[:, None, None, :], float("-inf"))
+    return q, keys, values, bias
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [64, 24])  # 24: not a multiple of the kernel's 16 lanes
+def test_attention_matches_a_softmax_by_hand(dtype, D):
+    q, keys, values, bias = _case(dtype, D=D)
+    assert not keys.is_contiguous()
+    ours = cpu_kernels.decode_attention(q, keys, values, bias, D ** -0.5)
+    ref = _by_hand(q, keys, values, bias, D ** -0.5)
+    assert ours.dtype == dtype and ours.shape == q.shape
+    gap = float((ours.double() - ref).abs().max())
+    assert gap <= ATOL[dtype], gap
+    # row 2 sees only its last position: its output is exactly that value (rounded to the dtype)
+    assert torch.allclose(ours[2].double(), values[2, :, -1:].double().expand(-1, q.shape[2], -1), atol=ATOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_agrees_with_sdpa(dtype):
+    q, keys, values, bias = _case(dtype, B=5, KV=3, G=3, D=64, T=40, cap=64, seed=1)
+    ours = cpu_kernels.decode_attention(q, keys, values, bias, 0.125)
+    theirs = F.scaled_dot_product_attention(q, keys, values, attn_mask=bias, scale=0.125)
+    assert float((ours.float() - theirs.float()).abs().max()) <= 2 * ATOL[dtype]
+
+
+def test_a_row_with_no_real_position_gives_zeros_not_nan():
+    q, keys, values, bias = _case(torch.float32)
+    bias[0].fill_(float("-inf"))
+    out = cpu_kernels.decode_attention(q, keys, values, bias, 0.2)
+    assert torch.equal(out[0], torch.zeros_like(out[0])) and not out.isnan().any()
+
+
+def test_bad_input_says_what_is_wrong():
+    q, keys, values, bias = _case(torch.float32)
+    with pytest.raises(RuntimeError, match="one dtype"):
+        cpu_kernels.decode_attention(q.double(), keys, values, bias, 0.2)
+    with pytest.raises(RuntimeError, match="shapes do not match"):
+        cpu_kernels.decode_attention(q, keys[:, :, :-1], values, bias, 0.2)
+
+
+@pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
+def test_decode_step_with_the_kernel_matches_the_model(dtype, atol):
+    _compare(_llama(dtype), atol=atol, attention_kernel=cpu_kernels.decode_attention)
+
+
+def test_lora_decode_step_with_the_kernel_matches_peft():
+    _compare(_lora(_llama()), atol=1e-4, attention_kernel=cpu_kernels.decode_attention)
+
+
+def _sample(engine, prompts):
+    from workbench.engines.base import SamplingParams
+
+    out = engine.generate_ids(prompts, SamplingParams(max_tokens=10, temperature=1.0, seed=7))
+    return [(list(r.token_ids), list(r.logprobs)) for r in out]
+
+
+def _forward_logprobs(model, prompt: list[int], ids: list[int]) -> list[float]:
+    """The model's own forward over prompt + ids: each sampled id's logprob (the reference)."""
+    seq = torch.tensor([prompt + ids])
+    with torch.no_grad():
+        logits = model(input_ids=seq).logits[0, len(prompt) - 1: -1].float()  # (len(ids), V)
+    return logits.log_softmax(-1).gather(1, torch.tensor(ids)[:, None])[:, 0].tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_engine_with_the_kernel_gives_the_model_forward_logprobs(tiny_model_and_tokenizer, dtype):
+    """The engine's decode steps use the kernel, and each sampled id's logprob is the model's
+    forward's within the dtype's tolerance; in fp32 the engine without the kernel samples the
+    same ids (in bf16 a flat tiny model's near-ties may round either way)."""
+    from workbench.engines.hf import HFEngine
+
+    model, tok = tiny_model_and_tokenizer
+    model = copy.deepcopy(model).to(dtype)  # the session's model stays fp32
+    prompts = [tok("hello there")["input_ids"], tok("a longer prompt of several words")["input_ids"]]
+    engine = HFEngine(model, tok)
+    samples = _sample(engine, prompts)
+    assert engine._decode_step.attention_kernel is cpu_kernels.decode_attention
+    assert engine.decode_steps["fast"] > 0
+    reference = [(ids, _forward_logprobs(model, p, ids)) for p, (ids, _) in zip(prompts, samples)]
+    assert_same_samples(samples, reference, tol=FP32_LOGPROB_TOL if dtype == torch.float32 else BF16_LOGPROB_TOL)
+    if dtype == torch.float32:
+        without = HFEngine(model, tok, cpu_kernels=False)
+        assert_same_samples(samples, _sample(without, prompts))
+        assert without._decode_step.attention_kernel is None
+
+
+def test_without_a_compiler_the_engine_warns_and_uses_torch_attention(tmp_path, tiny_model_path):
+    """A fresh cache and CXX naming no compiler: `available()` False with the reason, the
+    engine warns once and samples what an engine with `cpu_kernels=False` samples."""
+    script = """
+import sys, warnings, torch
+from workbench.engines import cpu_kernels
+from workbench.engines.base import SamplingParams
+from workbench.engines.hf import HFEngine
+from transformers import AutoModelForCausalLM, AutoTokenizer
+path = sys.argv[1]
+model, tok = AutoModelForCausalLM.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+assert not cpu_kernels.available()
+print("why:", cpu_kernels.why_unavailable())
+p = SamplingParams(max_tokens=6, temperature=1.0, seed=3)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    a = HFEngine(model, tok).generate_ids([[1, 2, 3]], p)
+    HFEngine(model, tok).generate_ids([[1, 2, 3]], p)
+b = HFEngine(model, tok, cpu_kernels=False).generate_ids([[1, 2, 3]], p)
+said = [str(w.message) for w in caught if "CPU decode kernels" in str(w.message)]
+print("warnings:", len(said), said[0] if said else "")
+assert list(a[0].token_ids) == list(b[0].token_ids)
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CXX": "/nonexistent/c++", "OMP_WAIT_POLICY": "PASSIVE",
+           "WORKBENCH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run([sys.executable, "-c", script, str(tiny_model_path)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "why: no C++ compiler: '/nonexistent/c++' is not on PATH" in done.stdout
+    assert "warnings: 2" in done.stdout  # once per engine
+    assert not (tmp_path / "cache" / "kernels").exists() or not any((tmp_path / "cache" / "kernels").iterdir())
+
+
+def test_the_build_is_cached_per_machine_and_source():
+    folder = cpu_kernels.build_folder()
+    assert (folder / cpu_kernels.LIBRARY).exists()
+    assert folder.parent == cpu_kernels.cache_dir() / "kernels"
+    assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}-")]  # no scratch left
+    assert cpu_kernels.build_key() == folder.name and len(folder.name) == 16

@@ -1,0 +1,141 @@
+"""Kernels compiled on the machine that runs them, for the hf engine's CPU decode step.
+
+`decode_attention` is the attention of a decode step's new token over the KV cache
+(`csrc/decode_attention.cpp`): one pass over each row's keys and values for all the query
+heads that share them, in fp32, rounded once. torch's `scaled_dot_product_attention` runs
+a flash-attention kernel built for long queries; for the one new token per row it spent
+several times the cache read (`benchmarks/decode_floor.py`: at 128 rows in bf16 on a
+2-core Xeon, 2.2 ms per layer where the layer's keys and values are read in ~0.3 ms).
+
+Building: the first call of `available()` in a process compiles the source with the C++
+compiler (`$CXX`, else `c++`) against this torch's headers and libraries, `-O3
+-march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>` (key: the
+source, the build command, torch's version and the CPU's flags, so another machine or torch
+builds its own), and
+loads it with `torch.ops.load_library`; later processes load the cached build. A build takes
+~20-30 s on 2 cores; `make install` runs it (`cpu_kernels.main()`), so the first rollout
+does not. Where it cannot be built (no compiler, headers missing, a
+compiler error), `available()` is False, `why_unavailable()` says why, the engine warns once
+and its decode steps run torch's attention. `inference.cpu_kernels=false` skips all of this.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import torch
+
+from workbench.models.loading import cache_dir, publish_folder, scratch_folder
+
+#: The kernels' C++ source.
+SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
+#: The shared library's name in its cache folder (also the folder's completeness mark).
+LIBRARY = "workbench_cpu.so"
+#: Longest a build may take before it counts as failed (seconds).
+BUILD_TIMEOUT_S = 600
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "loaded": bool, "why": str | None (after the first attempt)
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (what `-march=native` compiles for)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return " ".join(sorted(line.split(":", 1)[1].split()))
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def build_key() -> str:
+    """What a build depends on: the source, this file (the build command), torch's version and
+    the CPU (16 hex digits)."""
+    h = hashlib.sha256()
+    for part in (SOURCE.read_bytes(), Path(__file__).read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
+                 platform.machine().encode()):
+        h.update(part)
+        h.update(b"\0")
+    return h.hexdigest()[:16]
+
+
+def build_folder() -> Path:
+    """Where this machine's build lives (`$WORKBENCH_CACHE/kernels/<build_key()>`)."""
+    return cache_dir() / "kernels" / build_key()
+
+
+def _compile(out: Path) -> None:
+    """Compile SOURCE into the shared library `out` (raises RuntimeError with the compiler's output)."""
+    from torch.utils.cpp_extension import include_paths
+
+    cxx = os.environ.get("CXX") or "c++"
+    if shutil.which(cxx) is None:
+        raise RuntimeError(f"no C++ compiler: {cxx!r} is not on PATH (install g++, or set CXX)")
+    libdir = Path(torch.__file__).parent / "lib"
+    abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
+    # -fopenmp: at::parallel_for's threads. The library then needs libgomp.so.1, which resolves to
+    # the one torch loaded (torch/lib's, the same soname): one OpenMP pool, torch's thread count.
+    cmd = [cxx, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+           *[f"-I{p}" for p in include_paths()], str(SOURCE), "-o", str(out),
+           f"-L{libdir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libdir}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        raise RuntimeError(f"the build took over {BUILD_TIMEOUT_S} s") from exc
+    if done.returncode != 0:
+        raise RuntimeError(f"{cxx} failed (exit {done.returncode}): {(done.stderr or done.stdout)[-2000:]}")
+
+
+def _load() -> None:
+    """Build (unless cached) and load the library; raises RuntimeError saying why not."""
+    target = build_folder()
+    if not (target / LIBRARY).exists():
+        tmp = scratch_folder(target)
+        try:
+            _compile(tmp / LIBRARY)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        publish_folder(tmp, target, (LIBRARY,))
+    try:
+        torch.ops.load_library(str(target / LIBRARY))
+    except OSError as exc:
+        raise RuntimeError(f"cannot load {target / LIBRARY}: {exc}") from exc
+
+
+def available() -> bool:
+    """Whether the kernels are loaded in this process (built first where needed; once per process)."""
+    with _lock:
+        if "loaded" not in _state:
+            try:
+                _load()
+                _state.update(loaded=True, why=None)
+            except RuntimeError as exc:
+                _state.update(loaded=False, why=str(exc))
+        return bool(_state["loaded"])
+
+
+def why_unavailable() -> str | None:
+    """Why `available()` is False (None when the kernels loaded, or before the first try)."""
+    return _state.get("why")  # type: ignore[return-value]
+
+
+def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """q (B, KV, G, D), keys/values (B, KV, T, D) with a unit stride on D, bias (B, 1, 1, T)
+    additive, all one dtype (bf16 or fp32), on the CPU -> (B, KV, G, D):
+    softmax(q @ keys^T * scale + bias) @ values, in fp32 rounded once (needs `available()`)."""
+    return torch.ops.workbench_cpu.decode_attention(q, keys, values, bias, scale)
+
+
+def main() -> int:
+    """`make install`: build this machine's kernels once and say where (or why not); exit 0 either way."""
+    ok = available()
+    print(f"cpu kernels: {'in ' + str(build_folder()) if ok else 'not available: ' + str(why_unavailable())}")
+    return 0
