@@ -96,13 +96,57 @@ def test_bad_input_says_what_is_wrong():
         cpu_kernels.decode_attention(q, keys[:, :, :-1], values, bias, 0.2)
 
 
+def _ulps_apart(a: torch.Tensor, b: torch.Tensor) -> int:
+    """The most units in the last place of their dtype between two same-sign tensors."""
+    assert a.dtype == b.dtype and a.shape == b.shape
+    bits = torch.int16 if a.dtype == torch.bfloat16 else torch.int32
+    return int((a.view(bits).long() - b.view(bits).long()).abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(8, 576), (3, 9, 64), (5, 40)])  # (3, 9, 64): qwen3's per-head norms
+def test_rms_norm_matches_the_eager_ops(dtype, shape):
+    """Against decode_step's eager `_rms_norm` (LlamaRMSNorm's math): the same rounding points, so
+    a few units in the last place apart at most (the fp32 sum of squares adds in another order,
+    which moves the scale by an fp32 ulp or two: one bf16 ulp, or a few fp32 ones)."""
+    from workbench.engines.decode_step import _rms_norm
+
+    g = torch.Generator().manual_seed(3)
+    x = (torch.randn(*shape, generator=g) * 3).to(dtype)
+    w = (1 + 0.1 * torch.randn(shape[-1], generator=g)).abs().to(dtype)  # positive: outputs keep x's signs
+    ours, eager = cpu_kernels.rms_norm(x, w, 1e-5), _rms_norm(x, w, 1e-5)
+    assert ours.dtype == dtype and ours.shape == x.shape
+    assert _ulps_apart(ours, eager) <= (1 if dtype == torch.bfloat16 else 8)
+    by_hand = w.double() * (x.double() / (x.double().pow(2).mean(-1, keepdim=True) + 1e-5).sqrt())
+    assert float((ours.double() - by_hand).abs().max()) <= (0.05 if dtype == torch.bfloat16 else 1e-5)
+    strided = torch.zeros(*shape[:-1], 2 * shape[-1], dtype=dtype)[..., ::2]  # a view with a stride of 2
+    strided.copy_(x)
+    assert torch.equal(cpu_kernels.rms_norm(strided, w, 1e-5), ours)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_matches_the_eager_ops(dtype):
+    """`F.silu(gate) * up` on the halves of a fused gate/up output (rows strided), big inputs
+    included (silu of -100 is -0, of 100 is 100)."""
+    g = torch.Generator().manual_seed(4)
+    fused = (torch.randn(6, 2 * 96, generator=g) * 4).to(dtype)
+    fused[0, :4] = torch.tensor([-100.0, 100.0, 0.0, -3.0]).to(dtype)
+    gate, up = fused.split(96, dim=-1)
+    ours, eager = cpu_kernels.silu_mul(gate, up), F.silu(gate) * up
+    assert ours.dtype == dtype and ours.shape == (6, 96) and not ours.isnan().any()
+    tol = {torch.float32: 1e-6, torch.bfloat16: 2 ** -7}[dtype]  # fp32 rounding; one bf16 ulp
+    assert torch.allclose(ours.float(), eager.float(), rtol=tol, atol=1e-30), (ours.float() - eager.float()).abs().max()
+    by_hand = gate.double() * torch.sigmoid(gate.double()) * up.double()
+    assert torch.allclose(ours.double(), by_hand, rtol=2 * tol + 2 ** -8 * (dtype == torch.bfloat16), atol=1e-30)
+
+
 @pytest.mark.parametrize("dtype,atol", [(torch.float32, 1e-4), (torch.bfloat16, 0.05)])
 def test_decode_step_with_the_kernel_matches_the_model(dtype, atol):
-    _compare(_llama(dtype), atol=atol, attention_kernel=cpu_kernels.decode_attention)
+    _compare(_llama(dtype), atol=atol, kernels=cpu_kernels)
 
 
 def test_lora_decode_step_with_the_kernel_matches_peft():
-    _compare(_lora(_llama()), atol=1e-4, attention_kernel=cpu_kernels.decode_attention)
+    _compare(_lora(_llama()), atol=1e-4, kernels=cpu_kernels)
 
 
 def _sample(engine, prompts):
@@ -132,14 +176,14 @@ def test_engine_with_the_kernel_gives_the_model_forward_logprobs(tiny_model_and_
     prompts = [tok("hello there")["input_ids"], tok("a longer prompt of several words")["input_ids"]]
     engine = HFEngine(model, tok)
     samples = _sample(engine, prompts)
-    assert engine._decode_step.attention_kernel is cpu_kernels.decode_attention
+    assert engine._decode_step.kernels is cpu_kernels
     assert engine.decode_steps["fast"] > 0
     reference = [(ids, _forward_logprobs(model, p, ids)) for p, (ids, _) in zip(prompts, samples)]
     assert_same_samples(samples, reference, tol=FP32_LOGPROB_TOL if dtype == torch.float32 else BF16_LOGPROB_TOL)
     if dtype == torch.float32:
         without = HFEngine(model, tok, cpu_kernels=False)
         assert_same_samples(samples, _sample(without, prompts))
-        assert without._decode_step.attention_kernel is None
+        assert without._decode_step.kernels is None
 
 
 def test_without_a_compiler_the_engine_warns_and_uses_torch_attention(tmp_path, tiny_model_path):

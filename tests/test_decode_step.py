@@ -66,10 +66,10 @@ def _prefill(model, rows: list[list[int]]):
     return cache, mask, pos[:, -1:] + 1
 
 
-def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = False, attention_kernel=None):
+def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = False, kernels=None):
     """Decode `steps` tokens both ways from the same prefill; the largest logit gap.
     `shared_prompt`: every row holds the same prompt and the step reads it once.
-    `attention_kernel`: the step's (`DecodeStep.attention_kernel`; None: sdpa)."""
+    `kernels`: the step's (`DecodeStep.kernels`, the `cpu_kernels` module; None: torch's ops)."""
     rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13]]  # different lengths: padding matters
     if shared_prompt:
         rows = [[5, 9, 11, 3, 7, 2]] * 3
@@ -77,7 +77,7 @@ def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = Fa
     ref_cache = copy.deepcopy(cache)
     step = DecodeStep.build(model)
     assert step is not None
-    step.attention_kernel = attention_kernel
+    step.kernels = kernels
     tokens = torch.tensor([3, 17, 42])
     worst = 0.0
     for _ in range(steps):

@@ -1,16 +1,20 @@
 """Kernels compiled on the machine that runs them, for the hf engine's CPU decode step.
 
-`decode_attention` is the attention of a decode step's new token over the KV cache
-(`csrc/decode_attention.cpp`): one pass over each row's keys and values for all the query
+`decode_attention` (`csrc/decode_attention.cpp`) is the attention of a decode step's new token over the KV cache:
+one pass over each row's keys and values for all the query
 heads that share them, in fp32, rounded once. torch's `scaled_dot_product_attention` runs
 a flash-attention kernel built for long queries; for the one new token per row it spent
 several times the cache read (`benchmarks/decode_floor.py`: at 128 rows in bf16 on a
 2-core Xeon, 2.2 ms per layer where the layer's keys and values are read in ~0.3 ms).
 
-Building: the first call of `available()` in a process compiles the source with the C++
+`rms_norm` and `silu_mul` (`csrc/decode_ops.cpp`) are the step's RMSNorm and `silu(gate) *
+up`, one pass each on the calling thread instead of six and two eager ops, rounding where
+those round.
+
+Building: the first call of `available()` in a process compiles the sources with the C++
 compiler (`$CXX`, else `c++`) against this torch's headers and libraries, `-O3
 -march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>` (key: the
-source, the build command, torch's version and the CPU's flags, so another machine or torch
+sources, the build command, torch's version and the CPU's flags, so another machine or torch
 builds its own), and
 loads it with `torch.ops.load_library`; later processes load the cached build. A build takes
 ~20-30 s on 2 cores; `make install` runs it (`cpu_kernels.main()`), so the first rollout
@@ -32,8 +36,8 @@ import torch
 
 from workbench.models.loading import cache_dir, publish_folder, scratch_folder
 
-#: The kernels' C++ source.
-SOURCE = Path(__file__).with_name("csrc") / "decode_attention.cpp"
+#: The kernels' C++ sources, built into one library.
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_attention.cpp", "decode_ops.cpp"))
 #: The shared library's name in its cache folder (also the folder's completeness mark).
 LIBRARY = "workbench_cpu.so"
 #: Longest a build may take before it counts as failed (seconds).
@@ -55,10 +59,10 @@ def _cpu_flags() -> str:
 
 
 def build_key() -> str:
-    """What a build depends on: the source, this file (the build command), torch's version and
+    """What a build depends on: the sources, this file (the build command), torch's version and
     the CPU (16 hex digits)."""
     h = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), Path(__file__).read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
+    for part in (*(src.read_bytes() for src in SOURCES), Path(__file__).read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
                  platform.machine().encode()):
         h.update(part)
         h.update(b"\0")
@@ -71,7 +75,7 @@ def build_folder() -> Path:
 
 
 def _compile(out: Path) -> None:
-    """Compile SOURCE into the shared library `out` (raises RuntimeError with the compiler's output)."""
+    """Compile SOURCES into the shared library `out` (raises RuntimeError with the compiler's output)."""
     from torch.utils.cpp_extension import include_paths
 
     cxx = os.environ.get("CXX") or "c++"
@@ -82,7 +86,7 @@ def _compile(out: Path) -> None:
     # -fopenmp: at::parallel_for's threads. The library then needs libgomp.so.1, which resolves to
     # the one torch loaded (torch/lib's, the same soname): one OpenMP pool, torch's thread count.
     cmd = [cxx, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           *[f"-I{p}" for p in include_paths()], str(SOURCE), "-o", str(out),
+           *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(out),
            f"-L{libdir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libdir}"]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
@@ -132,6 +136,18 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     additive, all one dtype (bf16 or fp32), on the CPU -> (B, KV, G, D):
     softmax(q @ keys^T * scale + bias) @ values, in fp32 rounded once (needs `available()`)."""
     return torch.ops.workbench_cpu.decode_attention(q, keys, values, bias, scale)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm of x (..., E) with weight (E,), one dtype (bf16 or fp32), on the CPU: x in
+    fp32 times 1/sqrt(mean(x^2) + eps), rounded to the dtype, times the weight (needs `available()`)."""
+    return torch.ops.workbench_cpu.rms_norm(x, weight, eps)
+
+
+def silu_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """`F.silu(gate) * up` for (B, N) gate and up of one dtype (bf16 or fp32; rows with a unit
+    stride, e.g. the halves of a fused gate/up product), on the CPU (needs `available()`)."""
+    return torch.ops.workbench_cpu.silu_mul(gate, up)
 
 
 def main() -> int:

@@ -16,7 +16,8 @@ code over the model's own parameters (references, so an optimizer step or
   new query is one `scaled_dot_product_attention` call per layer in the cache's dtype
   (bf16 as the model's own sdpa runs it, accumulating in fp32), each KV head's G query
   heads as its G queries (no `repeat_kv`), or on a CPU the engine's compiled kernel
-  (`attention_kernel`, `cpu_kernels.py`: one pass over the cache in fp32); a prompt every row shares (a GRPO group's)
+  (`kernels`, `cpu_kernels.py`: one pass over the cache in fp32), which also runs the RMSNorms and
+  `silu(gate) * up` as one op each; a prompt every row shares (a GRPO group's)
   can be read once for all rows (`shared_prefix`: two matmuls for it, two for the rest,
   in fp32; the engine asks for it off the CPU only, see `HFEngine.share_prompt_reads`);
 - a LoRA layer of peft (the bf16 path, where the engine cannot merge: `merged.py`) runs
@@ -47,7 +48,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -301,9 +302,9 @@ class DecodeStep:
         self.head, self.n_heads, self.n_kv, self.head_dim = head, n_heads, n_kv, head_dim
         self.scaling = head_dim ** -0.5
         self._fused = fused  # (group index, "base" | "lora") -> (signature of its tensors, fused tensors)
-        # `cpu_kernels.decode_attention` where the engine set it (on a CPU, `inference.cpu_kernels`):
-        # the attention of a step that reads no shared prefix then runs it instead of sdpa
-        self.attention_kernel: Callable[..., torch.Tensor] | None = None
+        # the `cpu_kernels` module where the engine set it (on a CPU, `inference.cpu_kernels`): a CPU step
+        # of bf16 or fp32 runs its attention (reading no shared prefix), RMSNorms and SiLU-times-up through it
+        self.kernels: Any | None = None
 
     @classmethod
     def build(cls, model: Any, previous: "DecodeStep | None" = None) -> "DecodeStep | None":
@@ -439,6 +440,8 @@ class DecodeStep:
         H, KV, D = self.n_heads, self.n_kv, self.head_dim
         G = H // KV
         h = F.embedding(tokens, self.embed)  # (B, E)
+        kernels = self.kernels if self._uses_kernels(h) else None
+        norm = kernels.rms_norm if kernels is not None else _rms_norm
         cos, sin = self.body.rotary_emb(h[:, None, :], positions)  # (B, 1, D) each: broadcasts over (B, heads, D)
         half = D // 2
         sin_signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)  # (B, 1, D), see `_rotary`
@@ -449,14 +452,14 @@ class DecodeStep:
         bias_dtype = torch.float32 if shared_prefix and B > 1 else cache.layers[0].keys.dtype
         bias = torch.zeros(allowed.shape, dtype=bias_dtype, device=h.device).masked_fill_(~allowed, float("-inf"))
         for layer, kv in zip(self.layers, cache.layers):
-            x = _rms_norm(h, layer.norm_in, layer.eps_in)  # (B, E)
+            x = norm(h, layer.norm_in, layer.eps_in)  # (B, E)
             y = layer.qkv.fused(x, split, packed, wide)  # (B, (H + 2 KV) D): q, k, v side by side
             if layer.qk_norm is None:
                 qk = y[:, : (H + KV) * D].reshape(B, H + KV, D)  # (B, H + KV, D): rotated at once
             else:  # qwen3: each head's queries and keys normalised before the rotation
                 q_w, k_w, q_eps, k_eps = layer.qk_norm
                 q, k = y[:, : H * D].reshape(B, H, D), y[:, H * D: (H + KV) * D].reshape(B, KV, D)
-                qk = torch.cat([_rms_norm(q, q_w, q_eps), _rms_norm(k, k_w, k_eps)], dim=1)
+                qk = torch.cat([norm(q, q_w, q_eps), norm(k, k_w, k_eps)], dim=1)
             v = y[:, (H + KV) * D:]
             qk = _rotary(qk, cos, sin_signed)
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
@@ -470,16 +473,22 @@ class DecodeStep:
                     torch.set_num_threads(1)
             out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed, wide)[0]
-            x = _rms_norm(h, layer.norm_post, layer.eps_post)
+            x = norm(h, layer.norm_post, layer.eps_post)
             gate, up = layer.gate_up(x, split, packed, wide)
-            h = h + layer.down(F.silu(gate) * up, split, packed, wide)[0]
-        h = _rms_norm(h, self.norm, self.norm_eps)
+            fuse = kernels is not None and gate.stride(-1) == 1 and up.stride(-1) == 1  # not a W @ x.T view
+            act = kernels.silu_mul(gate, up) if fuse else F.silu(gate) * up  # (B, I)
+            h = h + layer.down(act, split, packed, wide)[0]
+        h = norm(h, self.norm, self.norm_eps)
         logits = self.head.fused(h, split, packed, wide)  # (B, V) in the model's dtype
         if wide:  # a (B, V) fp32 copy: large enough for every thread
             torch.set_num_threads(wide)
         if logits_out is not None and logits.dtype != torch.float32:
             return logits_out.copy_(logits)
         return logits.float()  # (B, V)
+
+    def _uses_kernels(self, x: torch.Tensor) -> bool:
+        """Whether ops on tensors like `x` run through `kernels` (set, on the CPU, bf16 or fp32)."""
+        return self.kernels is not None and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
                    shared: int) -> torch.Tensor:
@@ -488,13 +497,11 @@ class DecodeStep:
         model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) additive in the
         cache's dtype (0 at real positions, -inf elsewhere). With `shared` (and B > 1):
         positions below it read from row 0 (see `__call__`), in fp32, `mask` the additive fp32 one.
-        With `attention_kernel` (a CPU step without `shared`): that kernel instead of sdpa, one
+        With `kernels` (a CPU step without `shared`): its `decode_attention` instead of sdpa, one
         pass over each row's keys and values in fp32 (`cpu_kernels.py`)."""
         B, KV, G, D = q.shape
-        kernel = self.attention_kernel
-        if kernel is not None and (not shared or B == 1) and q.device.type == "cpu" \
-                and keys.dtype in (torch.bfloat16, torch.float32) and keys.stride(-1) == 1 and values.stride(-1) == 1:
-            return kernel(q.to(keys.dtype), keys, values, mask, self.scaling)  # (B, KV, G, D)
+        if self._uses_kernels(keys) and (not shared or B == 1) and keys.stride(-1) == 1 and values.stride(-1) == 1:
+            return self.kernels.decode_attention(q.to(keys.dtype), keys, values, mask, self.scaling)  # (B, KV, G, D)
         if not shared or B == 1:
             return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
                                                   scale=self.scaling)  # (B, KV, G, D)

@@ -131,7 +131,7 @@ import warnings
 import weakref
 from contextlib import contextmanager
 from concurrent.futures import Future
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -173,9 +173,9 @@ class HFEngine(GenerationEngine):
         run has checked it: launched from Python). `packed_decode`: on a CPU those steps
         multiply through copies of the weights packed once for the CPU's kernels (bf16:
         oneDNN's, `onednn_weights.py`; fp32: MKL's, `packed_matmul.py`), made again only when
-        a weight changed (False: plain products). `cpu_kernels`: on a CPU those steps' attention
-        runs the kernel `cpu_kernels.py` compiles for the machine, where it builds (False, or
-        no compiler: torch's sdpa)."""
+        a weight changed (False: plain products). `cpu_kernels`: on a CPU those steps' attention,
+        RMSNorms and SiLU run the kernels `cpu_kernels.py` compiles for the machine, where they
+        build (False, or no compiler: torch's ops)."""
         super().__init__(tokenizer)
         self.model = model
         self.merge_lora = merge_lora
@@ -499,7 +499,7 @@ class HFEngine(GenerationEngine):
         if self.fast_decode and plain and params.max_tokens > 1:
             fast = self._decode_step = DecodeStep.build(model, self._decode_step)
             if fast is not None:
-                fast.attention_kernel = self._attention_kernel(device)
+                fast.kernels = self._kernels(device)
         path = "fast" if fast is not None else "model"
         # One prompt for every row (a GRPO group's first turn): its prefilled positions hold
         # the same keys in every row, and the decode step can read them once (decode_step.py;
@@ -562,13 +562,13 @@ class HFEngine(GenerationEngine):
                 next_pos = next_pos + 1
         return state.finish(cache)
 
-    def _attention_kernel(self, device: torch.device) -> Callable[..., torch.Tensor] | None:
-        """`cpu_kernels.decode_attention` for a CPU decode step (`cpu_kernels`), where it builds
+    def _kernels(self, device: torch.device) -> Any | None:
+        """The `cpu_kernels` module for a CPU decode step (`cpu_kernels`), where its library builds
         (a warning, once per engine, where it does not); None otherwise."""
         if not self.cpu_kernels or device.type != "cpu":
             return None
         if cpu_kernels.available():
-            return cpu_kernels.decode_attention
+            return cpu_kernels
         if not self._warned_kernels:
             self._warned_kernels = True
             warnings.warn(f"hf engine: the CPU decode kernels could not be built ({cpu_kernels.why_unavailable()}); "
