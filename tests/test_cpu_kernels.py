@@ -224,3 +224,81 @@ def test_the_build_is_cached_per_machine_and_source():
     assert folder.parent == cpu_kernels.cache_dir() / "kernels"
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(f".{folder.name}-")]  # no scratch left
     assert cpu_kernels.build_key() == folder.name and len(folder.name) == 16
+
+
+def _weight(n: int, k: int, dtype, seed: int) -> torch.Tensor:
+    return (torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05).to(dtype)
+
+
+@pytest.mark.parametrize("kind", [0, 1, 2])
+def test_linear_halves_give_the_whole_product(kind):
+    """The helper thread's half and the caller's, side by side, against the whole product of
+    the same kernel: oneDNN's packed bf16 (0), MKL's packed fp32 (1), `F.linear` (2)."""
+    from workbench.engines.onednn_weights import OneDNNWeights, available as onednn_available
+    from workbench.engines.packed_matmul import PackedWeights, available as mkl_available
+
+    dtype = torch.bfloat16 if kind == 0 else torch.float32
+    if kind == 0 and not onednn_available(dtype):
+        pytest.skip("no oneDNN bf16 kernels on this CPU")
+    if kind == 1 and not mkl_available(1):
+        pytest.skip("no MKL packed GEMM in this torch")
+    w, b = _weight(200, 96, dtype, 5), torch.linspace(-1, 1, 200).to(dtype)
+    x = torch.randn(8, 96, generator=torch.Generator().manual_seed(6)).to(dtype)
+    whole = F.linear(x.double(), w.double(), b.double())
+    if kind == 2:
+        y = cpu_kernels.linear_halves(2, x, w[:120], w[120:], w[:120], w[120:], b[:120], b[120:], 0)
+    else:
+        packer = OneDNNWeights() if kind == 0 else PackedWeights()
+        if kind == 1:
+            packer.begin_step(8)
+        xp = packer.pad(x)
+        k, *operands = packer.half_operands(xp, w, b, 120)
+        assert k == kind
+        y = cpu_kernels.linear_halves(k, xp, *operands)[:8]
+    assert y.shape == (8, 200)
+    assert float((y.double() - whole).abs().max()) <= (0.02 if dtype == torch.bfloat16 else 1e-5)
+
+
+def test_the_helper_runs_one_thread_and_hands_back_errors():
+    from workbench.engines.decode_threads import SpinHelper
+
+    before = torch.get_num_threads()
+    helper = SpinHelper()
+    assert cpu_kernels.helper_threads() == 1 and torch.get_num_threads() == before
+    w = _weight(64, 32, torch.float32, 7)
+    x = torch.randn(4, 32)
+    with pytest.raises(RuntimeError, match="kind 0 .*, 1 .* or 2"):
+        helper.linear_halves(5, x, w[:32], w[32:], w[:32], w[32:], None, None, 0)
+    with pytest.raises(RuntimeError):  # the helper's half has the wrong inner size: raised here
+        helper.linear_halves(2, x, w[:32], w[32:, :16], w[:32], w[32:, :16], None, None, 0)
+    y = helper.linear_halves(2, x, w[:32], w[32:], w[:32], w[32:], None, None, 0)  # still works after
+    assert torch.allclose(y, x @ w.T, atol=1e-5)
+
+
+def test_the_helper_thread_spins_only_while_a_step_is_open():
+    """Process CPU time over 0.3 s of wall time: ~0.3 s more while a step is open (the helper
+    spins), next to nothing once it is closed (it sleeps); an open step left idle for long
+    also ends in sleep."""
+    import time
+
+    from workbench.engines.decode_threads import SpinHelper
+
+    helper = SpinHelper()
+
+    def cpu_seconds_over(wall: float) -> float:
+        c0 = time.process_time()
+        time.sleep(wall)
+        return time.process_time() - c0
+
+    closed = cpu_seconds_over(0.3)
+    helper.begin()
+    w = _weight(64, 32, torch.float32, 8)
+    helper.linear_halves(2, torch.randn(2, 32), w[:32], w[32:], w[:32], w[32:], None, None, 0)
+    t0 = time.process_time()
+    time.sleep(0.015)  # within the helper's 20 ms of spinning after a product
+    spinning = time.process_time() - t0
+    open_idle = cpu_seconds_over(0.3)  # past the helper's 20 ms of idle spinning
+    helper.end()
+    assert closed < 0.05, closed
+    assert spinning > 0.003, spinning  # awake right after a product in an open step (a busy machine: less)
+    assert open_idle < 0.1, open_idle  # ...but not for long without one

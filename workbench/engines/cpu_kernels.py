@@ -11,6 +11,11 @@ several times the cache read (`benchmarks/decode_floor.py`: at 128 rows in bf16 
 up`, one pass each on the calling thread instead of six and two eager ops, rounding where
 those round.
 
+`linear_halves` (`csrc/decode_helper.cpp`) runs one half of a product's outputs on a helper
+thread that spins while a decode step is open (`helper_begin` / `helper_end`) and sleeps
+otherwise, the other half on the calling thread: two threads stream the weights with no
+OpenMP wake-up per product (`decode_threads.SpinHelper`).
+
 Building: the first call of `available()` in a process compiles the sources with the C++
 compiler (`$CXX`, else `c++`) against this torch's headers and libraries, `-O3
 -march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>` (key: the
@@ -37,7 +42,8 @@ import torch
 from workbench.models.loading import cache_dir, publish_folder, scratch_folder
 
 #: The kernels' C++ sources, built into one library.
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_attention.cpp", "decode_ops.cpp"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_attention.cpp", "decode_ops.cpp",
+                                                                       "decode_helper.cpp"))
 #: The shared library's name in its cache folder (also the folder's completeness mark).
 LIBRARY = "workbench_cpu.so"
 #: Longest a build may take before it counts as failed (seconds).
@@ -136,6 +142,30 @@ def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     additive, all one dtype (bf16 or fp32), on the CPU -> (B, KV, G, D):
     softmax(q @ keys^T * scale + bias) @ values, in fp32 rounded once (needs `available()`)."""
     return torch.ops.workbench_cpu.decode_attention(q, keys, values, bias, scale)
+
+
+def linear_halves(kind: int, x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, o0: torch.Tensor,
+                  o1: torch.Tensor, b0: torch.Tensor | None, b1: torch.Tensor | None, batch: int) -> torch.Tensor:
+    """x (B, K) through two halves of a weight's outputs at once, one on the helper thread ->
+    (B, N0 + N1). `kind` 0: oneDNN's packed bf16 linear (w0, w1 packed; o0, o1 unused), 1: MKL's
+    packed fp32 one (o0, o1 the halves' original weights, `batch` the rows they were packed
+    for), 2: `F.linear` (w0, w1 the halves). Needs `available()`."""
+    return torch.ops.workbench_cpu.linear_halves(kind, x, w0, w1, o0, o1, b0, b1, batch)
+
+
+def helper_begin() -> None:
+    """A decode step opens: the helper thread spins for `linear_halves` until `helper_end()`."""
+    torch.ops.workbench_cpu.helper_begin()
+
+
+def helper_end() -> None:
+    """The decode step is done: the helper thread sleeps again (after the last open step ends)."""
+    torch.ops.workbench_cpu.helper_end()
+
+
+def helper_threads() -> int:
+    """The OpenMP threads the helper thread's halves run on (1)."""
+    return int(torch.ops.workbench_cpu.helper_threads())
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

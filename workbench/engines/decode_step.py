@@ -66,6 +66,9 @@ SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "mistral")
 #: one thread -> one thread + helper): fp32 67-69 -> 47-50 (two OpenMP threads: 60-63);
 #: bf16 (the LM head and gate/up split) 33-34 -> 30-33, about the run-to-run noise.
 SPLIT_MIN_BYTES = 2_000_000
+#: The same for a `SpinHelper` (compiled, no wake-up per product): every projection of SmolLM2's
+#: layers (0.66 MB and up in bf16) is split.
+COMPILED_SPLIT_MIN_BYTES = 256_000
 
 
 @dataclass
@@ -122,12 +125,18 @@ class _Proj:
         weight's two halves of outputs packed apart, one per thread); None below the packed
         row minimum."""
         N = self.weight.shape[0]
-        if split is None or N < 2 or self.weight.numel() * self.weight.element_size() < SPLIT_MIN_BYTES:
+        compiled = getattr(split, "compiled", False)  # a SpinHelper: halves meet without a wake-up
+        least = COMPILED_SPLIT_MIN_BYTES if compiled else SPLIT_MIN_BYTES
+        if split is None or N < 2 or self.weight.numel() * self.weight.element_size() < least:
             return packed.linear(x, self.weight, self.bias)
         xp = packed.pad(x)  # (P, K)
         if xp is None:
             return None
         h, halves = N // 2, [None, None]
+        if compiled:
+            kind, *operands = packed.half_operands(xp, self.weight, self.bias, h)
+            y = split.linear_halves(kind, xp, *operands)  # (P, N), fp32 from MKL's kernel
+            return y.to(packed.dtype)[: x.shape[0]]  # (B, N)
 
         def half(i: int, part: tuple[int, int]) -> None:
             halves[i] = packed.product(xp, self.weight, self.bias, part)  # (P, N_i)
@@ -419,6 +428,13 @@ class DecodeStep:
         first wakes the sleeping threads: on a 2-core EPYC VM an add of two (128, 576) bf16
         tensors took 19 us on one thread and 83 us on two (2026-12-03). The thread count is
         `product_threads` again when the step returns."""
+        if getattr(split, "compiled", False):  # the SpinHelper's thread spins while the step runs
+            split.begin()
+            try:
+                return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out,
+                                  0)
+            finally:
+                split.end()
         if product_threads > 1:
             torch.set_num_threads(1)
             try:

@@ -123,6 +123,34 @@ class MatmulHelper:
             self._thread.join()
 
 
+class SpinHelper(MatmulHelper):
+    """`MatmulHelper` whose packed products run through `cpu_kernels.linear_halves`: the second
+    half on a compiled helper thread that spins while a decode step is open (`begin()` /
+    `end()`) and sleeps otherwise, so a product's two halves meet with no thread wake-up in
+    between (the Python helper's queue and event cost one per product). `run` (plain products,
+    Python callables) is `MatmulHelper`'s. Needs `cpu_kernels.available()`."""
+
+    compiled = True
+
+    def __init__(self) -> None:
+        from workbench.engines import cpu_kernels
+
+        super().__init__()
+        self._kernels = cpu_kernels
+        cpu_kernels.helper_begin()  # starts the helper thread now, not in the first timed step
+        cpu_kernels.helper_end()
+
+    def begin(self) -> None:
+        self._kernels.helper_begin()
+
+    def end(self) -> None:
+        self._kernels.helper_end()
+
+    def linear_halves(self, *args: Any) -> torch.Tensor:
+        """`cpu_kernels.linear_halves(kind, x, w0, w1, o0, o1, b0, b1, batch)`."""
+        return self._kernels.linear_halves(*args)
+
+
 class DecodeThreads:
     """Picks the decode steps' thread count by timing (module docstring)."""
 

@@ -140,7 +140,8 @@ from workbench.engines.base import GenerationEngine, GenerationResult, SamplingP
 from workbench.engines.batching import DynamicBatcher
 from workbench.engines.decode_state import _COMPACT_FRACTION, _DecodeState  # noqa: F401 (_COMPACT_FRACTION: tests)
 from workbench.engines.decode_step import DecodeStep
-from workbench.engines.decode_threads import LARGE_PREFILL, SPLIT, DecodeModes, DecodeThreads, MatmulHelper
+from workbench.engines.decode_threads import (LARGE_PREFILL, SPLIT, DecodeModes, DecodeThreads, MatmulHelper,
+                                              SpinHelper)
 from workbench.engines.onednn_weights import OneDNNWeights, available as onednn_available
 from workbench.engines.packed_matmul import Fp32Products, PackedWeights, available as packed_available
 from workbench.engines.kv_cache import (CPU_CHUNK_ROWS, chunk_rows, _build_cache, _GrowingLayer,  # noqa: F401
@@ -515,7 +516,8 @@ class HFEngine(GenerationEngine):
             fp32 = isinstance(packed, OneDNNWeights) and packed_available(2 * fast.packed_bytes())
             self.decode_threads = DecodeModes(device, split=fast is not None, fp32=fp32)
             if SPLIT in self.decode_threads.candidates:
-                self._helper = MatmulHelper()
+                # compiled where the CPU kernels are (no wake-up per product), else the Python one
+                self._helper = SpinHelper() if fast.kernels is not None else MatmulHelper()
                 # An engine dropped without close() (a Trainer garbage-collected) still ends its thread.
                 weakref.finalize(self, self._helper.close)
         # the decode steps' fp32 logits of a 16-bit model go into one buffer (DecodeStep: `logits_out`)

@@ -95,6 +95,14 @@ class OneDNNWeights:
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return self.product(x, weight, bias)
 
+    def half_operands(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      h: int) -> tuple:
+        """`cpu_kernels.linear_halves`' operands after x for `weight`'s outputs [0, h) and [h, N):
+        (kind 0, packed half 0, packed half 1, the same two, bias halves, 0)."""
+        w0, w1 = self._packed(weight, (0, h)), self._packed(weight, (h, weight.shape[0]))
+        b0, b1 = (bias[:h], bias[h:]) if bias is not None else (None, None)
+        return 0, w0, w1, w0, w1, b0, b1, 0
+
     def clear(self) -> None:
         with self._lock:
             self._packs.clear()

@@ -203,6 +203,19 @@ class PackedWeights:
         self._step_products += time.perf_counter() - start
         return out
 
+    def half_operands(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                      h: int) -> tuple:
+        """`cpu_kernels.linear_halves`' operands after xp (P, K) for `weight`'s outputs [0, h) and
+        [h, N): (kind 1, packed halves for P rows, their fp32 weight arguments, bias halves, P);
+        the result is fp32 (`Fp32Products` casts it back)."""
+        P, N = xp.shape[0], weight.shape[0]
+        packs = self._packed(weight, P, (0, h)), self._packed(weight, P, (h, N))
+        halves = weight[:h], weight[h:]
+        if weight.dtype != torch.float32:  # as `product`: only the output width is read
+            halves = tuple(weight.new_zeros((), dtype=torch.float32).expand(w.shape) for w in halves)
+        b = (bias[:h].float(), bias[h:].float()) if bias is not None else (None, None)
+        return 1, *packs, *halves, *b, P
+
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x (B, K) fp32, weight (N, K) contiguous fp32 -> (B, N) = x @ weight.T + bias through
         the packed copy at B's bucket (x padded to it, `pad`); None below `PACKED_MIN_ROWS`
