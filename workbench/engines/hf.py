@@ -63,11 +63,14 @@ nothing is widened or copied per turn or step.
 For Llama-family models the decode steps (not the prefill) run `decode_step.DecodeStep`,
 the same math as plain tensor code over the model's parameters (`fast_decode=False`: the
 model's forward), in a mode timed over the first steps of each row bucket (live rows
-rounded up to a power of two; `decode_threads.py`): all threads, one, or one with the
-step's large matmuls split over a second thread. On a CPU every mode multiplies through
-copies of the weights packed once for the CPU's kernels (`packed_decode`, from
-`inference.packed_decode`): oneDNN's for bf16 (`onednn_weights.py`), MKL's for fp32 from
-4 rows up (`packed_matmul.py`), packed again only when a weight changed.
+rounded up to a power of two; `decode_threads.py`): all threads (only the products and
+attention then run on them, the small ops on one), one, or one with the step's matmuls
+split over a second thread (a compiled helper that spins while the step runs, where the
+CPU kernels build). On a CPU every mode multiplies through copies of the weights packed
+once for the CPU's kernels (`packed_decode`, from `inference.packed_decode`): oneDNN's for
+bf16 (`onednn_weights.py`), MKL's for fp32 from 4 rows up (`packed_matmul.py`), packed
+again only when a weight changed; and runs its attention, RMSNorms and SiLU through kernels
+compiled for the machine (`cpu_kernels.py`, from `inference.cpu_kernels`).
 
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `model_hooks._sdpa_gqa_forward` instead -- the same math, but torch's
