@@ -302,3 +302,31 @@ def test_the_helper_thread_spins_only_while_a_step_is_open():
     assert closed < 0.05, closed
     assert spinning > 0.003, spinning  # awake right after a product in an open step (a busy machine: less)
     assert open_idle < 0.1, open_idle  # ...but not for long without one
+
+
+def test_a_forked_child_gets_a_helper_of_its_own(tmp_path):
+    """The helper's thread does not survive a fork: a child that splits a product after its
+    parent did starts its own helper instead of waiting for the parent's (which would hang).
+    Like any torch op after a fork, it needs the child on one OpenMP thread: a parallel op
+    there hangs in libgomp whatever this helper does."""
+    script = """
+import os, signal, sys, torch
+from workbench.engines import cpu_kernels
+assert cpu_kernels.available()
+w, x = torch.randn(64, 32), torch.randn(4, 32)
+def halves():
+    return cpu_kernels.linear_halves(2, x, w[:32], w[32:], w[:32], w[32:], None, None, 0)
+assert torch.allclose(halves(), x @ w.T, atol=1e-5)
+torch.randn(1 << 20).sum()  # the parent's OpenMP pool is in use
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)  # a hang fails the child, not the suite
+    torch.set_num_threads(1)  # torch itself needs this after a fork (libgomp's pool stays in the parent)
+    os._exit(0 if torch.allclose(halves(), x @ w.T, atol=1e-5) else 3)
+_, status = os.waitpid(pid, 0)
+print("child", os.waitstatus_to_exitcode(status))
+"""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_WAIT_POLICY": "PASSIVE"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "child 0" in done.stdout, done.stdout

@@ -27,6 +27,8 @@
 #include <optional>
 #include <thread>
 
+#include <unistd.h>
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -167,10 +169,19 @@ class Helper {
 
 std::mutex g_mu;
 std::unique_ptr<Helper> g_helper;
+pid_t g_helper_pid = 0;
 
 Helper& helper() {
   std::lock_guard<std::mutex> lk(g_mu);
-  if (!g_helper) g_helper = std::make_unique<Helper>();
+  if (g_helper && g_helper_pid != getpid()) {
+    // a forked child: the helper's thread stayed in the parent, so this one (never joinable here)
+    // is left as it is and the child starts its own
+    g_helper.release();
+  }
+  if (!g_helper) {
+    g_helper = std::make_unique<Helper>();
+    g_helper_pid = getpid();
+  }
   return *g_helper;
 }
 
