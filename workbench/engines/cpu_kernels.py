@@ -44,6 +44,8 @@ from workbench.models.loading import cache_dir, publish_folder, scratch_folder
 #: The kernels' C++ sources, built into one library.
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_attention.cpp", "decode_ops.cpp",
                                                                        "decode_helper.cpp"))
+#: The headers they include.
+HEADERS = (Path(__file__).with_name("csrc") / "fast_exp.h",)
 #: The shared library's name in its cache folder (also the folder's completeness mark).
 LIBRARY = "workbench_cpu.so"
 #: Longest a build may take before it counts as failed (seconds).
@@ -65,10 +67,10 @@ def _cpu_flags() -> str:
 
 
 def build_key() -> str:
-    """What a build depends on: the sources, this file (the build command), torch's version and
+    """What a build depends on: the sources and headers, this file (the build command), torch's version and
     the CPU (16 hex digits)."""
     h = hashlib.sha256()
-    for part in (*(src.read_bytes() for src in SOURCES), Path(__file__).read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
+    for part in (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), Path(__file__).read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
                  platform.machine().encode()):
         h.update(part)
         h.update(b"\0")

@@ -14,6 +14,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "fast_exp.h"
+
 #include <immintrin.h>
 
 #include <cmath>
@@ -23,29 +25,6 @@
 #include <vector>
 
 namespace {
-
-// exp(x) for x <= 0, branch-free so that loops over it vectorize: x = n ln2 + r with |r| <= ln2/2,
-// e^r by its degree-7 Taylor polynomial (error below 2e-7 relative), 2^n added to the exponent
-// bits; below -87 (where float's normal range ends) the result is 0, so exp(-inf) = 0.
-inline float exp_nonpositive(float x) {
-  const float xc = x < -87.0f ? -87.0f : x;
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
-  const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, sizeof bits);
-  bits += static_cast<int32_t>(n) * (1 << 23);
-  float y;
-  std::memcpy(&y, &bits, sizeof y);
-  return x < -87.0f ? 0.0f : y;
-}
 
 // One register of floats and its few operations, for the instruction set `-march=native` gives.
 #if defined(__AVX512F__)
@@ -141,7 +120,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
           std::fill(sg, sg + T, 0.0f);
           continue;
         }
-        for (int64_t t = 0; t < T; ++t) sg[t] = exp_nonpositive(sg[t] - top);
+        for (int64_t t = 0; t < T; ++t) sg[t] = workbench_cpu::fast_exp(sg[t] - top);
         float total = 0;
         for (int64_t t = 0; t < T; ++t) total += sg[t];
         const float inv = 1.0f / total;

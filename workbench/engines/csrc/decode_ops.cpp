@@ -11,6 +11,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "fast_exp.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -20,28 +22,6 @@ namespace {
 template <typename S>
 inline S round_to(float x) {
   return static_cast<S>(x);
-}
-
-// exp(x) for any float x, as in decode_attention.cpp but over the whole range: 2^n put into the
-// exponent bits, n clamped to float's normal range (exp underflows to ~0 and overflows to ~3e38).
-inline float exp_any(float x) {
-  const float xc = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
-  const float r = (xc - n * 0.693145751953125f) - n * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  int32_t bits;
-  std::memcpy(&bits, &p, sizeof bits);
-  bits += static_cast<int32_t>(n) * (1 << 23);
-  float y;
-  std::memcpy(&y, &bits, sizeof y);
-  return y;
 }
 
 template <typename S>
@@ -98,7 +78,7 @@ void silu_mul_rows(const S* g, const S* u, S* out, int64_t rows, int64_t n, int6
     S* yr = out + r * n;
     for (int64_t j = 0; j < n; ++j) {
       const float x = static_cast<float>(gr[j]);
-      const float silu = static_cast<float>(round_to<S>(x / (1.0f + exp_any(-x))));
+      const float silu = static_cast<float>(round_to<S>(x / (1.0f + workbench_cpu::fast_exp(-x))));
       yr[j] = round_to<S>(silu * static_cast<float>(ur[j]));
     }
   }
