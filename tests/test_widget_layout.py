@@ -201,7 +201,10 @@ def test_batch_html_and_table_fit(scored):
     table = TrajectoryTable(batch)
     drawn, left = shown_columns(table.df)
     assert {"tool_calls", "human_turns", "error"} <= set(left)  # nothing in them for this batch
-    assert {"index", "seed", "reward", "success", "adv_mean"} <= set(drawn)
+    assert {"index", "seed", "reward", "success"} <= set(drawn)
+    # advantages are drawn when some episode has one: the sampled groups may all be flat (equal
+    # rewards, all 0), which depends on the CPU's rounding and the decode kernels
+    assert ("adv_mean" in drawn) == any(abs(v) > 0 for v in table.df["adv_mean"])
     heads = re.findall(r"<th>([^<]*)</th>", table.html)
     assert heads == [c.replace("_", " ") for c in drawn]
     assert "not drawn, empty in every row: " in table._msg.value
