@@ -72,7 +72,7 @@ install: $(STAMP) tokenizers peers kernels
 
 # The hf engine's CPU decode kernels (workbench/engines/cpu_kernels.py), compiled once for this machine
 # and torch into $(WORKBENCH_CACHE)/kernels, so that no rollout waits for the build; where no C++
-# compiler is found it says so, and the engine uses torch's attention.
+# compiler is found it says so, and the engine uses torch's ops.
 kernels: $(STAMP)
 	@$(BIN)/python -c 'from workbench.engines.cpu_kernels import main; raise SystemExit(main())'
 

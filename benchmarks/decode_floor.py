@@ -47,9 +47,9 @@ thread) and 31.5 ms under `OMP_WAIT_POLICY=ACTIVE` (two threads).
 (off: plain products; on: the engine's default, packed weights), their timed calls
 interleaved (`--rounds` rounds of one call each), so the printed ratio (the median over
 rounds of off's step over on's) is measured against a baseline under the same load.
-`--setting cpu_kernels` switches `inference.cpu_kernels` instead (off: torch's sdpa; on: the
-attention kernel compiled for the machine, `workbench/engines/cpu_kernels.py`), packed
-products on in both. Results go to `benchmarks/results/decode_floor.json` (`--out`).
+`--setting cpu_kernels` switches `inference.cpu_kernels` instead (off: torch's sdpa, norms
+and SiLU and the Python split helper; on: the kernels compiled for the machine,
+`workbench/engines/cpu_kernels.py`), packed products on in both. Results go to `benchmarks/results/decode_floor.json` (`--out`).
 """
 from __future__ import annotations
 

@@ -154,12 +154,14 @@ class InferenceConfig(StrictFields, section="inference"):
     no copies (they cost the weights' bytes once more in bf16, up to twice more in fp32). No effect on accelerators, for other
     dtypes, or for models the engine's decode step does not cover."""
     cpu_kernels: bool = True
-    """hf engine on a CPU: the decode steps' attention runs a kernel compiled for this machine
+    """hf engine on a CPU: the decode steps run kernels compiled for this machine
     (`workbench/engines/cpu_kernels.py`: built once with the C++ compiler into the cache,
-    ~20-30 s, which `make install` does), one pass over each row's keys and values, instead of
-    torch's `scaled_dot_product_attention`. Where it cannot be built (no compiler), the engine
-    warns once and uses torch's. False: torch's, no build. No effect on accelerators or for
-    models the engine's decode step does not cover."""
+    ~20-30 s, which `make install` does): attention in one pass over each row's keys and
+    values instead of torch's `scaled_dot_product_attention`, RMSNorm and SiLU-times-up as one
+    op each, and the split decode mode's second thread as a compiled helper that spins while
+    a step runs. Where they cannot be built (no compiler), the engine warns once and uses
+    torch's ops and the Python helper. False: those, no build. No effect on accelerators or
+    for models the engine's decode step does not cover."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"

@@ -1,8 +1,8 @@
 """Kernels compiled on the machine that runs them, for the hf engine's CPU decode step.
 
-`decode_attention` (`csrc/decode_attention.cpp`) is the attention of a decode step's new token over the KV cache:
-one pass over each row's keys and values for all the query
-heads that share them, in fp32, rounded once. torch's `scaled_dot_product_attention` runs
+`decode_attention` (`csrc/decode_attention.cpp`) is the attention of a decode step's new
+token over the KV cache: one pass over each row's keys and values for all the query heads
+that share them, in fp32, rounded once. torch's `scaled_dot_product_attention` runs
 a flash-attention kernel built for long queries; for the one new token per row it spent
 several times the cache read (`benchmarks/decode_floor.py`: at 128 rows in bf16 on a
 2-core Xeon, 2.2 ms per layer where the layer's keys and values are read in ~0.3 ms).
@@ -18,14 +18,14 @@ OpenMP wake-up per product (`decode_threads.SpinHelper`).
 
 Building: the first call of `available()` in a process compiles the sources with the C++
 compiler (`$CXX`, else `c++`) against this torch's headers and libraries, `-O3
--march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>` (key: the
-sources, the build command, torch's version and the CPU's flags, so another machine or torch
-builds its own), and
-loads it with `torch.ops.load_library`; later processes load the cached build. A build takes
-~20-30 s on 2 cores; `make install` runs it (`cpu_kernels.main()`), so the first rollout
-does not. Where it cannot be built (no compiler, headers missing, a
-compiler error), `available()` is False, `why_unavailable()` says why, the engine warns once
-and its decode steps run torch's attention. `inference.cpu_kernels=false` skips all of this.
+-march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>`
+(key: the sources, the compiler's flags, torch's version and the CPU's flags, so another
+machine or torch builds its own), and loads it with `torch.ops.load_library`; later
+processes load the cached build. A build takes ~20-30 s on 2 cores; `make install` runs it
+(`cpu_kernels.main()`), so the first rollout does not. Where it cannot be built (no
+compiler, headers missing, a compiler error), `available()` is False, `why_unavailable()`
+says why, the engine warns once and its decode steps run torch's ops (and the Python
+`MatmulHelper` in the split mode). `inference.cpu_kernels=false` skips all of this.
 """
 from __future__ import annotations
 
@@ -48,6 +48,10 @@ SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_att
 HEADERS = (Path(__file__).with_name("csrc") / "fast_exp.h",)
 #: The shared library's name in its cache folder (also the folder's completeness mark).
 LIBRARY = "workbench_cpu.so"
+#: The compiler's flags. -fopenmp: at::parallel_for's threads; the library then needs
+#: libgomp.so.1, which resolves to the one torch loaded (torch/lib's, the same soname): one
+#: OpenMP pool, torch's thread count.
+CXXFLAGS = ("-shared", "-fPIC", "-O3", "-march=native", "-fopenmp", "-std=c++17")
 #: Longest a build may take before it counts as failed (seconds).
 BUILD_TIMEOUT_S = 600
 
@@ -67,11 +71,11 @@ def _cpu_flags() -> str:
 
 
 def build_key() -> str:
-    """What a build depends on: the sources and headers, this file (the build command), torch's version and
-    the CPU (16 hex digits)."""
+    """What a build depends on: the sources and headers, the compiler's flags, torch's version
+    and the CPU (16 hex digits)."""
     h = hashlib.sha256()
-    for part in (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), Path(__file__).read_bytes(), torch.__version__.encode(), _cpu_flags().encode(),
-                 platform.machine().encode()):
+    for part in (*(src.read_bytes() for src in (*SOURCES, *HEADERS)), " ".join(CXXFLAGS).encode(),
+                 torch.__version__.encode(), _cpu_flags().encode(), platform.machine().encode()):
         h.update(part)
         h.update(b"\0")
     return h.hexdigest()[:16]
@@ -91,9 +95,7 @@ def _compile(out: Path) -> None:
         raise RuntimeError(f"no C++ compiler: {cxx!r} is not on PATH (install g++, or set CXX)")
     libdir = Path(torch.__file__).parent / "lib"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    # -fopenmp: at::parallel_for's threads. The library then needs libgomp.so.1, which resolves to
-    # the one torch loaded (torch/lib's, the same soname): one OpenMP pool, torch's thread count.
-    cmd = [cxx, "-shared", "-fPIC", "-O3", "-march=native", "-fopenmp", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+    cmd = [cxx, *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
            *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(out),
            f"-L{libdir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libdir}"]
     try:

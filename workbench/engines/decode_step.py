@@ -106,15 +106,10 @@ class _Proj:
               packed: "PackedWeights | OneDNNWeights | None" = None, wide: int = 0) -> torch.Tensor:
         """x: (B, K) -> the (B, N) outputs side by side (`__call__` without the split)."""
         packs = packed is not None and packed.dtype == self.weight.dtype
-        if wide:
-            torch.set_num_threads(wide)
-        try:
+        with _Wide(wide):
             y = self._packed_product(x, split, packed) if packs else None
             if y is None:  # below the packed row minimum (x @ W.T there: see PACKED_MIN_ROWS), or not packed
                 y = self._product(x, split, self.transposed and not packs)  # (B, N)
-        finally:
-            if wide:
-                torch.set_num_threads(1)
         if self.lora_a is not None:
             y = (y + F.linear(F.linear(x.to(self.lora_a.dtype), self.lora_a), self.lora_b)).to(x.dtype)
         return y
@@ -428,21 +423,19 @@ class DecodeStep:
         first wakes the sleeping threads: on a 2-core EPYC VM an add of two (128, 576) bf16
         tensors took 19 us on one thread and 83 us on two (2026-12-03). The thread count is
         `product_threads` again when the step returns."""
-        if getattr(split, "compiled", False):  # the SpinHelper's thread spins while the step runs
+        spin = getattr(split, "compiled", False)  # a SpinHelper: its thread spins while the step runs
+        wide = product_threads if product_threads > 1 else 0
+        if spin:
             split.begin()
-            try:
-                return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out,
-                                  0)
-            finally:
-                split.end()
-        if product_threads > 1:
+        if wide:
             torch.set_num_threads(1)
-            try:
-                return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out,
-                                  product_threads)
-            finally:
-                torch.set_num_threads(product_threads)
-        return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out, 0)
+        try:
+            return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out, wide)
+        finally:
+            if wide:
+                torch.set_num_threads(wide)
+            if spin:
+                split.end()
 
     def _step(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any,
               shared_prefix: int, split: "MatmulHelper | None", packed: "PackedWeights | OneDNNWeights | None",
@@ -480,13 +473,8 @@ class DecodeStep:
             qk = _rotary(qk, cos, sin_signed)
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v) if col is None else kv.write_at(col, k, v)  # (B, KV, T|cap, D) each
-            if wide:
-                torch.set_num_threads(wide)
-            try:
+            with _Wide(wide):
                 out = self._attention(q, keys, values, bias, shared_prefix)
-            finally:
-                if wide:
-                    torch.set_num_threads(1)
             out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed, wide)[0]
             x = norm(h, layer.norm_post, layer.eps_post)
@@ -531,6 +519,24 @@ class DecodeStep:
         out = torch.matmul(p_head, values[0, :, :shared].float())  # (KV, B*G, D)
         out = out.reshape(KV, B, G, D).permute(1, 0, 2, 3)  # (B, KV, G, D)
         return out + torch.matmul(probs[..., shared:], values[:, :, shared:].float())
+
+
+class _Wide:
+    """`with _Wide(n):` runs its body on `n` OpenMP threads and the caller's one thread after
+    (a step with `product_threads`); n = 0 changes nothing."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __enter__(self) -> None:
+        if self.n:
+            torch.set_num_threads(self.n)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.n:
+            torch.set_num_threads(1)
 
 
 class _Split:
