@@ -136,14 +136,13 @@ try_config(model__tensor_parallel_size=0)
 # before. Here: a real local Ray cluster on this CPU, 2 rollout workers and 2 learners (gloo).
 
 # %%
-import logging
 import os
 
-import ray as ray_lib
 from envs import make_env
+from workbench.distributed.placement import start_ray
 
 SMOKE = os.environ.get("WORKBENCH_SMOKE") == "1"
-ray_lib.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
+ray_lib = start_ray(num_cpus=4)  # a local cluster of 4 logical CPUs (no dashboard; a slow start is retried)
 
 local = ConfigStore.from_dict(cpu.to_dict())
 local.ray.use_ray, local.ray.num_actors, local.ray.num_learners = True, 2, 2

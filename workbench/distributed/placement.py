@@ -130,15 +130,45 @@ def _cuda_devices() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
+#: Local Ray starts tried before the error is raised (`start_ray`).
+RAY_START_ATTEMPTS = 3
+
+
+def start_ray(address: str | None = None, **options: Any) -> Any:
+    """Start Ray, or join the cluster at `address`, and return the `ray` module.
+
+    The defaults are what the workbench runs with: no dashboard, workers' logs not copied to the
+    driver, Ray's own messages from WARNING up (its INFO lines would fill a notebook's stderr), and
+    the driver's `OMP_WAIT_POLICY` (PASSIVE by default) in every worker. `options` go to
+    `ray.init` (e.g. `num_cpus`) and replace those defaults.
+
+    Ray gives a new local node's raylet a fixed 30 s to register ("The current node timed out
+    during startup"); a machine busy with other work can pass that, so a local start that fails
+    this way is shut down and tried again, `RAY_START_ATTEMPTS` times in all."""
+    ray = require_ray("Ray rollout workers and learners (ray.use_ray)")
+    if ray.is_initialized():
+        return ray
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING,
+                                  runtime_env={"env_vars": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY",
+                                                                                              "PASSIVE")}})
+    kwargs.update(options)
+    for attempt in range(1, RAY_START_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, **kwargs)
+            return ray
+        except Exception as exc:  # noqa: BLE001 (Ray raises a bare Exception for this)
+            if address is not None or "timed out during startup" not in str(exc) or attempt == RAY_START_ATTEMPTS:
+                raise
+            logging.getLogger(__name__).warning("Ray's local node did not start in time (attempt %d of %d); "
+                                                "starting it again", attempt, RAY_START_ATTEMPTS)
+            ray.shutdown()
+    return ray
+
+
 def ensure_ray(config: Any) -> Any:
     """The `ray` module, with Ray started (`ray.address`: None starts a local cluster of
-    this machine's CPUs; an address joins that cluster)."""
-    ray = require_ray("Ray rollout workers and learners (ray.use_ray)")
-    if not ray.is_initialized():
-        # WARNING: Ray's INFO lines ("Started a local Ray instance") would land in a notebook's stderr box
-        ray.init(address=config.ray.address, include_dashboard=False, log_to_driver=False,
-                 logging_level=logging.WARNING, runtime_env={"env_vars": {"OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}})
-    return ray
+    this machine's CPUs; an address joins that cluster; `start_ray`)."""
+    return start_ray(config.ray.address)
 
 
 def _totals(asked: Sequence[Demand]) -> dict[str, float]:
