@@ -81,6 +81,19 @@ def test_attention_agrees_with_sdpa(dtype):
     assert float((ours.float() - theirs.float()).abs().max()) <= 2 * ATOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_attention_shared_with_the_helper_thread_gives_the_same_bits(dtype):
+    """`helper=True`: half of the (row, KV head) pairs on the spinning helper; each pair's sums are
+    the same on either thread."""
+    q, keys, values, bias = _case(dtype, B=5)
+    cpu_kernels.helper_begin()
+    try:
+        two = cpu_kernels.decode_attention(q, keys, values, bias, 0.2, helper=True)
+    finally:
+        cpu_kernels.helper_end()
+    assert torch.equal(two, cpu_kernels.decode_attention(q, keys, values, bias, 0.2))
+
+
 def test_a_row_with_no_real_position_gives_zeros_not_nan():
     q, keys, values, bias = _case(torch.float32)
     bias[0].fill_(float("-inf"))

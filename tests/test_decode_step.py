@@ -66,10 +66,12 @@ def _prefill(model, rows: list[list[int]]):
     return cache, mask, pos[:, -1:] + 1
 
 
-def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = False, kernels=None):
+def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = False, kernels=None,
+             packed=None, split=None):
     """Decode `steps` tokens both ways from the same prefill; the largest logit gap.
     `shared_prompt`: every row holds the same prompt and the step reads it once.
-    `kernels`: the step's (`DecodeStep.kernels`, the `cpu_kernels` module; None: torch's ops)."""
+    `kernels`: the step's (`DecodeStep.kernels`, the `cpu_kernels` module; None: torch's ops);
+    `packed`, `split`: its products' packed weights and helper thread (None: plain products)."""
     rows = [[5, 9, 11, 3, 7], [4, 8], [6, 2, 1, 9, 10, 12, 13]]  # different lengths: padding matters
     if shared_prompt:
         rows = [[5, 9, 11, 3, 7, 2]] * 3
@@ -85,7 +87,10 @@ def _compare(model, steps: int = 3, atol: float = 1e-4, shared_prompt: bool = Fa
         with torch.no_grad():
             ref = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=pos, past_key_values=ref_cache,
                         use_cache=True).logits[:, -1].float()  # (B, V)
-            fast = step(tokens, mask, pos, cache, shared_prefix=6 if shared_prompt else 0)  # (B, V)
+            if packed is not None:
+                packed.begin_step(len(tokens))
+            fast = step(tokens, mask, pos, cache, shared_prefix=6 if shared_prompt else 0, split=split,
+                        packed=packed)  # (B, V)
         assert fast.dtype == torch.float32 and fast.shape == ref.shape
         worst = max(worst, float((fast - ref).abs().max()))
         assert torch.allclose(fast, ref, atol=atol, rtol=0), (fast - ref).abs().max()
@@ -419,6 +424,7 @@ def test_engine_in_split_mode_gives_the_model_forward_tokens(tiny_model_and_toke
     if torch.get_num_threads() < 2:
         pytest.skip("the split mode needs two threads")
     monkeypatch.setattr(decode_step, "SPLIT_MIN_BYTES", 0)
+    monkeypatch.setattr(decode_step, "COMPILED_SPLIT_MIN_BYTES", 0)
     model, tok = tiny_model_and_tokenizer
     prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128)]
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
@@ -426,9 +432,13 @@ def test_engine_in_split_mode_gives_the_model_forward_tokens(tiny_model_and_toke
     engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser and helper
     assert SPLIT in engine.decode_threads.candidates and engine._helper is not None
     engine.decode_threads.force(SPLIT)  # every row bucket
-    calls = []
+    calls = []  # halves the helper ran: Python callables (`run`), or the compiled helper's products
     monkeypatch.setattr(engine._helper, "run", lambda mine, theirs, run=engine._helper.run: calls.append(1) or
                         run(mine, theirs))
+    for name in ("linear_halves", "skinny_halves"):
+        for owner in (engine._helper, *engine._packers.values()):
+            if hasattr(owner, name):
+                monkeypatch.setattr(owner, name, lambda *a, f=getattr(owner, name): calls.append(1) or f(*a))
     fast = engine.generate_ids(prompts, params)
     slow = HFEngine(model, tok, fast_decode=False).generate_ids(prompts, params)
     assert calls  # the helper ran halves

@@ -163,7 +163,8 @@ def test_decode_step_with_packed_weights_matches_the_model(make):
 def test_engine_multiplies_through_packed_weights_in_every_mode(tiny_model_and_tokenizer):
     """With `packed_decode` on (the default), the engine's fp32 decode steps (all threads
     here) sample the ids the model's forward gives, follow an in-place weight change
-    (packed again), and say so in their stats; off, nothing is packed."""
+    (packed again), and say so in their stats; off, nothing is packed. (Without the CPU
+    kernels: with them, steps of few rows run the skinny kernel, test_skinny_weights.py.)"""
     from workbench.engines.base import SamplingParams
     from workbench.engines.hf import HFEngine
 
@@ -171,7 +172,7 @@ def test_engine_multiplies_through_packed_weights_in_every_mode(tiny_model_and_t
     model = copy.deepcopy(model)
     prompts = [list(tok(f"Guess the number between 1 and {n}.")["input_ids"]) for n in (4, 16, 128, 9, 70, 3)]
     params = SamplingParams(max_tokens=12, temperature=1.0, seed=3)
-    engine = HFEngine(model, tok)
+    engine = HFEngine(model, tok, cpu_kernels=False)
     engine.generate_ids(prompts[:1], SamplingParams(max_tokens=2, temperature=0))  # makes the chooser
     engine.decode_threads.force(torch.get_num_threads())
     packs = []

@@ -158,10 +158,12 @@ class InferenceConfig(StrictFields, section="inference"):
     (`workbench/engines/cpu_kernels.py`: built once with the C++ compiler into the cache,
     ~20-30 s, which `make install` does): attention in one pass over each row's keys and
     values instead of torch's `scaled_dot_product_attention`, RMSNorm and SiLU-times-up as one
-    op each, and the split decode mode's second thread as a compiled helper that spins while
-    a step runs. Where they cannot be built (no compiler), the engine warns once and uses
-    torch's ops and the Python helper. False: those, no build. No effect on accelerators or
-    for models the engine's decode step does not cover."""
+    op each, the split decode mode's second thread as a compiled helper that spins while
+    a step runs, and (with `packed_decode`) the products of steps of up to 16 rows through a
+    copy of the weights laid out in panels of 16 outputs (`workbench/engines/skinny_weights.py`;
+    one more copy of the decode weights). Where they cannot be built (no compiler), the engine
+    warns once and uses torch's ops and the Python helper. False: those, no build. No effect
+    on accelerators or for models the engine's decode step does not cover."""
     enable_sleep_mode: bool = False
     """vLLM sleep/wake to free accelerator memory during training (GPU only)."""
     vllm_dtype: str = "auto"

@@ -43,9 +43,9 @@ from workbench.models.loading import cache_dir, publish_folder, scratch_folder
 
 #: The kernels' C++ sources, built into one library.
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("decode_attention.cpp", "decode_ops.cpp",
-                                                                       "decode_helper.cpp"))
+                                                                       "decode_helper.cpp", "skinny_linear.cpp"))
 #: The headers they include.
-HEADERS = (Path(__file__).with_name("csrc") / "fast_exp.h",)
+HEADERS = tuple(Path(__file__).with_name("csrc") / name for name in ("fast_exp.h", "simd.h", "helper.h"))
 #: The shared library's name in its cache folder (also the folder's completeness mark).
 LIBRARY = "workbench_cpu.so"
 #: The compiler's flags. -fopenmp: at::parallel_for's threads; the library then needs
@@ -141,11 +141,13 @@ def why_unavailable() -> str | None:
 
 
 def decode_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor,
-                     scale: float) -> torch.Tensor:
+                     scale: float, helper: bool = False) -> torch.Tensor:
     """q (B, KV, G, D), keys/values (B, KV, T, D) with a unit stride on D, bias (B, 1, 1, T)
     additive, all one dtype (bf16 or fp32), on the CPU -> (B, KV, G, D):
-    softmax(q @ keys^T * scale + bias) @ values, in fp32 rounded once (needs `available()`)."""
-    return torch.ops.workbench_cpu.decode_attention(q, keys, values, bias, scale)
+    softmax(q @ keys^T * scale + bias) @ values, in fp32 rounded once, on torch's threads, or
+    with `helper` half of the (row, KV head) pairs on the calling thread and half on the
+    spinning helper's (needs `available()`)."""
+    return torch.ops.workbench_cpu.decode_attention(q, keys, values, bias, scale, helper)
 
 
 def linear_halves(kind: int, x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor, o0: torch.Tensor,
@@ -155,6 +157,19 @@ def linear_halves(kind: int, x: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor
     packed fp32 one (o0, o1 the halves' original weights, `batch` the rows they were packed
     for), 2: `F.linear` (w0, w1 the halves). Needs `available()`."""
     return torch.ops.workbench_cpu.linear_halves(kind, x, w0, w1, o0, o1, b0, b1, batch)
+
+
+def skinny_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """x (M, K) fp32 or bf16 @ W.T + bias -> (M, n) in x's dtype, W (n, K) given as `packed`
+    (P, K, 16) = `skinny_weights.pack(W)` (fp32 or bf16), summed in fp32 and rounded once; on
+    torch's threads (needs `available()`)."""
+    return torch.ops.workbench_cpu.skinny_linear(x, packed, bias, n)
+
+
+def skinny_halves(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """`skinny_linear` with its first half of panels on the calling thread and the rest on the
+    helper thread at once (needs `available()`)."""
+    return torch.ops.workbench_cpu.skinny_halves(x, packed, bias, n)
 
 
 def helper_begin() -> None:

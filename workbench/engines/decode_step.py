@@ -129,6 +129,10 @@ class _Proj:
             return None
         h, halves = N // 2, [None, None]
         if compiled:
+            skinny = getattr(packed, "skinny_halves", None)  # SkinnyWeights: one output, panels split
+            y = skinny(xp, self.weight, self.bias) if skinny is not None else None
+            if y is not None:
+                return y  # (B, N)
             kind, *operands = packed.half_operands(xp, self.weight, self.bias, h)
             y = split.linear_halves(kind, xp, *operands)  # (P, N), fp32 from MKL's kernel
             return y.to(packed.dtype)[: x.shape[0]]  # (B, N)
@@ -430,7 +434,8 @@ class DecodeStep:
         if wide:
             torch.set_num_threads(1)
         try:
-            return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out, wide)
+            return self._step(tokens, attention, positions, cache, shared_prefix, split, packed, col, logits_out, wide,
+                              spin)
         finally:
             if wide:
                 torch.set_num_threads(wide)
@@ -439,8 +444,9 @@ class DecodeStep:
 
     def _step(self, tokens: torch.Tensor, attention: torch.Tensor, positions: torch.Tensor, cache: Any,
               shared_prefix: int, split: "MatmulHelper | None", packed: "PackedWeights | OneDNNWeights | None",
-              col: torch.Tensor | None, logits_out: torch.Tensor | None, wide: int) -> torch.Tensor:
-        """`__call__`'s step; `wide` > 0: the products and attention on that many threads, the rest on one."""
+              col: torch.Tensor | None, logits_out: torch.Tensor | None, wide: int, spin: bool) -> torch.Tensor:
+        """`__call__`'s step; `wide` > 0: the products and attention on that many threads, the rest on one;
+        `spin`: `split` is a `SpinHelper` (the kernels' attention shares its pairs with it)."""
         B = tokens.shape[0]
         if col is not None:
             if shared_prefix:
@@ -474,7 +480,7 @@ class DecodeStep:
             q, k, v = qk[:, :H].reshape(B, KV, G, D), qk[:, H:, None, :], v.reshape(B, KV, 1, D)  # (B, KV, G|1, D)
             keys, values = kv.update(k, v) if col is None else kv.write_at(col, k, v)  # (B, KV, T|cap, D) each
             with _Wide(wide):
-                out = self._attention(q, keys, values, bias, shared_prefix)
+                out = self._attention(q, keys, values, bias, shared_prefix, spin)
             out = out.to(h.dtype).reshape(B, H * D)
             h = h + layer.o(out, split, packed, wide)[0]
             x = norm(h, layer.norm_post, layer.eps_post)
@@ -495,17 +501,19 @@ class DecodeStep:
         return self.kernels is not None and x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float32)
 
     def _attention(self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                   shared: int) -> torch.Tensor:
+                   shared: int, spin: bool = False) -> torch.Tensor:
         """q (B, KV, G, D), keys/values (B, KV, T, D) -> (B, KV, G, D). Without `shared`: one
         fused op in the cache's dtype (each KV head's G queries against its keys; bf16 as the
         model's own sdpa, which accumulates in fp32), `mask` (B, 1, 1, T) additive in the
         cache's dtype (0 at real positions, -inf elsewhere). With `shared` (and B > 1):
         positions below it read from row 0 (see `__call__`), in fp32, `mask` the additive fp32 one.
         With `kernels` (a CPU step without `shared`): its `decode_attention` instead of sdpa, one
-        pass over each row's keys and values in fp32 (`cpu_kernels.py`)."""
+        pass over each row's keys and values in fp32 (`cpu_kernels.py`); with `spin` (the step's
+        helper is a `SpinHelper`), half of its (row, KV head) pairs on the helper's thread."""
         B, KV, G, D = q.shape
         if self._uses_kernels(keys) and (not shared or B == 1) and keys.stride(-1) == 1 and values.stride(-1) == 1:
-            return self.kernels.decode_attention(q.to(keys.dtype), keys, values, mask, self.scaling)  # (B, KV, G, D)
+            return self.kernels.decode_attention(q.to(keys.dtype), keys, values, mask, self.scaling,
+                                                 helper=spin)  # (B, KV, G, D)
         if not shared or B == 1:
             return F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask,
                                                   scale=self.scaling)  # (B, KV, G, D)

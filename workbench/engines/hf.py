@@ -147,6 +147,7 @@ from workbench.engines.decode_threads import (LARGE_PREFILL, SPLIT, DecodeModes,
                                               SpinHelper)
 from workbench.engines.onednn_weights import OneDNNWeights, available as onednn_available
 from workbench.engines.packed_matmul import Fp32Products, PackedWeights, available as packed_available
+from workbench.engines.skinny_weights import MAX_WEIGHT_BYTES as SKINNY_MAX_BYTES, SkinnyWeights
 from workbench.engines.kv_cache import (CPU_CHUNK_ROWS, chunk_rows, _build_cache, _GrowingLayer,  # noqa: F401
                                         _grow_layers, _is_growing, _plain_layers, _PrefixCache,
                                         _prefill_groups, _assemble_groups, _select_rows,
@@ -581,20 +582,25 @@ class HFEngine(GenerationEngine):
                           stacklevel=3)
         return None
 
-    def _packer(self, fast: DecodeStep) -> PackedWeights | OneDNNWeights | None:
+    def _packer(self, fast: DecodeStep) -> PackedWeights | OneDNNWeights | SkinnyWeights | None:
         """The packed weights `fast`'s products run through (`packed_decode`, on a CPU): oneDNN's
-        for bf16, MKL's for fp32, where this torch has them; None otherwise."""
+        for bf16, MKL's for fp32, where this torch has them, and in front of either, where the
+        CPU kernels loaded (`fast.kernels`), the skinny kernel's panels for steps of few rows
+        (`skinny_weights.py`); None otherwise."""
         if not self.packed_decode:
             return None
         dtype = fast.dtype
         if dtype not in self._packers:
             nbytes = fast.packed_bytes()
             if nbytes and dtype == torch.bfloat16 and onednn_available(dtype, nbytes):
-                self._packers[dtype] = OneDNNWeights()
+                packer: Any = OneDNNWeights()
             elif nbytes and dtype == torch.float32 and packed_available(nbytes):
-                self._packers[dtype] = PackedWeights()
+                packer = PackedWeights()
             else:
                 return None
+            if fast.kernels is not None and nbytes <= SKINNY_MAX_BYTES:
+                packer = SkinnyWeights(packer, fast.kernels)
+            self._packers[dtype] = packer
         return self._packers[dtype]
 
     def _fp32_packer(self) -> Fp32Products:

@@ -6,6 +6,9 @@
 // real positions, -inf elsewhere), all four in one dtype (bf16 or fp32). Returns (B, KV, G, D) in
 // that dtype: softmax(q k^T * scale + bias) v, computed in fp32 and rounded once at the end.
 //
+// `helper`: the first half of the (row, KV head) tasks on the calling thread and the rest on the
+// spinning helper thread (decode_helper.cpp; the split decode mode), instead of torch's threads.
+//
 // One (row, KV head) pair per task of at::parallel_for: its T keys are read once for its G
 // queries, its T values once, so the work is one pass over the cache (what bounds a decode
 // step's attention), with no copies, no expanded mask and no per-call setup.
@@ -15,6 +18,8 @@
 #include <torch/library.h>
 
 #include "fast_exp.h"
+#include "helper.h"
+#include "simd.h"
 
 #include <immintrin.h>
 
@@ -26,52 +31,13 @@
 
 namespace {
 
-// One register of floats and its few operations, for the instruction set `-march=native` gives.
-#if defined(__AVX512F__)
-using Vec = __m512;
-constexpr int kWidth = 16;
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec load(const c10::BFloat16* p) {  // 16 bf16 -> fp32: each one's bits are a float's upper half
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-}
-inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec splat(float x) { return _mm512_set1_ps(x); }
-inline void store(float* p, Vec a) { _mm512_storeu_ps(p, a); }
-inline float sum(Vec a) { return _mm512_reduce_add_ps(a); }
-#elif defined(__AVX2__) && defined(__FMA__)
-using Vec = __m256;
-constexpr int kWidth = 8;
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load(const c10::BFloat16* p) {
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
-}
-inline Vec fmadd(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec splat(float x) { return _mm256_set1_ps(x); }
-inline void store(float* p, Vec a) { _mm256_storeu_ps(p, a); }
-inline float sum(Vec a) {
-  const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-  const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
-  return _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
-}
-#else
-using Vec = float;
-constexpr int kWidth = 1;
-inline Vec load(const float* p) { return *p; }
-inline Vec load(const c10::BFloat16* p) { return static_cast<float>(*p); }
-inline Vec fmadd(Vec a, Vec b, Vec c) { return a * b + c; }
-inline Vec zero() { return 0.0f; }
-inline Vec splat(float x) { return x; }
-inline void store(float* p, Vec a) { *p = a; }
-inline float sum(Vec a) { return a; }
-#endif
+using namespace workbench_cpu::simd;
 
 // kD: the head dim (a multiple of kWidth, its loops unrolled when compiling); kD = 0: read from q,
 // any size, one float at a time. q and the output may have any strides; keys and values a unit one on D.
 template <typename S, int kD>
 void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double scale,
-            at::Tensor& out) {
+            at::Tensor& out, bool helper) {
   const int64_t B = q.size(0), KV = q.size(1), G = q.size(2), T = k.size(2);
   const int64_t D = kD > 0 ? kD : q.size(3);
   const S* qp = q.data_ptr<S>();
@@ -81,7 +47,7 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
   S* op = out.data_ptr<S>();
   const auto qs = q.strides(), ks = k.strides(), vs = v.strides(), bs = bias.strides(), os = out.strides();
   const float sc = static_cast<float>(scale);
-  at::parallel_for(0, B * KV, 1, [&](int64_t begin, int64_t end) {
+  const auto tasks = [&](int64_t begin, int64_t end) {
     std::vector<float> qf(G * D), scores(G * T), acc(G * D);
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / KV, h = i % KV;
@@ -91,7 +57,24 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       const S* kb = kp + b * ks[0] + h * ks[1];
       const S* vb = vp + b * vs[0] + h * vs[1];
       const S* bb = bp + b * bs[0];
-      for (int64_t t = 0; t < T; ++t) {  // scores: each key against the G queries
+      int64_t t0 = 0;
+      if constexpr (kD > 0) {
+        for (; t0 + 8 <= T; t0 += 8) {  // scores of 8 keys at once per query: 8 independent sums
+          for (int64_t g = 0; g < G; ++g) {
+            const float* qg = qf.data() + g * D;
+            Vec a[8];
+            for (int u = 0; u < 8; ++u) a[u] = zero();
+            for (int j = 0; j < kD / kWidth; ++j) {
+              const Vec qv = load(qg + j * kWidth);
+              for (int u = 0; u < 8; ++u) a[u] = fmadd(qv, load(kb + (t0 + u) * ks[2] + j * kWidth), a[u]);
+            }
+            float s8[8];
+            sums8(a, s8);
+            for (int u = 0; u < 8; ++u) scores[g * T + t0 + u] = s8[u] + static_cast<float>(bb[(t0 + u) * bs[3]]);
+          }
+        }
+      }
+      for (int64_t t = t0; t < T; ++t) {  // scores: each key against the G queries
         const S* kt = kb + t * ks[2];
         const float add = static_cast<float>(bb[t * bs[3]]);
         if constexpr (kD > 0) {
@@ -126,18 +109,39 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
         const float inv = 1.0f / total;
         for (int64_t t = 0; t < T; ++t) sg[t] *= inv;
       }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t t = 0; t < T; ++t) {  // the values, weighted
-        const S* vt = vb + t * vs[2];
-        if constexpr (kD > 0) {
-          Vec value[kD / kWidth];  // the value, converted once for the G queries
-          for (int j = 0; j < kD / kWidth; ++j) value[j] = load(vt + j * kWidth);
-          for (int64_t g = 0; g < G; ++g) {
-            const Vec p = splat(scores[g * T + t]);
-            float* a = acc.data() + g * D;
-            for (int j = 0; j < kD / kWidth; ++j) store(a + j * kWidth, fmadd(p, value[j], load(a + j * kWidth)));
+      if constexpr (kD > 0) {
+        // the values, weighted: per query, a chunk of up to 8 registers of its output summed over all
+        // T in registers (two sets, even and odd t, where a chunk is 4 or fewer: independent sums)
+        constexpr int kRegs = kD / kWidth, kChunk = kRegs < 8 ? kRegs : 8, kSets = kChunk <= 4 ? 2 : 1;
+        for (int64_t g = 0; g < G; ++g) {
+          const float* pg = scores.data() + g * T;
+          for (int j0 = 0; j0 < kRegs; j0 += kChunk) {
+            Vec a[kSets][kChunk];
+            for (int s = 0; s < kSets; ++s)
+              for (int j = 0; j < kChunk; ++j) a[s][j] = zero();
+            int64_t t = 0;
+            for (; t + kSets <= T; t += kSets)
+              for (int s = 0; s < kSets; ++s) {
+                const Vec p = splat(pg[t + s]);
+                const S* vt = vb + (t + s) * vs[2] + j0 * kWidth;
+                for (int j = 0; j < kChunk; ++j) a[s][j] = fmadd(p, load(vt + j * kWidth), a[s][j]);
+              }
+            for (; t < T; ++t) {
+              const Vec p = splat(pg[t]);
+              const S* vt = vb + t * vs[2] + j0 * kWidth;
+              for (int j = 0; j < kChunk; ++j) a[0][j] = fmadd(p, load(vt + j * kWidth), a[0][j]);
+            }
+            for (int j = 0; j < kChunk; ++j) {
+              Vec total = a[0][j];
+              for (int s = 1; s < kSets; ++s) total = add(total, a[s][j]);
+              store(acc.data() + g * D + (j0 + j) * kWidth, total);
+            }
           }
-        } else {
+        }
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t < T; ++t) {  // the values, weighted
+          const S* vt = vb + t * vs[2];
           for (int64_t g = 0; g < G; ++g) {
             const float p = scores[g * T + t];
             float* a = acc.data() + g * D;
@@ -149,22 +153,28 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
         for (int64_t d = 0; d < D; ++d)
           op[b * os[0] + h * os[1] + g * os[2] + d * os[3]] = static_cast<S>(acc[g * D + d]);
     }
-  });
+  };
+  const int64_t n = B * KV;
+  if (helper) {
+    workbench_cpu::run_both([&] { tasks(0, n / 2); }, [&] { tasks(n / 2, n); });
+  } else {
+    at::parallel_for(0, n, 1, tasks);
+  }
 }
 
 template <typename S>
 void attend_any(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& bias, double scale,
-                at::Tensor& out) {
+                at::Tensor& out, bool helper) {
   switch (q.size(3)) {  // the common head dims with their loops unrolled
-    case 32: return attend<S, 32>(q, k, v, bias, scale, out);
-    case 64: return attend<S, 64>(q, k, v, bias, scale, out);
-    case 128: return attend<S, 128>(q, k, v, bias, scale, out);
-    default: return attend<S, 0>(q, k, v, bias, scale, out);
+    case 32: return attend<S, 32>(q, k, v, bias, scale, out, helper);
+    case 64: return attend<S, 64>(q, k, v, bias, scale, out, helper);
+    case 128: return attend<S, 128>(q, k, v, bias, scale, out, helper);
+    default: return attend<S, 0>(q, k, v, bias, scale, out, helper);
   }
 }
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const at::Tensor& values,
-                            const at::Tensor& bias, double scale) {
+                            const at::Tensor& bias, double scale, bool helper) {
   TORCH_CHECK(q.dim() == 4 && keys.dim() == 4 && values.dim() == 4 && bias.dim() == 4,
               "decode_attention: q (B, KV, G, D), keys and values (B, KV, T, D), bias (B, 1, 1, T)");
   TORCH_CHECK(keys.sizes() == values.sizes() && q.size(0) == keys.size(0) && q.size(1) == keys.size(1) &&
@@ -179,9 +189,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
               "decode_attention: q, keys, values and bias in one dtype");
   at::Tensor out = at::empty(q.sizes(), q.options());
   if (dtype == at::kBFloat16) {
-    attend_any<c10::BFloat16>(q, keys, values, bias, scale, out);
+    attend_any<c10::BFloat16>(q, keys, values, bias, scale, out, helper);
   } else if (dtype == at::kFloat) {
-    attend_any<float>(q, keys, values, bias, scale, out);
+    attend_any<float>(q, keys, values, bias, scale, out, helper);
   } else {
     TORCH_CHECK(false, "decode_attention: bf16 or fp32, not ", dtype);
   }
@@ -191,5 +201,6 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& keys, const a
 }  // namespace
 
 TORCH_LIBRARY(workbench_cpu, m) {
-  m.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor bias, float scale) -> Tensor", decode_attention);
+  m.def("decode_attention(Tensor q, Tensor keys, Tensor values, Tensor bias, float scale, bool helper=False) -> Tensor",
+        decode_attention);
 }

@@ -16,12 +16,15 @@
 #include <omp.h>
 #include <torch/library.h>
 
+#include "helper.h"
+
 #include <immintrin.h>
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -80,34 +83,32 @@ class Helper {
   int64_t threads() const { return helper_threads_; }
   int64_t sleeps() const { return sleeps_.load(); }
 
-  // One half on the helper, the other here; both results (an error of either is rethrown here).
-  std::pair<at::Tensor, at::Tensor> run(int64_t kind, const at::Tensor& x, const at::Tensor& w0, const at::Tensor& w1,
-                                        const at::Tensor& o0, const at::Tensor& o1, const std::optional<at::Tensor>& b0,
-                                        const std::optional<at::Tensor>& b1, int64_t batch) {
+  // `theirs` on the helper and `mine` here, both to their end (an error of either is rethrown here).
+  // Another thread using the helper meanwhile: both here.
+  void both(const std::function<void()>& mine, const std::function<void()>& theirs) {
     std::unique_lock<std::mutex> caller(call_mu_, std::try_to_lock);
-    if (!caller.owns_lock()) {  // another thread is using the helper: both halves here
-      return {run_linear(kind, x, w0, o0, b0, batch), run_linear(kind, x, w1, o1, b1, batch)};
+    if (!caller.owns_lock()) {
+      mine();
+      theirs();
+      return;
     }
-    kind_ = kind, batch_ = batch, x_ = x, w_ = w1, origin_ = o1, b_ = b1, error_ = nullptr;
+    job_ = &theirs, error_ = nullptr;
     state_.store(kPosted);  // seq_cst, as `sleeping_`: the helper sees the job or the caller sees it asleep
     if (sleeping_.load()) {
       std::lock_guard<std::mutex> lk(mu_);
       cv_.notify_all();
     }
-    at::Tensor mine;
     std::exception_ptr my_error;
     try {
-      mine = run_linear(kind, x, w0, o0, b0, batch);
+      mine();
     } catch (...) {
       my_error = std::current_exception();
     }
     while (state_.load(std::memory_order_acquire) != kDone) _mm_pause();
     state_.store(kIdle, std::memory_order_relaxed);
-    at::Tensor theirs = std::move(out_);
-    x_ = at::Tensor(), w_ = at::Tensor(), origin_ = at::Tensor(), b_ = std::nullopt;
+    job_ = nullptr;
     if (my_error) std::rethrow_exception(my_error);
     if (error_) std::rethrow_exception(error_);
-    return {mine, theirs};
   }
 
  private:
@@ -127,7 +128,7 @@ class Helper {
     while (!stop_.load(std::memory_order_relaxed)) {
       if (state_.load(std::memory_order_acquire) == kPosted) {
         try {
-          out_ = run_linear(kind_, x_, w_, origin_, b_, batch_);
+          (*job_)();
         } catch (...) {
           error_ = std::current_exception();
         }
@@ -160,9 +161,7 @@ class Helper {
   std::atomic<bool> stop_{false}, sleeping_{false};
   std::atomic<int64_t> sleeps_{0};
   int64_t helper_threads_ = 0;
-  int64_t kind_ = 0, batch_ = 0;
-  at::Tensor x_, w_, origin_, out_;
-  std::optional<at::Tensor> b_;
+  const std::function<void()>* job_ = nullptr;  // the posted job (the caller's, alive until kDone)
   std::exception_ptr error_;
   std::thread thread_;  // last: starts once the members above exist
 };
@@ -188,8 +187,10 @@ Helper& helper() {
 at::Tensor linear_halves(int64_t kind, const at::Tensor& x, const at::Tensor& w0, const at::Tensor& w1,
                          const at::Tensor& o0, const at::Tensor& o1, const std::optional<at::Tensor>& b0,
                          const std::optional<at::Tensor>& b1, int64_t batch) {
-  auto halves = helper().run(kind, x, w0, w1, o0, o1, b0, b1, batch);
-  return at::cat({halves.first, halves.second}, 1);
+  at::Tensor first, second;
+  helper().both([&] { first = run_linear(kind, x, w0, o0, b0, batch); },
+                [&] { second = run_linear(kind, x, w1, o1, b1, batch); });
+  return at::cat({first, second}, 1);
 }
 
 void helper_begin() { helper().begin(); }
@@ -198,6 +199,12 @@ int64_t helper_threads() { return helper().threads(); }
 int64_t helper_sleeps() { return helper().sleeps(); }
 
 }  // namespace
+
+namespace workbench_cpu {
+
+void run_both(const std::function<void()>& mine, const std::function<void()>& theirs) { helper().both(mine, theirs); }
+
+}  // namespace workbench_cpu
 
 TORCH_LIBRARY_FRAGMENT(workbench_cpu, m) {
   m.def("linear_halves(int kind, Tensor x, Tensor w0, Tensor w1, Tensor o0, Tensor o1, Tensor? b0, Tensor? b1, "
