@@ -86,9 +86,10 @@ def _best_and_median(fn: Any, reps: int) -> tuple[float, float]:
     return min(times), statistics.median(times)
 
 
-def machine_floors(threads: int, reps: int) -> dict[str, Any]:
+def machine_floors(threads: int, reps: int, bf16: bool = True) -> dict[str, Any]:
     """Read and copy bandwidth (bytes/s) and the bf16 / fp32 matmul peaks (FLOP/s) at
-    `threads` threads: best and median of `reps`."""
+    `threads` threads: best and median of `reps`. `bf16` False: the fp32 peak only (a run
+    without bf16 steps; on a CPU without bf16 instructions a 2048^3 bf16 matmul takes minutes)."""
     import torch
 
     original = torch.get_num_threads()
@@ -105,7 +106,7 @@ def machine_floors(threads: int, reps: int) -> dict[str, Any]:
         out["copy_bytes_per_s"], out["copy_bytes_per_s_median"] = 2 * nbytes / best, 2 * nbytes / med
         del x, y
         m = 2048
-        for dtype in (torch.bfloat16, torch.float32):
+        for dtype in (torch.bfloat16, torch.float32) if bf16 else (torch.float32,):
             a, b = torch.randn(m, m, dtype=dtype), torch.randn(m, m, dtype=dtype)
             best, med = _best_and_median(lambda: torch.mm(a, b), reps)
             name = str(dtype).removeprefix("torch.")
@@ -290,9 +291,10 @@ def run_dtype(dtype_name: str, args: argparse.Namespace, machines: dict[int, dic
 
 
 def _machine_line(m: dict[str, Any]) -> str:
+    bf16 = (f"bf16 {m['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s (median {m['matmul_bfloat16_flops_median'] / 1e9:.0f}), "
+            if "matmul_bfloat16_flops" in m else "")
     return (f"{m['threads']} thread(s): read {m['read_bytes_per_s'] / 1e9:.1f} GB/s (median "
-            f"{m['read_bytes_per_s_median'] / 1e9:.1f}), copy {m['copy_bytes_per_s'] / 1e9:.1f} GB/s; matmul bf16 "
-            f"{m['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s (median {m['matmul_bfloat16_flops_median'] / 1e9:.0f}), "
+            f"{m['read_bytes_per_s_median'] / 1e9:.1f}), copy {m['copy_bytes_per_s'] / 1e9:.1f} GB/s; matmul {bf16}"
             f"fp32 {m['matmul_float32_flops'] / 1e9:.0f} GFLOP/s (median {m['matmul_float32_flops_median'] / 1e9:.0f})")
 
 
@@ -314,7 +316,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    samples = {t: [machine_floors(t, args.reps)] for t in sorted({args.threads, 1})}
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    bf16 = "bfloat16" in dtypes
+    samples = {t: [machine_floors(t, args.reps, bf16)] for t in sorted({args.threads, 1})}
     machines = {t: best_of(rows) for t, rows in samples.items()}
     for t, m in machines.items():
         print(f"[machine] {_machine_line(m)}; load {load()}; OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}",
@@ -325,10 +329,10 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {**machine(), "threads": args.threads, "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
                     "load_before": load()},
         "dtypes": {}}
-    for dtype in [d.strip() for d in args.dtypes.split(",") if d.strip()]:
+    for dtype in dtypes:
         result["dtypes"][dtype] = run_dtype(dtype, args, machines)
         for t, rows in samples.items():  # the machine again: the floors use its best figures of the run
-            rows.append(machine_floors(t, args.reps))
+            rows.append(machine_floors(t, args.reps, bf16))
             machines[t] = best_of(rows)
     for dtype, d in result["dtypes"].items():  # every step's floor, with the run's best figures
         for r in d["rows"].values():

@@ -97,17 +97,33 @@ void attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const
       }
       for (int64_t g = 0; g < G; ++g) {  // softmax over the T positions
         float* sg = scores.data() + g * T;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t t = 0; t < T; ++t) top = sg[t] > top ? sg[t] : top;
-        if (top == -std::numeric_limits<float>::infinity()) {  // no real position: zeros, not NaN
+        const float inf = std::numeric_limits<float>::infinity();
+        float top = -inf;
+        int64_t t = 0;
+        if (T >= kWidth) {
+          Vec m = splat(-inf);
+          for (; t + kWidth <= T; t += kWidth) m = vmax(m, load(sg + t));
+          top = vmax_lanes(m);
+        }
+        for (; t < T; ++t) top = sg[t] > top ? sg[t] : top;
+        if (top == -inf) {  // no real position: zeros, not NaN
           std::fill(sg, sg + T, 0.0f);
           continue;
         }
-        for (int64_t t = 0; t < T; ++t) sg[t] = workbench_cpu::fast_exp(sg[t] - top);
-        float total = 0;
-        for (int64_t t = 0; t < T; ++t) total += sg[t];
+        const Vec vtop = splat(top);
+        Vec totals = zero();
+        for (t = 0; t + kWidth <= T; t += kWidth) {
+          const Vec e = vexp(sub(load(sg + t), vtop));
+          store(sg + t, e);
+          totals = add(totals, e);
+        }
+        float total = sum(totals);
+        for (; t < T; ++t) {
+          sg[t] = workbench_cpu::fast_exp(sg[t] - top);
+          total += sg[t];
+        }
         const float inv = 1.0f / total;
-        for (int64_t t = 0; t < T; ++t) sg[t] *= inv;
+        for (t = 0; t < T; ++t) sg[t] *= inv;
       }
       if constexpr (kD > 0) {
         // the values, weighted: per query, a chunk of up to 8 registers of its output summed over all

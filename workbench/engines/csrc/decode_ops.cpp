@@ -12,12 +12,15 @@
 #include <torch/library.h>
 
 #include "fast_exp.h"
+#include "simd.h"
 
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 namespace {
+
+using namespace workbench_cpu::simd;
 
 template <typename S>
 inline S round_to(float x) {
@@ -76,7 +79,15 @@ void silu_mul_rows(const S* g, const S* u, S* out, int64_t rows, int64_t n, int6
     const S* gr = g + r * g_stride;
     const S* ur = u + r * u_stride;
     S* yr = out + r * n;
-    for (int64_t j = 0; j < n; ++j) {
+    int64_t j = 0;
+    for (; j + kWidth <= n; j += kWidth) {  // silu a register at a time, the roundings one by one
+      const Vec x = load(gr + j);
+      float silu[kWidth];
+      store(silu, div(x, add(splat(1.0f), vexp(sub(zero(), x)))));
+      for (int l = 0; l < kWidth; ++l)
+        yr[j + l] = round_to<S>(static_cast<float>(round_to<S>(silu[l])) * static_cast<float>(ur[j + l]));
+    }
+    for (; j < n; ++j) {
       const float x = static_cast<float>(gr[j]);
       const float silu = static_cast<float>(round_to<S>(x / (1.0f + workbench_cpu::fast_exp(-x))));
       yr[j] = round_to<S>(silu * static_cast<float>(ur[j]));

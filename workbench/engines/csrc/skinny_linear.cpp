@@ -42,6 +42,13 @@ constexpr int kMaxRows = 6;
 constexpr int kMaxRows = 4;
 #endif
 
+#ifndef WB_PREFETCH
+#define WB_PREFETCH 32
+#endif
+// Panel rows ahead of the one multiplied that are asked for from memory (0: none, the hardware's
+// prefetcher alone).
+constexpr int64_t kPrefetch = WB_PREFETCH;
+
 inline float widen(float v) { return v; }
 inline float widen(c10::BFloat16 v) { return static_cast<float>(v); }
 
@@ -55,6 +62,7 @@ inline void block(const float* x, int64_t K, const W* panel, float* acc) {
     for (int v = 0; v < kVecs; ++v) sums[r][v] = zero();
 #pragma GCC unroll 2
   for (int64_t k = 0; k < K; ++k) {
+    if constexpr (kPrefetch > 0) _mm_prefetch(reinterpret_cast<const char*>(panel + (k + kPrefetch) * kPanel), _MM_HINT_T0);
     Vec w[kVecs];
 #pragma GCC unroll 16
     for (int v = 0; v < kVecs; ++v) w[v] = load(panel + k * kPanel + v * kWidth);
