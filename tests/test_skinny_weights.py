@@ -112,25 +112,25 @@ def test_the_packer_packs_once_and_again_after_a_change():
 
 
 def test_larger_buckets_keep_the_way_timed_faster():
-    """Above `always_rows` rows, the first product of a large enough weight in a row bucket times
-    the panels against the fallback (MKL's packed GEMM) and the bucket keeps the faster; small
-    weights before it run through the panels; either way the product is right."""
+    """Above `always_rows` rows, the first product of each weight shape in a row bucket times the
+    panels against the fallback (MKL's packed GEMM), and that shape and bucket keep the faster;
+    either way the product is right."""
     x, w, b = _operands(torch.float32, 24, N=512, K=64)
-    small = torch.randn(16, 64)
-    packer = SkinnyWeights(PackedWeights(), cpu_kernels, always_rows=8, timed_min_bytes=w.numel() * 4)
-    assert torch.allclose(packer.linear(x, small, None), x @ small.T, rtol=1e-5, atol=1e-5)
-    assert 32 not in packer.choice  # a small weight decides nothing
+    packer = SkinnyWeights(PackedWeights(), cpu_kernels, always_rows=8)
     packer.begin_step(24)
     y = packer.linear(x, w, b)
     assert torch.allclose(y, torch.nn.functional.linear(x, w, b), rtol=1e-5, atol=1e-5)
-    skinny_s, fallback_s = packer.timings[32]
-    assert skinny_s > 0 and fallback_s > 0 and packer.choice[32] == (skinny_s <= fallback_s)
-    assert packer.skinny(24) == packer.choice[32] and packer.skinny(8)  # up to always_rows: the panels
-    assert packer.stats()["decode_skinny_rows_32"] == float(packer.choice[32])
-    packer.begin_step(24)
-    y_again = packer.linear(x, w, b)  # the chosen way from now on
-    assert torch.allclose(y_again, y, rtol=1e-5, atol=1e-5)
-    assert packer.fallback.packs >= 1  # the fallback packed for the timing
+    skinny_s, fallback_s = packer.timings[(32, 512, 64)]
+    assert skinny_s > 0 and fallback_s > 0 and packer.choice[(32, 512, 64)] == (skinny_s <= fallback_s)
+    assert packer.fallback.packs >= 1  # the fallback packed to be timed
+    other = torch.randn(16, 64)
+    assert torch.allclose(packer.linear(x, other, None), x @ other.T, rtol=1e-5, atol=1e-5)
+    assert (32, 16, 64) in packer.choice and len(packer.timings) == 2  # each shape timed once
+    assert packer.skinny(x[:8], w, b) and (8, 512, 64) not in packer.choice  # up to always_rows: the panels
+    share = packer.stats()["decode_skinny_rows_32"]
+    assert share == sum(packer.choice.values()) / 2
+    y_again = packer.linear(x, w, b)  # the chosen way from now on, nothing timed again
+    assert torch.allclose(y_again, y, rtol=1e-5, atol=1e-5) and len(packer.timings) == 2
 
 
 @pytest.mark.parametrize("split", [False, True])

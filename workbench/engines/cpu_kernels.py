@@ -11,6 +11,13 @@ several times the cache read (`benchmarks/decode_floor.py`: at 128 rows in bf16 
 up`, one pass each on the calling thread instead of six and two eager ops, rounding where
 those round.
 
+`skinny_linear` (`csrc/skinny_linear.cpp`) multiplies a few rows by a weight laid out once in
+panels of 16 outputs (`skinny_weights.pack`), each panel one contiguous stream read once per block
+of rows, the sums in registers: a decode step's products at a few rows are bound by reading the
+weights, which MKL's and oneDNN's kernels, made for products with reuse, do far below the
+machine's bandwidth (`skinny_weights.py`). `skinny_halves` runs half of its panels on the helper
+thread below, and `decode_attention(..., helper=True)` half of its (row, KV head) pairs.
+
 `linear_halves` (`csrc/decode_helper.cpp`) runs one half of a product's outputs on a helper
 thread that spins while a decode step is open (`helper_begin` / `helper_end`) and sleeps
 otherwise, the other half on the calling thread: two threads stream the weights with no
@@ -21,7 +28,7 @@ compiler (`$CXX`, else `c++`) against this torch's headers and libraries, `-O3
 -march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>`
 (key: the sources, the compiler's flags, torch's version and the CPU's flags, so another
 machine or torch builds its own), and loads it with `torch.ops.load_library`; later
-processes load the cached build. A build takes ~20-30 s on 2 cores; `make install` runs it
+processes load the cached build. A build takes ~30-80 s on 2 cores; `make install` runs it
 (`cpu_kernels.main()`), so the first rollout does not. Where it cannot be built (no
 compiler, headers missing, a compiler error), `available()` is False, `why_unavailable()`
 says why, the engine warns once and its decode steps run torch's ops (and the Python

@@ -132,7 +132,7 @@ class _Proj:
             skinny = getattr(packed, "skinny_halves", None)  # SkinnyWeights: one output, panels split
             y = skinny(xp, self.weight, self.bias) if skinny is not None else None
             if y is not None:
-                return y  # (B, N)
+                return y[: x.shape[0]]  # (B, N) of the (P, N)
             kind, *operands = packed.half_operands(xp, self.weight, self.bias, h)
             y = split.linear_halves(kind, xp, *operands)  # (P, N), fp32 from MKL's kernel
             return y.to(packed.dtype)[: x.shape[0]]  # (B, N)

@@ -70,7 +70,9 @@ CPU kernels build). On a CPU every mode multiplies through copies of the weights
 once for the CPU's kernels (`packed_decode`, from `inference.packed_decode`): oneDNN's for
 bf16 (`onednn_weights.py`), MKL's for fp32 from 4 rows up (`packed_matmul.py`), packed
 again only when a weight changed; and runs its attention, RMSNorms and SiLU through kernels
-compiled for the machine (`cpu_kernels.py`, from `inference.cpu_kernels`).
+compiled for the machine (`cpu_kernels.py`, from `inference.cpu_kernels`), which also multiply
+steps of few rows (and larger ones where timed faster) through a copy of the weights laid out
+in panels of 16 outputs, in front of those packers (`skinny_weights.py`).
 
 Grouped-query attention: during the engine's forwards a model using transformers'
 "sdpa" attention runs `model_hooks._sdpa_gqa_forward` instead -- the same math, but torch's

@@ -9,15 +9,15 @@ every row's sums in registers; `pack(weight)` lays a weight out that way, once.
 
 `SkinnyWeights` is the decode step's packer (the calls of `packed_matmul.PackedWeights` and
 `onednn_weights.OneDNNWeights`) in front of one of those (`fallback`). Products of at most
-`ALWAYS_ROWS` rows run through its panels. For larger row counts it times both on the first
-large product of each row bucket (a weight of `TIMED_MIN_BYTES` or more, read from memory as
-in a real step: SmolLM2's LM head) and keeps the faster for that bucket: on a 2-core AMD EPYC
-(Zen 3, avx2, fp32, 2026-12-03; `benchmarks/skinny_products.py`) the panels were 3.0x MKL's
-packed GEMM at 8 rows and still 1.6x at 128 (MKL's kernels on AMD CPUs), which an Intel CPU
-need not repeat. Until a bucket is decided its products run through the panels. A panel copy
-costs the weights' bytes once more and is made again only when its weight changed (its
-version counter or storage: an optimizer step, `load_state_dict`); a LoRA policy's frozen base
-is packed once; the fallback packs only for buckets that use it.
+`ALWAYS_ROWS` rows run through its panels. For larger row counts it times both ways on the first
+product of each weight shape in each row bucket and keeps the faster for that shape and bucket:
+on a 2-core AMD EPYC (Zen 3, avx2, fp32, 2026-12-03; `benchmarks/skinny_products.py`) the panels
+were 3.0x MKL's packed GEMM over SmolLM2's products at 8 rows and 1.6x at 128 (MKL's kernels
+on AMD CPUs), but one shape, the LM head at 128 rows (a 25 MB output written in blocks of 6
+rows), can go the other way, and an Intel CPU need not repeat either. A panel copy costs the
+weights' bytes once more and is made again only when its weight changed (its version counter
+or storage: an optimizer step, `load_state_dict`); a LoRA policy's frozen base is packed once;
+the fallback packs only for the buckets and shapes it runs (and once to be timed).
 
 The sums run over K in order in fp32 and are rounded once, so outputs are the plain product's
 to fp32 rounding (fp32) or within one bf16 rounding of oneDNN's (bf16).
@@ -34,9 +34,7 @@ import torch
 
 #: Products of at most this many rows always run the skinny kernel (more: timed against the fallback).
 ALWAYS_ROWS = 16
-#: The weights (bytes) a bucket's two ways are timed on: large enough to be read from memory.
-TIMED_MIN_BYTES = 8 << 20
-#: Timed products of each way (after one untimed each: the fallback packs there).
+#: Timed products of each way per weight shape and row bucket (after one untimed each: the fallback packs there).
 TIMED_REPS = 3
 #: Outputs per panel (`csrc/skinny_linear.cpp`'s kPanel).
 PANEL = 16
@@ -66,18 +64,16 @@ class SkinnyWeights:
     `fallback` where it was timed faster (module docstring). `kernels` is the loaded `cpu_kernels`
     module."""
 
-    def __init__(self, fallback: Any, kernels: Any, always_rows: int = ALWAYS_ROWS,
-                 timed_min_bytes: int = TIMED_MIN_BYTES):
-        self.fallback, self.kernels = fallback, kernels
-        self.always_rows, self.timed_min_bytes = always_rows, timed_min_bytes
+    def __init__(self, fallback: Any, kernels: Any, always_rows: int = ALWAYS_ROWS):
+        self.fallback, self.kernels, self.always_rows = fallback, kernels, always_rows
         self.dtype = fallback.dtype  # the weights it packs (decode_step._Proj asks)
         # (weight's data_ptr, part) -> (weakref to the weight, its _version, packed copy)
         self._packs: dict[tuple, tuple[weakref.ref, int, torch.Tensor]] = {}
         self.packs = 0  # weights packed so far (stats)
         self._lock = threading.Lock()  # the split decode step may ask from two threads
-        # row bucket -> True (the panels) / False (the fallback), once timed; and the medians timed
-        self.choice: dict[int, bool] = {}
-        self.timings: dict[int, tuple[float, float]] = {}
+        # (row bucket, N, K) -> True (the panels) / False (the fallback), once timed, and the medians timed
+        self.choice: dict[tuple[int, int, int], bool] = {}
+        self.timings: dict[tuple[int, int, int], tuple[float, float]] = {}
 
     def _packed(self, weight: torch.Tensor, part: tuple[int, int] | None = None) -> torch.Tensor:
         key = (weight.data_ptr(), part)
@@ -92,17 +88,22 @@ class SkinnyWeights:
             self.packs += 1
             return packed
 
-    def skinny(self, rows: int) -> bool:
-        """Whether a product of `rows` rows runs through the panels (else through `fallback`)."""
-        return rows <= self.always_rows or self.choice.get(row_bucket(rows), True)
-
-    def _decide(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-        """Time both ways on this product (x's row bucket undecided, `weight` large) and keep the faster."""
+    def skinny(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+        """Whether x @ weight.T runs through the panels (else through `fallback`): up to
+        `always_rows` rows, yes; above, the way timed faster for this shape and row bucket
+        (timed here on its first product)."""
         rows = x.shape[0]
-        if rows <= self.always_rows or row_bucket(rows) in self.choice:
-            return
-        if weight.numel() * weight.element_size() < self.timed_min_bytes:
-            return
+        if rows <= self.always_rows:
+            return True
+        key = (row_bucket(rows), *weight.shape)
+        if key not in self.choice:
+            self.choice[key] = self._time(key, x, weight, bias)
+        return self.choice[key]
+
+    def _time(self, key: tuple[int, int, int], x: torch.Tensor, weight: torch.Tensor,
+              bias: torch.Tensor | None) -> bool:
+        """Both ways on this product, `TIMED_REPS` times each in turn after one untimed each; True
+        where the panels' median is the lower (or the fallback runs no packed product here)."""
         packed, n = self._packed(weight), weight.shape[0]
         ways = {True: lambda: self.kernels.skinny_linear(x, packed, bias, n),
                 False: lambda: self.fallback.linear(x, weight, bias)}
@@ -110,54 +111,52 @@ class SkinnyWeights:
         for rep in range(TIMED_REPS + 1):
             for way, run in ways.items():
                 start = time.perf_counter()
-                if run() is None:  # the fallback runs no packed product at this row count
-                    self.choice[row_bucket(rows)] = True
-                    return
-                if rep:  # the first of each: untimed (the fallback packs)
+                if run() is None:  # below the fallback's packed row minimum
+                    return True
+                if rep:
                     seconds[way].append(time.perf_counter() - start)
         med = {way: statistics.median(t) for way, t in seconds.items()}
-        self.timings[row_bucket(rows)] = (med[True], med[False])
-        self.choice[row_bucket(rows)] = med[True] <= med[False]
+        self.timings[key] = (med[True], med[False])
+        return med[True] <= med[False]
 
     def begin_step(self, rows: int) -> None:
-        if not self.skinny(rows):
+        if rows > self.always_rows:
             self.fallback.begin_step(rows)
 
     def weights_changed(self) -> None:
         self.fallback.weights_changed()
 
     def pad(self, x: torch.Tensor) -> torch.Tensor | None:
-        return x if self.skinny(x.shape[0]) else self.fallback.pad(x)
+        """x itself up to `always_rows` rows, else the fallback's padded input (either way runs on it)."""
+        return x if x.shape[0] <= self.always_rows else self.fallback.pad(x)
 
     def product(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                 part: tuple[int, int] | None = None) -> torch.Tensor:
-        """xp (B, K) from `pad`, weight (N, K) -> (B, N) = xp @ weight.T + bias, in xp's dtype;
-        `part` (start, end): only those outputs."""
-        if not self.skinny(xp.shape[0]):
+        """xp (P, K) from `pad`, weight (N, K) -> (P, N) = xp @ weight.T + bias, in xp's dtype;
+        `part` (start, end): only those outputs (the Python helper's halves)."""
+        if not self.skinny(xp, weight, bias):
             return self.fallback.product(xp, weight, bias, part)
         if part is not None and bias is not None:
             bias = bias[part[0]:part[1]]
         n = weight.shape[0] if part is None else part[1] - part[0]
-        return self.kernels.skinny_linear(xp, self._packed(weight, part), bias, n)  # (B, N)
+        return self.kernels.skinny_linear(xp, self._packed(weight, part), bias, n)  # (P, N)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
         """x (B, K) @ weight.T + bias -> (B, N) on torch's threads (None where the fallback
         runs no packed product: below its row minimum)."""
-        self._decide(x, weight, bias)
-        if self.skinny(x.shape[0]):
+        if self.skinny(x, weight, bias):
             return self.kernels.skinny_linear(x, self._packed(weight), bias, weight.shape[0])  # (B, N)
         return self.fallback.linear(x, weight, bias)
 
-    def skinny_halves(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
-        """x (B, K) @ weight.T + bias -> (B, N), half of the panels on the calling thread and half
-        on the spinning helper's (`cpu_kernels.skinny_halves`); None where the fallback runs."""
-        self._decide(x, weight, bias)
-        if not self.skinny(x.shape[0]):
+    def skinny_halves(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor | None:
+        """xp (P, K) from `pad` @ weight.T + bias -> (P, N), half of the panels on the calling thread
+        and half on the spinning helper's (`cpu_kernels.skinny_halves`); None where the fallback runs."""
+        if not self.skinny(xp, weight, bias):
             return None
-        return self.kernels.skinny_halves(x, self._packed(weight), bias, weight.shape[0])  # (B, N)
+        return self.kernels.skinny_halves(xp, self._packed(weight), bias, weight.shape[0])  # (P, N)
 
     def half_operands(self, xp: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, h: int) -> tuple:
-        """The fallback's `cpu_kernels.linear_halves` operands (buckets that run the fallback)."""
+        """The fallback's `cpu_kernels.linear_halves` operands (shapes and buckets that run the fallback)."""
         return self.fallback.half_operands(xp, weight, bias, h)
 
     def clear(self) -> None:
@@ -167,7 +166,10 @@ class SkinnyWeights:
 
     def stats(self) -> dict[str, float]:
         """The fallback's, `decode_skinny_weights` (panel copies made) and per timed row bucket
-        `decode_skinny_rows_<bucket>`: 1 where the panels won, 0 where the fallback did."""
+        `decode_skinny_rows_<bucket>`: the share of its weight shapes that run through the panels."""
         out = {**self.fallback.stats(), "decode_skinny_weights": float(self.packs)}
-        out.update({f"decode_skinny_rows_{b}": float(won) for b, won in sorted(self.choice.items())})
+        buckets: dict[int, list[bool]] = {}
+        for (b, _, _), won in self.choice.items():
+            buckets.setdefault(b, []).append(won)
+        out.update({f"decode_skinny_rows_{b}": sum(w) / len(w) for b, w in sorted(buckets.items())})
         return out
