@@ -156,7 +156,7 @@ class InferenceConfig(StrictFields, section="inference"):
     cpu_kernels: bool = True
     """hf engine on a CPU: the decode steps run kernels compiled for this machine
     (`workbench/engines/cpu_kernels.py`: built once with the C++ compiler into the cache,
-    ~20-30 s, which `make install` does): attention in one pass over each row's keys and
+    ~40 s on 2 cores, which `make install` does): attention in one pass over each row's keys and
     values instead of torch's `scaled_dot_product_attention`, RMSNorm and SiLU-times-up as one
     op each, the split decode mode's second thread as a compiled helper that spins while
     a step runs, and (with `packed_decode`) the products of steps of up to 16 rows through a

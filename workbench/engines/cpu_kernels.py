@@ -28,7 +28,8 @@ compiler (`$CXX`, else `c++`) against this torch's headers and libraries, `-O3
 -march=native -fopenmp`, in a scratch folder renamed to `$WORKBENCH_CACHE/kernels/<key>`
 (key: the sources, the compiler's flags, torch's version and the CPU's flags, so another
 machine or torch builds its own), and loads it with `torch.ops.load_library`; later
-processes load the cached build. A build takes ~30-80 s on 2 cores; `make install` runs it
+processes load the cached build. A build takes ~40 s on 2 cores (the sources compile at once, one
+per core); `make install` runs it
 (`cpu_kernels.main()`), so the first rollout does not. Where it cannot be built (no
 compiler, headers missing, a compiler error), `available()` is False, `why_unavailable()`
 says why, the engine warns once and its decode steps run torch's ops (and the Python
@@ -94,7 +95,9 @@ def build_folder() -> Path:
 
 
 def _compile(out: Path) -> None:
-    """Compile SOURCES into the shared library `out` (raises RuntimeError with the compiler's output)."""
+    """Compile SOURCES into the shared library `out`, each source to an object file at once (one
+    compiler per core; each spends most of its time in torch's headers), then link them; raises
+    RuntimeError with the compiler's output."""
     from torch.utils.cpp_extension import include_paths
 
     cxx = os.environ.get("CXX") or "c++"
@@ -102,15 +105,36 @@ def _compile(out: Path) -> None:
         raise RuntimeError(f"no C++ compiler: {cxx!r} is not on PATH (install g++, or set CXX)")
     libdir = Path(torch.__file__).parent / "lib"
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", True))
-    cmd = [cxx, *CXXFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-           *[f"-I{p}" for p in include_paths()], *map(str, SOURCES), "-o", str(out),
-           f"-L{libdir}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{libdir}"]
-    try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        raise RuntimeError(f"the build took over {BUILD_TIMEOUT_S} s") from exc
-    if done.returncode != 0:
-        raise RuntimeError(f"{cxx} failed (exit {done.returncode}): {(done.stderr or done.stdout)[-2000:]}")
+    flags = [f for f in CXXFLAGS if f != "-shared"]
+    objects = [out.with_name(f"{src.stem}.o") for src in SOURCES]
+    compiles = [[cxx, *flags, "-c", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *[f"-I{p}" for p in include_paths()],
+                 str(src), "-o", str(obj)] for src, obj in zip(SOURCES, objects)]
+    link = [cxx, *CXXFLAGS, *map(str, objects), "-o", str(out), f"-L{libdir}", "-lc10", "-ltorch_cpu",
+            f"-Wl,-rpath,{libdir}"]
+    width = max(1, min(len(compiles), os.cpu_count() or 1))
+    for i in range(0, len(compiles), width):
+        _run_all(compiles[i:i + width], cxx)
+    _run_all([link], cxx)
+    for obj in objects:
+        obj.unlink(missing_ok=True)
+
+
+def _run_all(cmds: list[list[str]], cxx: str) -> None:
+    """Run the compiler commands at once; the first failure's output as a RuntimeError."""
+    procs = [subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for cmd in cmds]
+    failure = None
+    for proc in procs:
+        try:
+            output, _ = proc.communicate(timeout=BUILD_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            failure = failure or f"the build took over {BUILD_TIMEOUT_S} s"
+            continue
+        if proc.returncode != 0:
+            failure = failure or f"{cxx} failed (exit {proc.returncode}): {output[-2000:]}"
+    if failure:
+        raise RuntimeError(failure)
 
 
 def _load() -> None:
