@@ -12,9 +12,10 @@ every row's sums in registers; `pack(weight)` lays a weight out that way, once.
 `ALWAYS_ROWS` rows run through its panels. For larger row counts it times both ways on the first
 product of each weight shape in each row bucket and keeps the faster for that shape and bucket:
 on a 2-core AMD EPYC (Zen 3, avx2, fp32, 2026-12-03; `benchmarks/skinny_products.py`) the panels
-were 3.0x MKL's packed GEMM over SmolLM2's products at 8 rows and 1.6x at 128 (MKL's kernels
+were 3.0x MKL's packed GEMM over SmolLM2's products at 8 rows and 1.5x at 128 (MKL's kernels
 on AMD CPUs), but one shape, the LM head at 128 rows (a 25 MB output written in blocks of 6
-rows), can go the other way, and an Intel CPU need not repeat either. A panel copy costs the
+rows), was timed faster through MKL in one run and through the panels in another, and an
+Intel CPU need not repeat either. A panel copy costs the
 weights' bytes once more and is made again only when its weight changed (its version counter
 or storage: an optimizer step, `load_state_dict`); a LoRA policy's frozen base is packed once;
 the fallback packs only for the buckets and shapes it runs (and once to be timed).
