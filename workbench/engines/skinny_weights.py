@@ -33,6 +33,8 @@ from typing import Any
 
 import torch
 
+from workbench.engines.decode_threads import row_bucket  # the decode modes' buckets: the same powers of two
+
 #: Products of at most this many rows always run the skinny kernel (more: timed against the fallback).
 ALWAYS_ROWS = 16
 #: Timed products of each way per weight shape and row bucket (after one untimed each: the fallback packs there).
@@ -53,11 +55,6 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
         if P * PANEL != N:
             w = torch.cat([w, w.new_zeros((P * PANEL - N, K))])
         return w.reshape(P, PANEL, K).transpose(1, 2).contiguous()  # (P, K, 16)
-
-
-def row_bucket(rows: int) -> int:
-    """The bucket whose way a product of `rows` rows runs: the next power of two."""
-    return 1 << max(rows - 1, 0).bit_length()
 
 
 class SkinnyWeights:
